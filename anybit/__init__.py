@@ -1,0 +1,27 @@
+"""anybit: JIT-compiled Triton GEMM kernels for quantized LLM inference (1-8 bit weights)."""
+
+from anybit.errors import AnybitError, FormatError, QuantizationError, SchemeError
+from anybit.formats import PRESETS, FloatType, IntType, Scheme, parse_dtype
+from anybit.quant import QuantizedWeight, dequantize_activation, quantize, quantize_activation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # formats and schemes
+    "Scheme",
+    "PRESETS",
+    "IntType",
+    "FloatType",
+    "parse_dtype",
+    # quantization
+    "QuantizedWeight",
+    "quantize",
+    "quantize_activation",
+    "dequantize_activation",
+    # errors
+    "AnybitError",
+    "FormatError",
+    "SchemeError",
+    "QuantizationError",
+    "__version__",
+]

@@ -1,0 +1,17 @@
+"""The exceptions anybit raises on bad input. Each message names the value and what would be valid."""
+
+
+class AnybitError(ValueError):
+    """Base of every anybit input error (a ValueError, so generic handlers still catch it)."""
+
+
+class FormatError(AnybitError):
+    """An unknown or impossible number format."""
+
+
+class SchemeError(AnybitError):
+    """A scheme string, dict or field combination that is not valid."""
+
+
+class QuantizationError(AnybitError):
+    """Input that cannot be quantized or dequantized as asked (shape, NaN/Inf, dtype)."""

@@ -1,0 +1,1 @@
+"""What the `anybit` command runs: formats table, bench, eval, tune."""
