@@ -1,5 +1,6 @@
 """anybit: JIT-compiled Triton GEMM kernels for quantized LLM inference (1-8 bit weights)."""
 
+from anybit.backends import explain, gemm, prepare
 from anybit.errors import AnybitError, FormatError, QuantizationError, SchemeError
 from anybit.formats import PRESETS, FloatType, IntType, Scheme, parse_dtype
 from anybit.quant import QuantizedWeight, dequantize_activation, quantize, quantize_activation
@@ -18,6 +19,10 @@ __all__ = [
     "quantize",
     "quantize_activation",
     "dequantize_activation",
+    # compute
+    "prepare",
+    "gemm",
+    "explain",
     # errors
     "AnybitError",
     "FormatError",

@@ -1,0 +1,109 @@
+"""The `triton` backend: anybit's own kernels (dense A16 today)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from anybit import settings
+from anybit.backends.base import Prepared, Problem
+from anybit.backends.triton_layout import TritonWeight, to_triton_layout, weight_format_constexprs
+from anybit.kernels.gemm_a16 import A16Config, gemm_a16
+from anybit.quant.weights import QuantizedWeight
+
+
+def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> A16Config:
+    """Hopper-first tile choice by M bucket (the tuning cache overrides it where it has data)."""
+    if interpret:
+        return A16Config(block_m=16, block_n=32, block_k=32, split_k=2 if k >= 128 else 1)
+    k_tiles = triton.cdiv(k, 128)
+    if m <= 16:
+        bm, bn, bk, warps, stages = 16, 64, 128, 4, 4
+    elif m <= 64:
+        bm, bn, bk, warps, stages = 64, 64, 128, 4, 4
+    elif m <= 256:
+        bm, bn, bk, warps, stages = 64, 128, 64, 4, 4
+    else:
+        bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = 1
+    if m <= 64:
+        # fill the machine about twice over, but keep >= 4 K tiles per split
+        while tiles * split < 2 * num_sms and split * 2 <= max(1, k_tiles // 4) and split < 16:
+            split *= 2
+    return A16Config(bm, bn, bk, split_k=split, num_warps=warps, num_stages=stages)
+
+
+class _Workspace:
+    """Split-K partials and tile counters, per device, grown on demand and reused by every call."""
+
+    def __init__(self):
+        self._bufs: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ws, cnt = self._bufs.get(device, (None, None))
+        if ws is None or ws.numel() < floats:
+            ws = torch.empty(max(floats, 1 << 20), dtype=torch.float32, device=device)
+        if cnt is None or cnt.numel() < tiles:
+            cnt = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        self._bufs[device] = (ws, cnt)
+        return ws, cnt
+
+
+class TritonBackend:
+    name = "triton"
+
+    def __init__(self):
+        self._workspace = _Workspace()
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        s = problem.scheme
+        if s.act.quantized:
+            return False, f"activation quantization ({s.act.token()}) is not in the Triton kernels yet"
+        if problem.act_dtype is not None and problem.act_dtype not in (torch.float16, torch.bfloat16):
+            return False, f"activations must be bf16 or fp16, got {problem.act_dtype}"
+        if problem.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(problem.device)
+            if major < 8:
+                return False, f"needs an SM80+ GPU, this one is sm_{major}{minor}"
+            return True, f"Triton kernel for sm_{major}{minor}"
+        if settings.load().triton_interpret:
+            return True, "Triton interpreter (TRITON_INTERPRET=1) on the CPU"
+        return False, f"device {problem.device.type} needs a CUDA GPU or TRITON_INTERPRET=1"
+
+    def prepare(self, qweight: QuantizedWeight) -> Prepared:
+        return Prepared(self.name, qweight, to_triton_layout(qweight))
+
+    def gemm(
+        self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: A16Config | None = None
+    ) -> torch.Tensor:
+        tw: TritonWeight = prepared.data
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, tw.k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        if config is None:
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+            config = default_config(m, tw.n, tw.k, tw.scheme.weight_bits, sms, not x.is_cuda)
+        ws = cnt = None
+        if config.split_k > 1:
+            tiles = triton.cdiv(m, config.block_m) * triton.cdiv(tw.n, config.block_n)
+            ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
+        y = gemm_a16(
+            x2,
+            tw.planes,
+            tw.plane_bits,
+            tw.scales,
+            tw.zeros,
+            tw.global_scale,
+            bias,
+            n=tw.n,
+            group_k=tw.group_k,
+            group_n=tw.group_n,
+            fmt=weight_format_constexprs(tw.scheme),
+            config=config,
+            workspace=ws,
+            counters=cnt,
+        )
+        return y.reshape(*lead, tw.n)

@@ -1,0 +1,106 @@
+"""The Triton backend's prepared weight: bit planes packed along K, N contiguous (see
+`anybit.kernels.dequant` for where every bit lives), scales and zeros transposed to [K groups, N]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anybit.formats.dtypes import FloatType
+from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
+from anybit.quant.weights import QuantizedWeight
+
+# every width is a sum of planes whose widths divide 32, lowest bits first
+PLANES = {1: (1,), 2: (2,), 3: (2, 1), 4: (4,), 5: (4, 1), 6: (4, 2), 7: (4, 2, 1), 8: (8,)}
+K_ALIGN = 32  # K is padded to this so every plane's rows are whole words
+
+
+@dataclass
+class TritonWeight:
+    """A QuantizedWeight in the Triton kernels' layout (2-D: one dense layer)."""
+
+    scheme: Scheme
+    n: int
+    k: int
+    planes: list[torch.Tensor]  # int32 [K_pad*w/32, N] per plane
+    plane_bits: tuple[int, ...]
+    scales: torch.Tensor  # [K/group_k, ceil(N/group_n)], storage dtype of the scheme
+    zeros: torch.Tensor | None  # same layout as scales
+    global_scale: torch.Tensor | None  # fp32 [1]
+    group_k: int
+    group_n: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.scales.device
+
+    @property
+    def nbytes(self) -> int:
+        ts = [*self.planes, self.scales] + [t for t in (self.zeros, self.global_scale) if t is not None]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def pack_planes(codes: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """uint8 codes [N, K] -> one int32 [K_pad*w/32, N] tensor per plane width w of PLANES[bits]."""
+    n, k = codes.shape
+    c = codes.to(torch.int64)
+    pad = -k % K_ALIGN
+    if pad:
+        c = torch.cat([c, c.new_zeros(n, pad)], dim=1)
+    out, low = [], 0
+    for w in PLANES[bits]:
+        per_word = 32 // w
+        plane = ((c >> low) & ((1 << w) - 1)).reshape(n, -1, per_word)
+        shifts = torch.arange(per_word, device=c.device) * w
+        words = (plane << shifts).sum(dim=-1)
+        words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+        out.append(words.t().contiguous())
+        low += w
+    return out
+
+
+def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
+    if len(qw.shape) != 2:
+        raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
+    scheme = qw.scheme
+    bn, bk = qw.block
+    if scheme.granularity.kind is ScaleKind.TENSOR:
+        bn = max(bn, 1)
+    zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
+    gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
+    return TritonWeight(
+        scheme=scheme,
+        n=qw.n,
+        k=qw.k,
+        planes=pack_planes(qw.codes(), scheme.weight_bits),
+        plane_bits=PLANES[scheme.weight_bits],
+        scales=qw.scales.t().contiguous(),
+        zeros=zeros,
+        global_scale=gs,
+        group_k=bk,
+        group_n=bn,
+    )
+
+
+def weight_format_constexprs(scheme: Scheme) -> dict:
+    """The compile-time format description the kernels specialise on."""
+    w, s = scheme.weight, scheme.scale_dtype
+    is_float = isinstance(w, FloatType)
+    if s.name == "ue8m0":
+        scale_kind, s_exp, s_man = 2, 8, 0
+    elif isinstance(s, FloatType):
+        scale_kind, s_exp, s_man = 1, s.exp, s.man
+    else:
+        scale_kind, s_exp, s_man = 0, 0, 0
+    return {
+        "W_BITS": w.bits,
+        "W_FLOAT": is_float,
+        "W_SIGNED": w.signed,
+        "W_EXP": w.exp if is_float else 0,
+        "W_MAN": w.man if is_float else 0,
+        "SCALE_KIND": scale_kind,
+        "S_EXP": s_exp,
+        "S_MAN": s_man,
+        "ZP": {ZeroPoint.NONE: 0, ZeroPoint.INT: 1, ZeroPoint.FLOAT: 2}[scheme.zero_point],
+    }

@@ -1,0 +1,93 @@
+"""Triton device helpers that turn packed weight codes into values, specialised by constexpr format.
+
+Weight layout read here (written by `anybit.backends.triton_layout`): a code of b bits is split
+into bit planes whose widths divide 32 (3 = 2+1, 5 = 4+1, 6 = 4+2, 7 = 4+2+1; 1, 2, 4, 8 are one
+plane), lowest bits in plane 0. Plane p of width w is an int32 tensor [K_pad*w/32, N]: word row r,
+column n holds the codes of k = r*(32/w) … r*(32/w) + 32/w - 1 at bit (k % (32/w))*w — packed along
+K, contiguous along N so a tile's loads are coalesced across output columns.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_plane(ptr, offs_k, offs_n, mask, N, WIDTH: tl.constexpr):
+    """Codes of one plane for a [BK, BN] tile as int32 in [0, 2**WIDTH)."""
+    per_word: tl.constexpr = 32 // WIDTH
+    rows = offs_k // per_word
+    shift = (offs_k % per_word) * WIDTH
+    words = tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    if WIDTH == 32:
+        return words
+    return (words >> shift[:, None]) & ((1 << WIDTH) - 1)
+
+
+@triton.jit
+def load_codes(
+    p0_ptr,
+    p1_ptr,
+    p2_ptr,
+    offs_k,
+    offs_n,
+    mask,
+    N,
+    W0: tl.constexpr,
+    W1: tl.constexpr,
+    W2: tl.constexpr,
+):
+    """The full code (all planes) of a [BK, BN] tile as int32."""
+    codes = load_plane(p0_ptr, offs_k, offs_n, mask, N, W0)
+    if W1 > 0:
+        codes |= load_plane(p1_ptr, offs_k, offs_n, mask, N, W1) << W0
+    if W2 > 0:
+        codes |= load_plane(p2_ptr, offs_k, offs_n, mask, N, W2) << (W0 + W1)
+    return codes
+
+
+@triton.jit
+def decode_int(codes, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    """int32 codes -> fp32 values of intB (two's complement) or uintB."""
+    if SIGNED:
+        # move the sign bit to bit 31, then an arithmetic shift sign-extends
+        codes = (codes << (32 - BITS)) >> (32 - BITS)
+    return codes.to(tl.float32)
+
+
+@triton.jit
+def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constexpr):
+    """int32 codes of an eXmY float -> fp32 values, exactly (finite codes; no inf/NaN handling:
+    the quantizer never emits them). Normal: fp32 bits with the exponent re-biased; subnormal
+    (exponent field 0): mantissa * 2**(1 - bias - MAN)."""
+    bias: tl.constexpr = (1 << (EXP - 1)) - 1
+    e = (codes >> MAN) & ((1 << EXP) - 1)
+    m = codes & ((1 << MAN) - 1)
+    normal = (((e + (127 - bias)) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * (2.0 ** (1 - bias - MAN))
+    v = tl.where(e == 0, sub, normal)
+    if SIGNED:
+        v = tl.where(((codes >> (EXP + MAN)) & 1) != 0, -v, v)
+    return v
+
+
+@triton.jit
+def decode_weight(
+    codes, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, SIGNED: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr
+):
+    if IS_FLOAT:
+        return decode_float(codes, EXP, MAN, SIGNED)
+    return decode_int(codes, BITS, SIGNED)
+
+
+@triton.jit
+def load_scale(ptr, rows, cols, mask, stride, KIND: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr):
+    """Scales at [rows, cols] (broadcastable index tensors) -> fp32.
+    KIND 0: stored as fp16/bf16/fp32; 1: 8-bit float codes (e4m3/e5m2); 2: ue8m0 codes."""
+    raw = tl.load(ptr + rows * stride + cols, mask=mask, other=0)
+    if KIND == 0:
+        return raw.to(tl.float32)
+    codes = raw.to(tl.int32)
+    if KIND == 1:
+        return decode_float(codes, EXP, MAN, True)
+    # ue8m0: 2**(code - 127); code 0 is 2**-127, an fp32 subnormal (bit 22 set)
+    return tl.where(codes == 0, 0x00400000, codes << 23).to(tl.float32, bitcast=True)

@@ -1,0 +1,262 @@
+"""Dense GEMM with bf16/fp16 activations and weights of any format, dequantized in registers.
+
+y[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), fp32 accumulation, output in x's dtype.
+
+One kernel, specialised at compile time by the weight format (bits, int/float, exponent/mantissa,
+sign), the scale dtype and layout, the zero point and the tile. Scales are applied where it is
+cheapest and exact: after the dot for the whole K range (per-channel / per-tensor scales,
+``SCALE_AT=0``), after each K tile's dot when a tile lies inside one scale group
+(``group_k % BLOCK_K == 0``, ``SCALE_AT=1``: the dot then sees integer or small-float weight values,
+exact in bf16/fp16), or per element before the dot (groups smaller than a tile, ``SCALE_AT=2``).
+
+Split-K for small M: ``SPLIT_K`` programs share an output tile; each writes its fp32 partial to a
+workspace, and the last to arrive (an atomic counter per tile) sums them, applies the epilogue and
+resets its counter — one launch, no host synchronisation, replayable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.kernels.dequant import decode_weight, load_codes, load_scale
+
+
+@dataclass(frozen=True)
+class A16Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _scale_zero(
+    s_ptr,
+    z_ptr,
+    rows,
+    cols,
+    mask,
+    stride_s,
+    SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr,
+    S_MAN: tl.constexpr,
+    ZP: tl.constexpr,
+):
+    s = load_scale(s_ptr, rows, cols, mask, stride_s, SCALE_KIND, S_EXP, S_MAN)
+    if ZP == 0:
+        z = tl.zeros_like(s)
+    else:
+        z = tl.load(z_ptr + rows * stride_s + cols, mask=mask, other=0).to(tl.float32)
+    return s, z
+
+
+@triton.jit
+def _gemm_a16_kernel(
+    x_ptr,
+    p0_ptr,
+    p1_ptr,
+    p2_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    bias_ptr,
+    y_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    stride_s,
+    W_BITS: tl.constexpr,
+    W0: tl.constexpr,
+    W1: tl.constexpr,
+    W2: tl.constexpr,
+    W_FLOAT: tl.constexpr,
+    W_SIGNED: tl.constexpr,
+    W_EXP: tl.constexpr,
+    W_MAN: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr,
+    S_MAN: tl.constexpr,
+    ZP: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    SCALE_AT: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped ordering: GROUP_M row-tiles share weight tiles while they are in L2
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % rows_in_group
+    pid_n = (pid % width) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    cols_n = offs_n // GROUP_N
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt_start = pid_k * per_split
+    kt_end = tl.minimum(kt_start + per_split, k_tiles)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(kt_start, kt_end):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
+        )
+        wmask = mask_k[:, None] & mask_n[None, :]
+        codes = load_codes(p0_ptr, p1_ptr, p2_ptr, offs_k, offs_n, wmask, N, W0, W1, W2)
+        q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+        if SCALE_AT == 2:
+            s, z = _scale_zero(
+                s_ptr,
+                z_ptr,
+                (offs_k // GROUP_K)[:, None],
+                cols_n[None, :],
+                wmask,
+                stride_s,
+                SCALE_KIND,
+                S_EXP,
+                S_MAN,
+                ZP,
+            )
+            w = ((q - z) * s).to(x.dtype)
+            acc += tl.dot(x, w)
+        else:
+            row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
+            s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            if ZP != 0:
+                q = q - z[None, :]
+            part = tl.dot(x, q.to(x.dtype))
+            if SCALE_AT == 1:
+                acc += part * s[None, :]
+            else:
+                acc += part
+    if SCALE_AT == 0:
+        s, z = _scale_zero(s_ptr, z_ptr, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+        acc = acc * s[None, :]
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr)
+
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # workspace [SPLIT_K, M, N] fp32; the last split of this tile reduces
+        ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws_tile + pid_k * M * N, acc, mask=out_mask)
+        tl.debug_barrier()
+        tile = pid_m * num_n + pid_n
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for i in range(SPLIT_K):
+                total += tl.load(ws_tile + i * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+def scale_at(group_k: int, k: int, block_k: int) -> int:
+    """0: one scale over all of K; 1: per K tile (the tile lies in one group); 2: per element."""
+    if group_k >= k:
+        return 0
+    return 1 if group_k % block_k == 0 else 2
+
+
+def gemm_a16(
+    x: torch.Tensor,
+    planes: list[torch.Tensor],
+    plane_bits: tuple[int, ...],
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    global_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    n: int,
+    group_k: int,
+    group_n: int,
+    fmt: dict,
+    config: A16Config,
+    workspace: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x: [M, K] bf16/fp16, last dim contiguous; planes/scales/zeros in the layout of
+    `anybit.backends.triton_layout`; fmt: `weight_format_constexprs(scheme)`. Returns y [M, N] in
+    x's dtype. Split-K needs `workspace` (fp32, >= split_k*M*N) and zeroed int32 `counters`
+    (>= number of output tiles); they are left ready for the next call. `out` ([M, N], x's dtype)
+    is written in place when given."""
+    m, k = x.shape
+    c = config
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n), c.split_k)
+    if c.split_k > 1 and (workspace is None or counters is None):
+        raise ValueError("split_k > 1 needs a workspace and counters")
+    p = list(planes) + [planes[0]] * (3 - len(planes))
+    w = tuple(plane_bits) + (0,) * (3 - len(plane_bits))
+    dummy = scales
+    _gemm_a16_kernel[grid](
+        x,
+        p[0],
+        p[1],
+        p[2],
+        scales,
+        zeros if zeros is not None else dummy,
+        global_scale if global_scale is not None else dummy,
+        bias if bias is not None else dummy,
+        y,
+        workspace if workspace is not None else y,
+        counters if counters is not None else y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        y.stride(0),
+        scales.stride(0),
+        W0=w[0],
+        W1=w[1],
+        W2=w[2],
+        GROUP_K=group_k,
+        GROUP_N=group_n,
+        SCALE_AT=scale_at(group_k, k, c.block_k),
+        HAS_GS=global_scale is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=c.block_m,
+        BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k,
+        SPLIT_K=c.split_k,
+        GROUP_M=c.group_m,
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
+        **fmt,
+    )
+    return y
