@@ -51,7 +51,6 @@ def ceilings():
     bw = 2 * a.numel() * 4 / t
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     t = triton.testing.do_bench(lambda: x @ x, warmup=20, rep=200, return_mode="median") * 1e-3
-    del a, b
     return bw, 2 * 8192**3 / t
 
 
@@ -148,15 +147,15 @@ class Runner:
                 row["error"] = "anybit output wrong: not timed"
                 self.rows.append(row)
                 continue
-            calls = {"anybit": [lambda p=p: be.gemm(x, p) for p in preps]}
-            calls["bf16"] = [lambda wi=wi: x @ wi.T for wi in wb]
+            calls = {"anybit": [lambda p=p, x=x: be.gemm(x, p) for p in preps]}
+            calls["bf16"] = [lambda wi=wi, x=x: x @ wi.T for wi in wb]
             if tiny is not None and m <= 256:
-                calls["tinygemm"] = [lambda: torch.ops.aten._weight_int4pack_mm(x, tiny[0], 128, tiny[1])]
+                calls["tinygemm"] = [lambda x=x: torch.ops.aten._weight_int4pack_mm(x, tiny[0], 128, tiny[1])]
             if hums and self.left() > 60:
                 try:
                     yh = hums[0](x)
                     row["humming_rel_err_vs_float"] = float((yh.float() - x.float() @ w.T).norm() / ref.norm())
-                    calls["humming"] = [lambda h=h: h(x) for h in hums]
+                    calls["humming"] = [lambda h=h, x=x: h(x) for h in hums]
                 except Exception as e:  # noqa: BLE001
                     self.notes.append(f"humming {fmt} {n}x{k} M={m}: {e!r}"[:300])
             for name, fns in calls.items():
