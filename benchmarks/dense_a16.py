@@ -196,14 +196,16 @@ def main():
     ap.add_argument("--budget", type=float, default=520.0, help="seconds before remaining cells are skipped")
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--formats", default="w4a16,w8a16,nvfp4,mxfp4,w3a16,w2a16")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,...")
     args = ap.parse_args()
     r = Runner(args)
     print(f"ceilings: copy {r.bw / 1e12:.2f} TB/s, cuBLAS bf16 {r.peak / 1e12:.0f} TFLOP/s", flush=True)
-    plan = [("w4a16", n, k, M_ALL) for n, k in (SHAPES[:1] if args.quick else SHAPES)]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    plan = [("w4a16", n, k, M_ALL) for n, k in (shapes[:1] if args.quick else shapes)]
     if not args.quick:
         for fmt in args.formats.split(","):
             if fmt != "w4a16":
-                plan += [(fmt, n, k, [1, 16, 64, 1024, 4096]) for n, k in SHAPES[:2]]
+                plan += [(fmt, n, k, [1, 16, 64, 1024, 4096]) for n, k in shapes[:2]]
     for fmt, n, k, ms in plan:
         if fmt in args.formats.split(","):
             r.run_case(fmt, n, k, ms)

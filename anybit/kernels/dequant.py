@@ -12,36 +12,31 @@ import triton.language as tl
 
 
 @triton.jit
-def load_plane(ptr, offs_k, offs_n, mask, N, WIDTH: tl.constexpr):
-    """Codes of one plane for a [BK, BN] tile as int32 in [0, 2**WIDTH)."""
+def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
+    """Codes of one plane for the K tile starting at k0 (a multiple of BLOCK_K) as int32 [BLOCK_K, BN].
+    Each packed word is loaded once ([BLOCK_K*WIDTH/32, BN] words) and split by shifts in registers."""
     per_word: tl.constexpr = 32 // WIDTH
-    rows = offs_k // per_word
-    shift = (offs_k % per_word) * WIDTH
+    rows = k0 // per_word + tl.arange(0, BLOCK_K // per_word)
+    mask = (rows * per_word < K)[:, None] & mask_n[None, :]
     words = tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0)
     if WIDTH == 32:
         return words
-    return (words >> shift[:, None]) & ((1 << WIDTH) - 1)
+    shifts = tl.arange(0, per_word) * WIDTH
+    vals = (words[:, None, :] >> shifts[None, :, None]) & ((1 << WIDTH) - 1)
+    return tl.reshape(vals, (BLOCK_K, words.shape[1]))
 
 
 @triton.jit
 def load_codes(
-    p0_ptr,
-    p1_ptr,
-    p2_ptr,
-    offs_k,
-    offs_n,
-    mask,
-    N,
-    W0: tl.constexpr,
-    W1: tl.constexpr,
-    W2: tl.constexpr,
+    p0_ptr, p1_ptr, p2_ptr, k0, offs_n, mask_n, K, N,
+    BLOCK_K: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
 ):
-    """The full code (all planes) of a [BK, BN] tile as int32."""
-    codes = load_plane(p0_ptr, offs_k, offs_n, mask, N, W0)
+    """The full code (all planes) of the [BLOCK_K, BN] tile at k0 as int32."""
+    codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0)
     if W1 > 0:
-        codes |= load_plane(p1_ptr, offs_k, offs_n, mask, N, W1) << W0
+        codes |= load_plane(p1_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W1) << W0
     if W2 > 0:
-        codes |= load_plane(p2_ptr, offs_k, offs_n, mask, N, W2) << (W0 + W1)
+        codes |= load_plane(p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W2) << (W0 + W1)
     return codes
 
 

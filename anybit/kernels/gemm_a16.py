@@ -129,7 +129,7 @@ def _gemm_a16_kernel(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )
         wmask = mask_k[:, None] & mask_n[None, :]
-        codes = load_codes(p0_ptr, p1_ptr, p2_ptr, offs_k, offs_n, wmask, N, W0, W1, W2)
+        codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
         q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
         if SCALE_AT == 2:
             s, z = _scale_zero(
@@ -217,6 +217,8 @@ def gemm_a16(
     is written in place when given."""
     m, k = x.shape
     c = config
+    if c.block_k < 32 or c.block_k & (c.block_k - 1):
+        raise ValueError(f"block_k={c.block_k}: the packed-word tiles need a power of two >= 32")
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n), c.split_k)
     if c.split_k > 1 and (workspace is None or counters is None):

@@ -56,7 +56,7 @@ def test_every_format_matches_dequantize(interpret, text, m):
 
 
 @pytest.mark.parametrize(
-    "cfg", [A16Config(16, 32, 32, split_k=1), A16Config(16, 16, 64, split_k=3), A16Config(32, 32, 16, split_k=4)]
+    "cfg", [A16Config(16, 32, 32, split_k=1), A16Config(16, 16, 64, split_k=3), A16Config(32, 32, 32, split_k=4)]
 )
 def test_tiles_split_k_poisoned_output_and_bias(interpret, cfg):
     x, qw, ref = _problem("w4a16:int4:g64:fp16", 13, 50, 192, seed=7)  # K=192: 3 groups, tile tails
