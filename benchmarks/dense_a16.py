@@ -190,17 +190,58 @@ class Runner:
         )
 
 
+def sweep_decode(shapes, ms=(1, 16, 64)):
+    """Graph µs of w4a16 decode tiles (split-K by the default rule), to choose default_config."""
+    from anybit.backends.triton import default_config
+    from anybit.kernels.gemm_a16 import A16Config
+
+    be = get_backend("triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = [
+        (64, 128, 4, 4),
+        (32, 128, 4, 4),
+        (128, 128, 4, 4),
+        (64, 256, 4, 3),
+        (64, 128, 8, 4),
+        (128, 64, 4, 4),
+        (32, 256, 4, 3),
+        (64, 128, 4, 6),
+    ]
+    out = []
+    for n, k in shapes:
+        qw = anybit.quantize(torch.randn(n, k, device="cuda") * 0.02, "w4a16")
+        preps = [anybit.prepare(qw, backend="triton") for _ in range(4)]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            base = default_config(m, n, k, 4, sms, False)
+            for bn, bk, warps, stages in tiles:
+                bm = 16 if m <= 16 else 64
+                split = default_config(m, n, k, 4, sms, False).split_k * base.block_n // bn
+                for sk in sorted({max(1, split), max(1, split // 2), split * 2}):
+                    cfg = A16Config(bm, bn, bk, split_k=sk, num_warps=warps, num_stages=stages)
+                    try:
+                        us = graph_us([lambda p=p, c=cfg, x=x: be.gemm(x, p, config=c) for p in preps] * 5)
+                    except Exception as e:  # noqa: BLE001 - a config that does not fit is reported
+                        us = float("nan")
+                        print("sweep", cfg, repr(e)[:120])
+                    out.append(dict(n=n, k=k, m=m, cfg=cfg.__dict__, graph_us=us))
+                    print(f"sweep {n}x{k} M={m} {cfg} {us:.1f} us", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="w4a16 on 8192x8192 only")
     ap.add_argument("--budget", type=float, default=520.0, help="seconds before remaining cells are skipped")
     ap.add_argument("--no-humming", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="first sweep decode tiles for w4a16")
     ap.add_argument("--formats", default="w4a16,w8a16,nvfp4,mxfp4,w3a16,w2a16")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,...")
     args = ap.parse_args()
     r = Runner(args)
     print(f"ceilings: copy {r.bw / 1e12:.2f} TB/s, cuBLAS bf16 {r.peak / 1e12:.0f} TFLOP/s", flush=True)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    sweep = sweep_decode(shapes[:2]) if args.sweep else []
     plan = [("w4a16", n, k, M_ALL) for n, k in (shapes[:1] if args.quick else shapes)]
     if not args.quick:
         for fmt in args.formats.split(","):
@@ -224,7 +265,7 @@ def main():
     )
     out = os.path.join(os.environ.get("OUT", "."), "dense_a16.json")
     with open(out, "w") as fh:
-        json.dump(dict(env=env, rows=r.rows, notes=r.notes), fh, indent=1)
+        json.dump(dict(env=env, rows=r.rows, notes=r.notes, sweep=sweep), fh, indent=1)
     print("\nnotes:", *r.notes, sep="\n  ")
     print(json.dumps(env))
     print("\n== summary (µs; graph for M<=64) ==")

@@ -8,8 +8,13 @@ import triton
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.triton_layout import TritonWeight, to_triton_layout, weight_format_constexprs
+from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.gemm_a16 import A16Config, gemm_a16
 from anybit.quant.weights import QuantizedWeight
+
+# Above this many rows, dequantizing W once and calling cuBLAS beats dequantizing per M tile inside the
+# GEMM (measured on H200, BENCHMARKS.md: M=256 at 8192x8192 ~95 µs vs ~180 µs).
+DEQUANT_MATMUL_MIN_M = 128
 
 
 def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> A16Config:
@@ -83,6 +88,8 @@ class TritonBackend:
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         m = x2.shape[0]
+        if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M:
+            return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
             config = default_config(m, tw.n, tw.k, tw.scheme.weight_bits, sms, not x.is_cuda)
@@ -107,3 +114,21 @@ class TritonBackend:
             counters=cnt,
         )
         return y.reshape(*lead, tw.n)
+
+    def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies."""
+        wt = dequantize_a16(
+            tw.planes,
+            tw.plane_bits,
+            tw.scales,
+            tw.zeros,
+            tw.global_scale,
+            n=tw.n,
+            k=tw.k,
+            group_k=tw.group_k,
+            group_n=tw.group_n,
+            fmt=weight_format_constexprs(tw.scheme),
+            dtype=x.dtype,
+        )
+        y = x @ wt
+        return y + bias if bias is not None else y

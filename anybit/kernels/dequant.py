@@ -28,8 +28,18 @@ def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.c
 
 @triton.jit
 def load_codes(
-    p0_ptr, p1_ptr, p2_ptr, k0, offs_n, mask_n, K, N,
-    BLOCK_K: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+    p0_ptr,
+    p1_ptr,
+    p2_ptr,
+    k0,
+    offs_n,
+    mask_n,
+    K,
+    N,
+    BLOCK_K: tl.constexpr,
+    W0: tl.constexpr,
+    W1: tl.constexpr,
+    W2: tl.constexpr,
 ):
     """The full code (all planes) of the [BLOCK_K, BN] tile at k0 as int32."""
     codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0)

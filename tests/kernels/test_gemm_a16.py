@@ -96,3 +96,29 @@ def test_leading_dims_and_public_api(interpret):
     y = anybit.gemm(x, anybit.prepare(qw))
     ref = x.double() @ qw.dequantize().double().T
     assert y.shape == (2, 3, 24) and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize(
+    "text", ["w3a16", "nvfp4", "mxfp6", "w4a16:uint4:g32:fp16:zp-float", "w8a16:e4m3:b128x128:fp32"]
+)
+def test_dequantize_kernel_matches_reference(interpret, text):
+    from anybit.kernels.dequant_a16 import dequantize_a16
+
+    qw = quantize(torch.randn(70, 256), text)
+    tw = prepare(qw, backend="triton").data
+    wt = dequantize_a16(
+        tw.planes,
+        tw.plane_bits,
+        tw.scales,
+        tw.zeros,
+        tw.global_scale,
+        n=70,
+        k=256,
+        group_k=tw.group_k,
+        group_n=tw.group_n,
+        fmt=weight_format_constexprs(tw.scheme),
+        dtype=torch.float16,
+        block_k=32,
+        block_n=32,
+    )
+    assert torch.equal(wt.t(), qw.dequantize(torch.float16))

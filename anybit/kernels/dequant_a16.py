@@ -1,0 +1,106 @@
+"""Dequantize a prepared weight to a bf16/fp16 matrix Wt [K, N] in one pass (for large M, where
+dequantize-then-cuBLAS beats dequantizing in the GEMM's main loop: the weight is expanded once per
+call instead of once per M tile). Values equal `QuantizedWeight.dequantize()` rounded once to the
+output dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.kernels.dequant import decode_weight, load_codes, load_scale
+
+
+@triton.jit
+def _dequant_a16_kernel(
+    p0_ptr,
+    p1_ptr,
+    p2_ptr,
+    s_ptr,
+    z_ptr,
+    gs_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_s,
+    W_BITS: tl.constexpr,
+    W0: tl.constexpr,
+    W1: tl.constexpr,
+    W2: tl.constexpr,
+    W_FLOAT: tl.constexpr,
+    W_SIGNED: tl.constexpr,
+    W_EXP: tl.constexpr,
+    W_MAN: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr,
+    S_MAN: tl.constexpr,
+    ZP: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    HAS_GS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    k0 = tl.program_id(0) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    mask = (offs_k < K)[:, None] & mask_n[None, :]
+    codes = load_codes(p0_ptr, p1_ptr, p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
+    q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+    rows = (offs_k // GROUP_K)[:, None]
+    cols = (offs_n // GROUP_N)[None, :]
+    s = load_scale(s_ptr, rows, cols, mask, stride_s, SCALE_KIND, S_EXP, S_MAN)
+    if ZP != 0:
+        q = q - tl.load(z_ptr + rows * stride_s + cols, mask=mask, other=0).to(tl.float32)
+    w = q * s
+    if HAS_GS:
+        w = w * tl.load(gs_ptr)
+    tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_a16(
+    planes: list[torch.Tensor],
+    plane_bits: tuple[int, ...],
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    global_scale: torch.Tensor | None,
+    *,
+    n: int,
+    k: int,
+    group_k: int,
+    group_n: int,
+    fmt: dict,
+    dtype: torch.dtype,
+    block_k: int = 64,
+    block_n: int = 128,
+) -> torch.Tensor:
+    """Prepared weight (layout of `anybit.backends.triton_layout`) -> Wt [K, N] in `dtype`."""
+    out = torch.empty((k, n), device=scales.device, dtype=dtype)
+    p = list(planes) + [planes[0]] * (3 - len(planes))
+    w = tuple(plane_bits) + (0,) * (3 - len(plane_bits))
+    grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
+    _dequant_a16_kernel[grid](
+        p[0],
+        p[1],
+        p[2],
+        scales,
+        zeros if zeros is not None else scales,
+        global_scale if global_scale is not None else scales,
+        out,
+        n,
+        k,
+        scales.stride(0),
+        W0=w[0],
+        W1=w[1],
+        W2=w[2],
+        GROUP_K=group_k,
+        GROUP_N=group_n,
+        HAS_GS=global_scale is not None,
+        BLOCK_K=block_k,
+        BLOCK_N=block_n,
+        num_warps=4,
+        **fmt,
+    )
+    return out
