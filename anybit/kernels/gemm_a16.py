@@ -128,24 +128,18 @@ def _gemm_a16_kernel(
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )
-        wmask = mask_k[:, None] & mask_n[None, :]
         codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
         q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
         if SCALE_AT == 2:
+            # one scale (and zero) per group row, broadcast over the group's GROUP_K rows of the tile
+            g_rows = (kt * BLOCK_K) // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
+            g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
             s, z = _scale_zero(
-                s_ptr,
-                z_ptr,
-                (offs_k // GROUP_K)[:, None],
-                cols_n[None, :],
-                wmask,
-                stride_s,
-                SCALE_KIND,
-                S_EXP,
-                S_MAN,
-                ZP,
+                s_ptr, z_ptr, g_rows[:, None], cols_n[None, :], g_mask, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP
             )
-            w = ((q - z) * s).to(x.dtype)
-            acc += tl.dot(x, w)
+            q3 = tl.reshape(q, (BLOCK_K // GROUP_K, GROUP_K, BLOCK_N))
+            w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
+            acc += tl.dot(x, w.to(x.dtype))
         else:
             row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
