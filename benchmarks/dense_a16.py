@@ -235,6 +235,7 @@ def main():
     ap.add_argument("--budget", type=float, default=520.0, help="seconds before remaining cells are skipped")
     ap.add_argument("--no-humming", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="first sweep decode tiles for w4a16")
+    ap.add_argument("--commit", default="", help="commit measured, where the tree has no .git (device copies)")
     ap.add_argument("--formats", default="w4a16,w8a16,nvfp4,mxfp4,w3a16,w2a16")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,...")
     args = ap.parse_args()
@@ -251,7 +252,8 @@ def main():
         if fmt in args.formats.split(","):
             r.run_case(fmt, n, k, ms)
         torch.cuda.empty_cache()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = args.commit or git.stdout.strip()
     env = dict(
         date=str(date.today()),
         gpu=torch.cuda.get_device_name(0),
