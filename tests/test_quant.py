@@ -5,6 +5,7 @@ import torch
 
 from anybit import QuantizationError, QuantizedWeight, Scheme, quantize
 from anybit.formats import ZeroPoint
+from anybit.formats.dtypes import WEIGHT_DTYPE_NAMES, parse_dtype
 from anybit.quant import dequantize_activation, quantize_activation
 
 
@@ -154,3 +155,13 @@ def test_activation_errors():
     x[0, 0] = float("inf")
     with pytest.raises(QuantizationError, match="NaN or Inf"):
         quantize_activation(x, Scheme.parse("w4a8").act)
+
+
+@pytest.mark.parametrize("name", WEIGHT_DTYPE_NAMES)
+def test_every_weight_dtype_within_half_step(name):
+
+    t = parse_dtype(name)
+    zp = ":zp-int" if name.startswith("uint") else ""
+    w = torch.randn(19, 128, generator=torch.Generator().manual_seed(3))
+    qw = quantize(w, f"w{t.bits}a16:{name}:g32:fp32{zp}")
+    _check_half_step(w, qw)
