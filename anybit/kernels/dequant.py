@@ -11,6 +11,12 @@ import triton
 import triton.language as tl
 
 
+def plane_args(planes: list, plane_bits: tuple[int, ...]) -> tuple[list, tuple[int, int, int]]:
+    """Launcher helper: the three plane pointers and widths the kernels take (unused ones: width 0)."""
+    ptrs = list(planes) + [planes[0]] * (3 - len(planes))
+    return ptrs, tuple(plane_bits) + (0,) * (3 - len(plane_bits))
+
+
 @triton.jit
 def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
     """Codes of one plane for the K tile starting at k0 (a multiple of BLOCK_K) as int32 [BLOCK_K, BN].

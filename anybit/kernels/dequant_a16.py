@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import decode_weight, load_codes, load_scale
+from anybit.kernels.dequant import decode_weight, load_codes, load_scale, plane_args
 
 
 @triton.jit
@@ -78,8 +78,7 @@ def dequantize_a16(
 ) -> torch.Tensor:
     """Prepared weight (layout of `anybit.backends.triton_layout`) -> Wt [K, N] in `dtype`."""
     out = torch.empty((k, n), device=scales.device, dtype=dtype)
-    p = list(planes) + [planes[0]] * (3 - len(planes))
-    w = tuple(plane_bits) + (0,) * (3 - len(plane_bits))
+    p, w = plane_args(planes, plane_bits)
     grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
     _dequant_a16_kernel[grid](
         p[0],

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import decode_weight, load_codes, load_scale
+from anybit.kernels.dequant import decode_weight, load_codes, load_scale, plane_args
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,7 @@ def gemm_a16(
     grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n), c.split_k)
     if c.split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
-    p = list(planes) + [planes[0]] * (3 - len(planes))
-    w = tuple(plane_bits) + (0,) * (3 - len(plane_bits))
+    p, w = plane_args(planes, plane_bits)
     dummy = scales
     _gemm_a16_kernel[grid](
         x,
