@@ -7,7 +7,7 @@ import triton
 
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
-from anybit.backends.triton_layout import TritonWeight, to_triton_layout, weight_format_constexprs
+from anybit.backends.triton_layout import TritonWeight, to_triton_layout
 from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.gemm_a16 import A16Config, gemm_a16
 from anybit.quant.weights import QuantizedWeight
@@ -108,7 +108,7 @@ class TritonBackend:
             n=tw.n,
             group_k=tw.group_k,
             group_n=tw.group_n,
-            fmt=weight_format_constexprs(tw.scheme),
+            fmt=tw.fmt,
             config=config,
             workspace=ws,
             counters=cnt,
@@ -127,7 +127,7 @@ class TritonBackend:
             k=tw.k,
             group_k=tw.group_k,
             group_n=tw.group_n,
-            fmt=weight_format_constexprs(tw.scheme),
+            fmt=tw.fmt,
             dtype=x.dtype,
         )
         y = x @ wt

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from anybit.formats.dtypes import FloatType
-from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
+from anybit.formats.scheme import Scheme, ZeroPoint
 from anybit.quant.weights import QuantizedWeight
 
 # every width is a sum of planes whose widths divide 32, lowest bits first
@@ -30,6 +30,7 @@ class TritonWeight:
     global_scale: torch.Tensor | None  # fp32 [1]
     group_k: int
     group_n: int
+    fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
 
     @property
     def device(self) -> torch.device:
@@ -65,8 +66,6 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
     bn, bk = qw.block
-    if scheme.granularity.kind is ScaleKind.TENSOR:
-        bn = max(bn, 1)
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
     return TritonWeight(
@@ -80,6 +79,7 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         global_scale=gs,
         group_k=bk,
         group_n=bn,
+        fmt=weight_format_constexprs(scheme),
     )
 
 

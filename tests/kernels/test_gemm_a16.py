@@ -5,7 +5,6 @@ import torch
 
 from anybit import prepare, quantize
 from anybit.backends import get_backend
-from anybit.backends.triton_layout import weight_format_constexprs
 from anybit.kernels.gemm_a16 import A16Config, gemm_a16
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -77,7 +76,7 @@ def test_tiles_split_k_poisoned_output_and_bias(interpret, cfg):
             n=50,
             group_k=tw.group_k,
             group_n=tw.group_n,
-            fmt=weight_format_constexprs(tw.scheme),
+            fmt=tw.fmt,
             config=cfg,
             workspace=ws,
             counters=cnt,
@@ -116,7 +115,7 @@ def test_dequantize_kernel_matches_reference(interpret, text):
         k=256,
         group_k=tw.group_k,
         group_n=tw.group_n,
-        fmt=weight_format_constexprs(tw.scheme),
+        fmt=tw.fmt,
         dtype=torch.float16,
         block_k=32,
         block_n=32,
