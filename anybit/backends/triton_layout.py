@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anybit.formats.dtypes import FloatType
+from anybit.formats.dtypes import FloatType, IntType
 from anybit.formats.scheme import Scheme, ZeroPoint
 from anybit.quant.weights import QuantizedWeight
 
@@ -61,6 +61,16 @@ def pack_planes(codes: torch.Tensor, bits: int) -> list[torch.Tensor]:
     return out
 
 
+def stored_codes(qw: QuantizedWeight) -> torch.Tensor:
+    """The codes as the kernels read them: signed integers biased by 2**(b-1) (sign bit flipped), so
+    decoding never needs the flip and the decode GEMV's magic-number trick sees unsigned codes."""
+    codes = qw.codes()
+    w = qw.scheme.weight
+    if isinstance(w, IntType) and w.signed:
+        codes = codes ^ (1 << (w.bits - 1))
+    return codes
+
+
 def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
@@ -72,7 +82,7 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         scheme=scheme,
         n=qw.n,
         k=qw.k,
-        planes=pack_planes(qw.codes(), scheme.weight_bits),
+        planes=pack_planes(stored_codes(qw), scheme.weight_bits),
         plane_bits=PLANES[scheme.weight_bits],
         scales=qw.scales.t().contiguous(),
         zeros=zeros,

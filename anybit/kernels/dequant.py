@@ -4,7 +4,8 @@ Weight layout read here (written by `anybit.backends.triton_layout`): a code of 
 into bit planes whose widths divide 32 (3 = 2+1, 5 = 4+1, 6 = 4+2, 7 = 4+2+1; 1, 2, 4, 8 are one
 plane), lowest bits in plane 0. Plane p of width w is an int32 tensor [K_pad*w/32, N]: word row r,
 column n holds the codes of k = r*(32/w) … r*(32/w) + 32/w - 1 at bit (k % (32/w))*w — packed along
-K, contiguous along N so a tile's loads are coalesced across output columns.
+K, contiguous along N so a tile's loads are coalesced across output columns. Signed integer codes are
+stored biased (sign bit flipped: value + 2**(b-1)), so every integer decodes as an unsigned one.
 """
 
 import triton
@@ -18,18 +19,35 @@ def plane_args(planes: list, plane_bits: tuple[int, ...]) -> tuple[list, tuple[i
 
 
 @triton.jit
-def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
-    """Codes of one plane for the K tile starting at k0 (a multiple of BLOCK_K) as int32 [BLOCK_K, BN].
-    Each packed word is loaded once ([BLOCK_K*WIDTH/32, BN] words) and split by shifts in registers."""
+def _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, TRANS: tl.constexpr):
+    """The packed words of the K tile at k0: [BLOCK_K*WIDTH/32, BN], or [BN, ...] when TRANS."""
     per_word: tl.constexpr = 32 // WIDTH
     rows = k0 // per_word + tl.arange(0, BLOCK_K // per_word)
-    mask = (rows * per_word < K)[:, None] & mask_n[None, :]
-    words = tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    row_ok = rows * per_word < K
+    if TRANS:
+        words = tl.load(ptr + rows[None, :] * N + offs_n[:, None], mask=mask_n[:, None] & row_ok[None, :], other=0)
+    else:
+        words = tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=row_ok[:, None] & mask_n[None, :], other=0)
+    return words
+
+
+@triton.jit
+def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, TRANS: tl.constexpr):
+    """Codes of one plane for the K tile starting at k0 (a multiple of BLOCK_K) as int32 [BLOCK_K, BN]
+    ([BN, BLOCK_K] when TRANS). Each packed word is loaded once and split by shifts in registers, so
+    a thread holds the word's codes as consecutive K: TRANS tiles go to shared memory K-contiguous,
+    16 bytes per store, which is what the MMA's B operand wants."""
+    per_word: tl.constexpr = 32 // WIDTH
+    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, TRANS)
     if WIDTH == 32:
-        return words
-    shifts = tl.arange(0, per_word) * WIDTH
-    vals = (words[:, None, :] >> shifts[None, :, None]) & ((1 << WIDTH) - 1)
-    return tl.reshape(vals, (BLOCK_K, words.shape[1]))
+        codes = words
+    elif TRANS:
+        shifts = tl.arange(0, per_word) * WIDTH
+        codes = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << WIDTH) - 1), (words.shape[0], BLOCK_K))
+    else:
+        shifts = tl.arange(0, per_word) * WIDTH
+        codes = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & ((1 << WIDTH) - 1), (BLOCK_K, words.shape[1]))
+    return codes
 
 
 @triton.jit
@@ -46,14 +64,36 @@ def load_codes(
     W0: tl.constexpr,
     W1: tl.constexpr,
     W2: tl.constexpr,
+    TRANS: tl.constexpr = False,
 ):
-    """The full code (all planes) of the [BLOCK_K, BN] tile at k0 as int32."""
-    codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0)
+    """The full code (all planes) of the K tile at k0 as int32 [BLOCK_K, BN] ([BN, BLOCK_K] if TRANS)."""
+    codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0, TRANS)
     if W1 > 0:
-        codes |= load_plane(p1_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W1) << W0
+        codes |= load_plane(p1_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W1, TRANS) << W0
     if W2 > 0:
-        codes |= load_plane(p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W2) << (W0 + W1)
+        codes |= load_plane(p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W2, TRANS) << (W0 + W1)
     return codes
+
+
+@triton.jit
+def load_pairs(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, DTYPE: tl.constexpr):
+    """Unsigned codes of a single-plane format of WIDTH 2 or 4 as DTYPE (bf16/fp16) values
+    MAGIC + code, exactly, transposed: [BN, BLOCK_K] (MAGIC = 128 for bf16, 1024 for fp16). Two codes
+    per instruction pair: the codes at bits j*WIDTH and j*WIDTH + 16 of a word are shifted down
+    together, masked and OR-ed under the exponent of MAGIC in both 16-bit halves."""
+    per_word: tl.constexpr = 32 // WIDTH
+    half: tl.constexpr = per_word // 2
+    if DTYPE == tl.bfloat16:
+        magic: tl.constexpr = 0x43004300
+    else:
+        magic: tl.constexpr = 0x64006400
+    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, True)
+    shifts = tl.arange(0, half) * WIDTH
+    pairs = ((words[:, :, None] >> shifts[None, None, :]) & (((1 << WIDTH) - 1) * 0x00010001)) | magic
+    lo = pairs.to(tl.int16).to(DTYPE, bitcast=True)
+    hi = (pairs >> 16).to(tl.int16).to(DTYPE, bitcast=True)
+    v = tl.permute(tl.join(lo, hi), (0, 1, 3, 2))  # [BN, rows, 2, half]: code index = h*half + j
+    return tl.reshape(v, (words.shape[0], BLOCK_K))
 
 
 @triton.jit
@@ -65,26 +105,36 @@ def small_uint_to_f32(u):
 
 @triton.jit
 def decode_int(codes, BITS: tl.constexpr, SIGNED: tl.constexpr):
-    """int32 codes -> fp32 values of intB (two's complement) or uintB."""
+    """int32 codes -> fp32 values of uintB, or of intB stored biased (value + 2**(BITS-1): the sign
+    bit flipped at prepare time, see `anybit.backends.triton_layout`)."""
     if SIGNED:
-        # flipping the sign bit maps two's complement onto value + 2**(BITS-1), an unsigned code
-        return small_uint_to_f32(codes ^ (1 << (BITS - 1))) - (1 << (BITS - 1))
+        return small_uint_to_f32(codes) - (1 << (BITS - 1))
     return small_uint_to_f32(codes)
 
 
 @triton.jit
 def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constexpr):
     """int32 codes of an eXmY float -> fp32 values, exactly (finite codes; no inf/NaN handling:
-    the quantizer never emits them). Normal: fp32 bits with the exponent re-biased; subnormal
-    (exponent field 0): mantissa * 2**(1 - bias - MAN)."""
+    the quantizer never emits them).
+    EXP <= 4: the fields are placed into fp16 bits (sign at bit 15, exponent and mantissa ending at
+    fp16's mantissa top), which hold value * 2**(bias - 15) exactly, subnormals included; one
+    conversion and one multiply by a power of two give the value.
+    Wider exponents: fp32 bits with the exponent re-biased; subnormal (exponent field 0):
+    mantissa * 2**(1 - bias - MAN)."""
     bias: tl.constexpr = (1 << (EXP - 1)) - 1
-    e = (codes >> MAN) & ((1 << EXP) - 1)
-    m = codes & ((1 << MAN) - 1)
-    normal = (((e + (127 - bias)) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
-    sub = small_uint_to_f32(m) * (2.0 ** (1 - bias - MAN))
-    v = tl.where(e == 0, sub, normal)
-    if SIGNED:
-        v = tl.where(((codes >> (EXP + MAN)) & 1) != 0, -v, v)
+    if EXP <= 4:
+        h = (codes & ((1 << (EXP + MAN)) - 1)) << (10 - MAN)
+        if SIGNED:
+            h |= (codes << (15 - EXP - MAN)) & 0x8000
+        v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (2.0 ** (15 - bias))
+    else:
+        e = (codes >> MAN) & ((1 << EXP) - 1)
+        m = codes & ((1 << MAN) - 1)
+        normal = (((e + (127 - bias)) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
+        sub = small_uint_to_f32(m) * (2.0 ** (1 - bias - MAN))
+        v = tl.where(e == 0, sub, normal)
+        if SIGNED:
+            v = tl.where(((codes >> (EXP + MAN)) & 1) != 0, -v, v)
     return v
 
 

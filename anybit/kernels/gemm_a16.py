@@ -9,6 +9,10 @@ cheapest and exact: after the dot for the whole K range (per-channel / per-tenso
 (``group_k % BLOCK_K == 0``, ``SCALE_AT=1``: the dot then sees integer or small-float weight values,
 exact in bf16/fp16), or per element before the dot (groups smaller than a tile, ``SCALE_AT=2``).
 
+Integer formats of one 2- or 4-bit plane with whole-tile scales (``PAIRS``) skip fp32 entirely: two
+codes per shift+LOP3 become ``MAGIC + code`` in x's dtype (bf16 128, fp16 1024), and one packed
+subtraction of MAGIC, the sign bias and an integer zero point leaves the exact integer weight.
+
 Split-K for small M: ``SPLIT_K`` programs share an output tile; each writes its fp32 partial to a
 workspace, and the last to arrive (an atomic counter per tile) sums them, applies the epilogue and
 resets its counter — one launch, no host synchronisation, replayable in a CUDA graph.
@@ -22,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import decode_weight, load_codes, load_scale, plane_args
+from anybit.kernels.dequant import decode_weight, load_codes, load_pairs, load_scale, plane_args
+from anybit.kernels.splitk import store_or_reduce
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ def _gemm_a16_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -121,6 +127,12 @@ def _gemm_a16_kernel(
     kt_start = pid_k * per_split
     kt_end = tl.minimum(kt_start + per_split, k_tiles)
 
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        magic_off = 128.0
+    else:
+        magic_off = 1024.0
+    if W_SIGNED:
+        magic_off += 1 << (W_BITS - 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(kt_start, kt_end):
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -128,9 +140,23 @@ def _gemm_a16_kernel(
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )
-        codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
-        q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
-        if SCALE_AT == 2:
+        if PAIRS:
+            # built transposed ([BLOCK_N, BLOCK_K], K in-thread): on sm_90a ptxas then feeds the MMA
+            # from the cp.async-staged words with no shared-memory store of the decoded tile (SASS:
+            # tools/sm90_check.py; the other paths measured slower transposed)
+            # integer codes as MAGIC + code in x's dtype, two per instruction; subtracting MAGIC, the
+            # sign bias and an integer zero point stays exact in bf16/fp16
+            v = load_pairs(p0_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
+            row = (kt * BLOCK_K) // GROUP_K
+            s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            part = tl.dot(x, tl.trans(v - (z + magic_off).to(x_ptr.dtype.element_ty)[:, None]))
+            if SCALE_AT == 1:
+                acc += part * s[None, :]
+            else:
+                acc += part
+        elif SCALE_AT == 2:
+            codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
+            q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
             # one scale (and zero) per group row, broadcast over the group's GROUP_K rows of the tile
             g_rows = (kt * BLOCK_K) // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
             g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
@@ -141,6 +167,8 @@ def _gemm_a16_kernel(
             w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
             acc += tl.dot(x, w.to(x.dtype))
         else:
+            codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
+            q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
             row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             if ZP != 0:
@@ -156,27 +184,10 @@ def _gemm_a16_kernel(
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
 
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    out_mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        # workspace [SPLIT_K, M, N] fp32; the last split of this tile reduces
-        ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws_tile + pid_k * M * N, acc, mask=out_mask)
-        tl.debug_barrier()
-        tile = pid_m * num_n + pid_n
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for i in range(SPLIT_K):
-                total += tl.load(ws_tile + i * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+    store_or_reduce(
+        acc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, pid_m * num_n + pid_n, pid_k,
+        HAS_BIAS, SPLIT_K,
+    )
 
 
 def scale_at(group_k: int, k: int, block_k: int) -> int:
@@ -219,6 +230,8 @@ def gemm_a16(
         raise ValueError("split_k > 1 needs a workspace and counters")
     p, w = plane_args(planes, plane_bits)
     dummy = scales
+    sa = scale_at(group_k, k, c.block_k)
+    pairs = sa != 2 and not fmt["W_FLOAT"] and len(plane_bits) == 1 and plane_bits[0] in (2, 4) and fmt["ZP"] != 2
     _gemm_a16_kernel[grid](
         x,
         p[0],
@@ -242,7 +255,8 @@ def gemm_a16(
         W2=w[2],
         GROUP_K=group_k,
         GROUP_N=group_n,
-        SCALE_AT=scale_at(group_k, k, c.block_k),
+        SCALE_AT=sa,
+        PAIRS=pairs,
         HAS_GS=global_scale is not None,
         HAS_BIAS=bias is not None,
         BLOCK_M=c.block_m,

@@ -1,0 +1,162 @@
+"""Compile anybit's GPU kernels for sm_90a on a machine without a GPU and read what ptxas made of them.
+
+    python tools/sm90_check.py [--formats w4a16,nvfp4] [--m 1,4,16] [--sass-dir DIR]
+
+Triton compiles through a stand-in driver (no launch); cuobjdump, shipped with Triton, reports
+registers, spills (stack) and shared memory, and the main loop's SASS gives the instruction mix:
+how many instructions per iteration, how wide the global loads are (LDG.E.128 = 16 bytes), and
+whether the loop goes through shared memory (STS/LDS/BAR) or the tensor cores (HGMMA/HMMA).
+Spend device minutes only on kernels that look right here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from anybit import quantize  # noqa: E402
+from anybit.backends.triton import default_config  # noqa: E402
+from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
+from anybit.kernels.gemm_a16 import gemm_a16  # noqa: E402
+
+
+
+class _StandInDriver(DriverBase):
+    """Enough of a CUDA driver for Triton to compile for sm_90a; nothing is launched."""
+
+    @classmethod
+    def is_active(cls):
+        return True
+
+    def map_python_to_cpp_type(self, ty):
+        return ty
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_benchmarker(self):
+        raise NotImplementedError
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+_compiled = []
+_run = JITFunction.run
+
+
+def _compile_only(self, *args, grid, warmup, **kwargs):
+    kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
+    _compiled.append(kernel)
+    return kernel
+
+
+def loop_stats(sass: str) -> dict:
+    """Instruction mix of the innermost loop holding an MMA, else of the largest loop."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    loops = []
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            loops.append([x for x in ins if int(target.group(1), 16) <= x[0] <= addr])
+    if not loops:
+        return {"loop": 0}
+    mma = [b for b in loops if any("MMA" in x[1] for x in b)]
+    body = min(mma, key=len) if mma else max(loops, key=len)
+    ops = collections.Counter(x[1] for x in body)
+    short = collections.Counter(x[1].split(".")[0] for x in body)
+    out = {"loop": len(body)}
+    out["LDG128"] = sum(v for k, v in ops.items() if k.startswith("LDG") and k.endswith(".128"))
+    out["LDGSTS"] = short["LDGSTS"]
+    for key in ["LDG", "HGMMA", "HMMA", "STS", "LDS", "LDSM", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "LOP3", "SHF",
+                "IMAD", "PRMT", "I2F", "F2F", "HADD2", "F2FP"]:  # fmt: skip
+        if short[key]:
+            out[key] = short[key]
+    return out
+
+
+def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
+    qw = quantize(torch.randn(n, k) * 0.05, fmt)
+    tw = to_triton_layout(qw)
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
+    ws = torch.empty(max(1, cfg.split_k * m * n))
+    cnt = torch.zeros(1 << 14, dtype=torch.int32)
+    _compiled.clear()
+    gemm_a16(x, tw.planes, tw.plane_bits, tw.scales, tw.zeros, tw.global_scale, None, n=n, group_k=tw.group_k,
+           group_n=tw.group_n, fmt=tw.fmt, config=cfg, workspace=ws, counters=cnt)  # fmt: skip
+    kernel = _compiled[-1]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    if sass_dir:
+        os.makedirs(sass_dir, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9]+", "_", f"{fmt}_m{m}")
+        with open(os.path.join(sass_dir, name + ".sass"), "w") as f:
+            f.write(sass)
+        for ext in ("ttgir", "ptx"):
+            with open(os.path.join(sass_dir, f"{name}.{ext}"), "w") as f:
+                f.write(kernel.asm[ext])
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    stats = loop_stats(sass)
+    per_thread = cfg.block_k * cfg.block_n / (32 * cfg.num_warps)
+    ipe = stats["loop"] / per_thread
+    mix = " ".join(f"{key}:{v}" for key, v in stats.items() if key != "loop")
+    return (
+        f"{fmt:28s} M={m:<4d} REG={regs.group(1) if regs else '?':>3s} STACK={regs.group(2) if regs else '?':<3s}"
+        f" SMEM={kernel.metadata.shared:<6d} loop={stats['loop']:<4d} instr/weight={ipe:.2f}  {mix}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="w4a16,w8a16,w3a16,nvfp4,mxfp4,w4a16:e2m1:g64:bf16")
+    ap.add_argument("--m", default="1,4,16")
+    ap.add_argument("--shape", default="8192,8192", help="N,K")
+    ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
+    driver.set_active(_StandInDriver())
+    JITFunction.run = _compile_only
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    n, k = (int(v) for v in args.shape.split(","))
+    failed = 0
+    for fmt in args.formats.split(","):
+        for m in (int(v) for v in args.m.split(",")):
+            try:
+                print(check(fmt, m, n, k, cuobjdump, args.sass_dir), flush=True)
+            except Exception as ex:  # report and go on: one broken kernel should not hide the others
+                failed += 1
+                print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(ex).__name__}: {str(ex)[:400]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
