@@ -76,7 +76,9 @@ def load_codes(
 
 
 @triton.jit
-def load_pairs(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, DTYPE: tl.constexpr):
+def load_pairs(
+    ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, DTYPE: tl.constexpr, TRANS: tl.constexpr
+):
     """Unsigned codes of a single-plane format of WIDTH 2 or 4 as DTYPE (bf16/fp16) values
     MAGIC + code, exactly, transposed: [BN, BLOCK_K] (MAGIC = 128 for bf16, 1024 for fp16). Two codes
     per instruction pair: the codes at bits j*WIDTH and j*WIDTH + 16 of a word are shifted down
@@ -87,13 +89,20 @@ def load_pairs(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.c
         magic: tl.constexpr = 0x43004300
     else:
         magic: tl.constexpr = 0x64006400
-    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, True)
+    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, TRANS)
     shifts = tl.arange(0, half) * WIDTH
-    pairs = ((words[:, :, None] >> shifts[None, None, :]) & (((1 << WIDTH) - 1) * 0x00010001)) | magic
+    mask: tl.constexpr = ((1 << WIDTH) - 1) * 0x00010001
+    if TRANS:
+        pairs = ((words[:, :, None] >> shifts[None, None, :]) & mask) | magic
+    else:
+        pairs = ((words[:, None, :] >> shifts[None, :, None]) & mask) | magic
     lo = pairs.to(tl.int16).to(DTYPE, bitcast=True)
     hi = (pairs >> 16).to(tl.int16).to(DTYPE, bitcast=True)
-    v = tl.permute(tl.join(lo, hi), (0, 1, 3, 2))  # [BN, rows, 2, half]: code index = h*half + j
-    return tl.reshape(v, (words.shape[0], BLOCK_K))
+    if TRANS:
+        v = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (words.shape[0], BLOCK_K))
+    else:
+        v = tl.reshape(tl.permute(tl.join(lo, hi), (0, 3, 1, 2)), (BLOCK_K, words.shape[1]))
+    return v  # code index in the word = h*half + j (h: 16-bit half, j: pair)
 
 
 @triton.jit
