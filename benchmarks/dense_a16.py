@@ -209,7 +209,7 @@ def sweep_decode(shapes, ms=(1, 16, 64)):
                 bm = 16 if m <= 16 else 64
                 split = base.split_k * base.block_n // bn
                 for sk in sorted({max(1, split // 2), max(1, split), split * 2}):
-                    for pairs in (0, 1, 2):
+                    for pairs in (False, True):
                         cfg = A16Config(bm, bn, bk, split_k=sk, num_warps=warps, num_stages=stages, pairs=pairs)
                         try:
                             us = graph_us([lambda p=p, c=cfg, x=x: be.gemm(x, p, config=c) for p in preps] * 5)

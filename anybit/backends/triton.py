@@ -23,7 +23,7 @@ def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, inter
         return A16Config(block_m=16, block_n=32, block_k=32, split_k=2 if k >= 128 else 1)
     k_tiles = triton.cdiv(k, 128)
     if m <= 16:
-        bm, bn, bk, warps, stages = 16, 64, 128, 4, 4
+        bm, bn, bk, warps, stages = 16, 128, 128, 4, 4
     elif m <= 64:
         bm, bn, bk, warps, stages = 64, 64, 128, 4, 4
     elif m <= 256:
@@ -33,8 +33,8 @@ def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, inter
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split = 1
     if m <= 64:
-        # fill the machine about twice over, but keep >= 4 K tiles per split
-        while tiles * split < 2 * num_sms and split * 2 <= max(1, k_tiles // 4) and split < 16:
+        # fill the machine 1.5 times over, but keep >= 4 K tiles per split (H200 sweep, BENCHMARKS.md)
+        while tiles * split < 1.5 * num_sms and split * 2 <= max(1, k_tiles // 4) and split < 16:
             split *= 2
     return A16Config(bm, bn, bk, split_k=split, num_warps=warps, num_stages=stages)
 

@@ -19,34 +19,25 @@ def plane_args(planes: list, plane_bits: tuple[int, ...]) -> tuple[list, tuple[i
 
 
 @triton.jit
-def _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, TRANS: tl.constexpr):
-    """The packed words of the K tile at k0: [BLOCK_K*WIDTH/32, BN], or [BN, ...] when TRANS."""
+def _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
+    """The packed words of the K tile at k0 (a multiple of BLOCK_K): int32 [BLOCK_K*WIDTH/32, BN]."""
     per_word: tl.constexpr = 32 // WIDTH
     rows = k0 // per_word + tl.arange(0, BLOCK_K // per_word)
-    row_ok = rows * per_word < K
-    if TRANS:
-        words = tl.load(ptr + rows[None, :] * N + offs_n[:, None], mask=mask_n[:, None] & row_ok[None, :], other=0)
-    else:
-        words = tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=row_ok[:, None] & mask_n[None, :], other=0)
-    return words
+    mask = (rows * per_word < K)[:, None] & mask_n[None, :]
+    return tl.load(ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0)
 
 
 @triton.jit
-def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, TRANS: tl.constexpr):
-    """Codes of one plane for the K tile starting at k0 (a multiple of BLOCK_K) as int32 [BLOCK_K, BN]
-    ([BN, BLOCK_K] when TRANS). Each packed word is loaded once and split by shifts in registers, so
-    a thread holds the word's codes as consecutive K: TRANS tiles go to shared memory K-contiguous,
-    16 bytes per store, which is what the MMA's B operand wants."""
-    per_word: tl.constexpr = 32 // WIDTH
-    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, TRANS)
+def load_plane(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
+    """Codes of one plane for the K tile starting at k0 as int32 [BLOCK_K, BN]. Each packed word is
+    loaded once and split by shifts in registers."""
+    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH)
     if WIDTH == 32:
         codes = words
-    elif TRANS:
-        shifts = tl.arange(0, per_word) * WIDTH
-        codes = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << WIDTH) - 1), (words.shape[0], BLOCK_K))
     else:
-        shifts = tl.arange(0, per_word) * WIDTH
-        codes = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & ((1 << WIDTH) - 1), (BLOCK_K, words.shape[1]))
+        shifts = tl.arange(0, 32 // WIDTH) * WIDTH
+        vals = (words[:, None, :] >> shifts[None, :, None]) & ((1 << WIDTH) - 1)
+        codes = tl.reshape(vals, (BLOCK_K, words.shape[1]))
     return codes
 
 
@@ -64,45 +55,34 @@ def load_codes(
     W0: tl.constexpr,
     W1: tl.constexpr,
     W2: tl.constexpr,
-    TRANS: tl.constexpr = False,
 ):
-    """The full code (all planes) of the K tile at k0 as int32 [BLOCK_K, BN] ([BN, BLOCK_K] if TRANS)."""
-    codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0, TRANS)
+    """The full code (all planes) of the [BLOCK_K, BN] tile at k0 as int32."""
+    codes = load_plane(p0_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W0)
     if W1 > 0:
-        codes |= load_plane(p1_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W1, TRANS) << W0
+        codes |= load_plane(p1_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W1) << W0
     if W2 > 0:
-        codes |= load_plane(p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W2, TRANS) << (W0 + W1)
+        codes |= load_plane(p2_ptr, k0, offs_n, mask_n, K, N, BLOCK_K, W2) << (W0 + W1)
     return codes
 
 
 @triton.jit
-def load_pairs(
-    ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, DTYPE: tl.constexpr, TRANS: tl.constexpr
-):
+def load_pairs(ptr, k0, offs_n, mask_n, K, N, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr, DTYPE: tl.constexpr):
     """Unsigned codes of a single-plane format of WIDTH 2 or 4 as DTYPE (bf16/fp16) values
-    MAGIC + code, exactly, transposed: [BN, BLOCK_K] (MAGIC = 128 for bf16, 1024 for fp16). Two codes
-    per instruction pair: the codes at bits j*WIDTH and j*WIDTH + 16 of a word are shifted down
-    together, masked and OR-ed under the exponent of MAGIC in both 16-bit halves."""
-    per_word: tl.constexpr = 32 // WIDTH
-    half: tl.constexpr = per_word // 2
+    MAGIC + code, exactly: [BLOCK_K, BN] (MAGIC = 128 for bf16, 1024 for fp16). Two codes per
+    instruction pair: the codes at bits j*WIDTH and j*WIDTH + 16 of a word are shifted down together,
+    masked and OR-ed under the exponent of MAGIC in both 16-bit halves."""
+    half: tl.constexpr = 16 // WIDTH
     if DTYPE == tl.bfloat16:
         magic: tl.constexpr = 0x43004300
     else:
         magic: tl.constexpr = 0x64006400
-    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH, TRANS)
+    words = _load_words(ptr, k0, offs_n, mask_n, K, N, BLOCK_K, WIDTH)
     shifts = tl.arange(0, half) * WIDTH
-    mask: tl.constexpr = ((1 << WIDTH) - 1) * 0x00010001
-    if TRANS:
-        pairs = ((words[:, :, None] >> shifts[None, None, :]) & mask) | magic
-    else:
-        pairs = ((words[:, None, :] >> shifts[None, :, None]) & mask) | magic
+    pairs = ((words[:, None, :] >> shifts[None, :, None]) & (((1 << WIDTH) - 1) * 0x00010001)) | magic
     lo = pairs.to(tl.int16).to(DTYPE, bitcast=True)
     hi = (pairs >> 16).to(tl.int16).to(DTYPE, bitcast=True)
-    if TRANS:
-        v = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (words.shape[0], BLOCK_K))
-    else:
-        v = tl.reshape(tl.permute(tl.join(lo, hi), (0, 3, 1, 2)), (BLOCK_K, words.shape[1]))
-    return v  # code index in the word = h*half + j (h: 16-bit half, j: pair)
+    v = tl.permute(tl.join(lo, hi), (0, 3, 1, 2))  # [rows, 2, half, BN]: code index = h*half + j
+    return tl.reshape(v, (BLOCK_K, words.shape[1]))
 
 
 @triton.jit

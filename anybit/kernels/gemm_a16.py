@@ -39,8 +39,7 @@ class A16Config:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
-    pairs: int | None = None  # 2/4-bit ints: 0 fp32 decode, 1 two-per-instruction magic, 2 same, tile
-    # built transposed; None: 1 where the format allows it
+    pairs: bool | None = None  # 2/4-bit ints decoded two per instruction (None: where the format allows)
 
 @triton.jit
 def _scale_zero(
@@ -141,17 +140,13 @@ def _gemm_a16_kernel(
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )
-        if PAIRS != 0:
+        if PAIRS:
             # integer codes as MAGIC + code in x's dtype, two per instruction; subtracting MAGIC, the
             # sign bias and an integer zero point stays exact in bf16/fp16
-            v = load_pairs(p0_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty, PAIRS == 2)
+            v = load_pairs(p0_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
             row = (kt * BLOCK_K) // GROUP_K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-            off = (z + magic_off).to(x_ptr.dtype.element_ty)
-            if PAIRS == 2:
-                part = tl.dot(x, tl.trans(v - off[:, None]))
-            else:
-                part = tl.dot(x, v - off[None, :])
+            part = tl.dot(x, v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :])
             if SCALE_AT == 1:
                 acc += part * s[None, :]
             else:
@@ -233,9 +228,8 @@ def gemm_a16(
     p, w = plane_args(planes, plane_bits)
     dummy = scales
     sa = scale_at(group_k, k, c.block_k)
-    pairs = 0
-    if sa != 2 and not fmt["W_FLOAT"] and len(plane_bits) == 1 and plane_bits[0] in (2, 4) and fmt["ZP"] != 2:
-        pairs = 1 if c.pairs is None else c.pairs
+    pairs = sa != 2 and not fmt["W_FLOAT"] and len(plane_bits) == 1 and plane_bits[0] in (2, 4) and fmt["ZP"] != 2
+    pairs = pairs and c.pairs is not False
     _gemm_a16_kernel[grid](
         x,
         p[0],
