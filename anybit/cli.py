@@ -15,6 +15,30 @@ def _formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from anybit.bench.recipe import load_recipe
+
+    if args.compare:
+        from anybit.bench.report import compare
+
+        base, new = (json.load(open(p)) for p in args.compare)
+        threshold = float(args.threshold.rstrip("%")) / (100 if args.threshold.endswith("%") else 1)
+        rows, regressed = compare(base, new, threshold)
+        for r in rows:
+            flag = "REGRESSED" if r["regressed"] else ""
+            print(f"{r['cell']:60s} {r['mode']:5s} {r['base']:10.2f} -> {r['new']:10.2f} µs  {r['ratio']:.3f}x {flag}")
+        n_bad = sum(r["regressed"] for r in rows)
+        print(f"{len(rows)} cells compared, {n_bad} regressed past {threshold:.1%}")
+        return 1 if regressed else 0
+    from anybit.bench.main import run_bench
+
+    recipe = load_recipe(args.recipe)
+    run_bench(recipe, out_dir=args.out, device=args.device)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anybit", description="Quantized GEMM kernels and their tools.")
     parser.add_argument("--version", action="version", version=f"anybit {anybit.__version__}")
@@ -23,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--group-size", type=int, default=128, help="group size for the bytes/weight column")
     f.add_argument("--k", type=int, default=4096, help="K for per-channel presets' effective size")
     f.set_defaults(func=_formats)
+    b = sub.add_parser("bench", help="time every backend and peer on a recipe's shapes (default: Llama-3-8B)")
+    b.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
+    b.add_argument("--out", default=None, help="output directory (default: the recipe's `out`)")
+    b.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
+    b.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two bench.json files")
+    b.add_argument("--threshold", default="5%", help="regression threshold for --compare (default 5%%)")
+    b.set_defaults(func=_bench)
     return parser
 
 

@@ -34,7 +34,6 @@ from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.kernels.gemm_a16 import gemm_a16  # noqa: E402
 
 
-
 class _StandInDriver(DriverBase):
     """Enough of a CUDA driver for Triton to compile for sm_90a; nothing is launched."""
 

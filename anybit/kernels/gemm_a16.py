@@ -41,6 +41,7 @@ class A16Config:
     num_stages: int = 3
     pairs: bool | None = None  # 2/4-bit ints decoded two per instruction (None: where the format allows)
 
+
 @triton.jit
 def _scale_zero(
     s_ptr,
@@ -181,9 +182,9 @@ def _gemm_a16_kernel(
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
 
+    tile = pid_m * num_n + pid_n
     store_or_reduce(
-        acc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, pid_m * num_n + pid_n, pid_k,
-        HAS_BIAS, SPLIT_K,
+        acc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k, HAS_BIAS, SPLIT_K
     )
 
 
