@@ -28,6 +28,8 @@ def cpu_shapes(recipe: Recipe) -> list[Shape]:
 def run_bench(recipe: Recipe, out_dir: str | None = None, device: str | None = None, quiet: bool = False) -> dict:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
         shapes, ms = recipe.shapes, recipe.m
     else:
