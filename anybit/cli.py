@@ -32,6 +32,12 @@ def _bench(args: argparse.Namespace) -> int:
         n_bad = sum(r["regressed"] for r in rows)
         print(f"{len(rows)} cells compared, {n_bad} regressed past {threshold:.1%}")
         return 1 if regressed else 0
+    if args.report:
+        from anybit.bench.report import markdown
+
+        with open(args.report) as f:
+            print(markdown(json.load(f), schemes=args.schemes.split(",") if args.schemes else None), end="")
+        return 0
     from anybit.bench.main import run_bench
 
     recipe = load_recipe(args.recipe)
@@ -53,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
     b.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two bench.json files")
     b.add_argument("--threshold", default="5%", help="regression threshold for --compare (default 5%%)")
+    b.add_argument("--report", metavar="BENCH_JSON", help="print the Markdown summary of a bench.json")
+    b.add_argument("--schemes", default=None, help="with --report: only these schemes (comma-separated)")
     b.set_defaults(func=_bench)
     return parser
 

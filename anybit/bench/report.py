@@ -134,9 +134,9 @@ def print_table(result: dict) -> None:
         print("skipped:", s)
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, schemes: list[str] | None = None) -> str:
     env, rec = result["env"], result["recipe"]
-    lines = cells(result["rows"])
+    lines = [c for c in cells(result["rows"]) if schemes is None or c["scheme"] in schemes]
     md = [f"# anybit bench: {rec['name']}", ""]
     md.append(
         f"* {env.get('date')} · {env.get('gpu')} ({env.get('sm_count', '-')} SMs) · torch {env['torch']} · "

@@ -82,8 +82,12 @@ def _time(run: Run, fns: list[Callable], m: int, estimate_us: float) -> dict:
         s = time_eager(fns, r.graph_calls, r.repeats, r.warmup, run.cuda)
         out.update(eager_us=median(s), eager_samples=s)
     if run.cuda and r.timing in ("graph", "both") and m <= r.graph_max_m:
-        s = time_graph(fns, r.graph_calls, r.repeats, r.warmup)
-        out.update(graph_us=median(s), graph_samples=s)
+        try:
+            s = time_graph(fns, r.graph_calls, r.repeats, r.warmup)
+            out.update(graph_us=median(s), graph_samples=s)
+        except Exception as e:  # e.g. a host synchronisation inside the call: eager numbers stand
+            out["graph_status"] = f"not capturable: {type(e).__name__}: {e}"[:200]
+            torch.cuda.synchronize()
     return out
 
 
