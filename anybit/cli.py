@@ -41,8 +41,24 @@ def _bench(args: argparse.Namespace) -> int:
     from anybit.bench.main import run_bench
 
     recipe = load_recipe(args.recipe)
+    override = {}
+    if args.schemes:
+        override["schemes"] = args.schemes.split(",")
+    if args.budget:
+        override["budget_s"] = args.budget
+    if override:
+        from anybit.bench.recipe import parse_recipe
+
+        recipe = parse_recipe({**_as_input(recipe), **override}, recipe.source)
     run_bench(recipe, out_dir=args.out, device=args.device)
     return 0
+
+
+def _as_input(recipe) -> dict:
+    """A parsed recipe as parse_recipe's input again (shapes explicit)."""
+    d = recipe.to_dict()
+    d["shapes"] = [dict(s) for s in d["shapes"]]
+    return d
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
     b.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two bench.json files")
     b.add_argument("--threshold", default="5%", help="regression threshold for --compare (default 5%%)")
+    b.add_argument("--budget", type=float, default=None, help="seconds before remaining cells are skipped")
     b.add_argument("--report", metavar="BENCH_JSON", help="print the Markdown summary of a bench.json")
-    b.add_argument("--schemes", default=None, help="with --report: only these schemes (comma-separated)")
+    b.add_argument("--schemes", default=None, help="only these schemes (comma-separated): the run's, or --report's")
     b.set_defaults(func=_bench)
     return parser
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -29,9 +30,10 @@ from triton.runtime.jit import JITFunction
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from anybit import quantize  # noqa: E402
-from anybit.backends.triton import default_config  # noqa: E402
+from anybit.backends.triton import a8_block_k, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.kernels.gemm_a16 import gemm_a16  # noqa: E402
+from anybit.kernels.gemm import gemm_dense  # noqa: E402
+from anybit.kernels.quant_act import quantize_act  # noqa: E402
 
 
 class _StandInDriver(DriverBase):
@@ -91,8 +93,8 @@ def loop_stats(sass: str) -> dict:
     out = {"loop": len(body)}
     out["LDG128"] = sum(v for k, v in ops.items() if k.startswith("LDG") and k.endswith(".128"))
     out["LDGSTS"] = short["LDGSTS"]
-    for key in ["LDG", "HGMMA", "HMMA", "STS", "LDS", "LDSM", "BAR", "SHFL", "FFMA", "FMUL", "FADD", "LOP3", "SHF",
-                "IMAD", "PRMT", "I2F", "F2F", "HADD2", "F2FP"]:  # fmt: skip
+    keys = "LDG HGMMA QGMMA HMMA STS LDS LDSM BAR SHFL FFMA FMUL FADD LOP3 SHF IMAD PRMT I2F F2F HADD2 F2FP"
+    for key in keys.split():
         if short[key]:
             out[key] = short[key]
     return out
@@ -103,11 +105,16 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     tw = to_triton_layout(qw)
     x = torch.randn(m, k, dtype=torch.bfloat16)
     cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
+    act, extra = qw.scheme.act, {}
+    if act.quantized:
+        cfg = dataclasses.replace(cfg, block_k=a8_block_k(qw.scheme, cfg.block_k))
+        x, xs = quantize_act(x, act)  # compiled, not run: xq holds garbage, which is fine here
+        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16)
     ws = torch.empty(max(1, cfg.split_k * m * n))
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
-    gemm_a16(x, tw.planes, tw.plane_bits, tw.scales, tw.zeros, tw.global_scale, None, n=n, group_k=tw.group_k,
-           group_n=tw.group_n, fmt=tw.fmt, config=cfg, workspace=ws, counters=cnt)  # fmt: skip
+    gemm_dense(x, tw.planes, tw.plane_bits, tw.scales, tw.zeros, tw.global_scale, None, n=n, group_k=tw.group_k,
+           group_n=tw.group_n, fmt=tw.fmt, config=cfg, workspace=ws, counters=cnt, **extra)  # fmt: skip
     kernel = _compiled[-1]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])

@@ -21,7 +21,7 @@ import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
 from anybit.backends.triton import default_config  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
-from anybit.kernels.gemm_a16 import A16Config  # noqa: E402
+from anybit.kernels.gemm import GemmConfig  # noqa: E402
 
 TILES = [(64, 256, 4, 3), (64, 128, 4, 4), (128, 128, 4, 4), (32, 256, 4, 3), (64, 512, 4, 2), (128, 256, 8, 3)]
 
@@ -46,7 +46,7 @@ def main() -> int:
             split = max(1, base.split_k * base.block_n // bn)
             for sk in sorted({max(1, split // 2), split, split * 2}):
                 for pairs in (False, True):
-                    cfg = A16Config(base.block_m, bn, bk, sk, num_warps=warps, num_stages=stages, pairs=pairs)
+                    cfg = GemmConfig(base.block_m, bn, bk, sk, num_warps=warps, num_stages=stages, pairs=pairs)
                     try:
                         fns = [lambda p=p, c=cfg, x=x: be.gemm(x, p, config=c) for p in preps]
                         us = median(time_graph(fns, 20, 15, 20))

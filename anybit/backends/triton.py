@@ -1,6 +1,8 @@
-"""The `triton` backend: anybit's own kernels (dense A16 today)."""
+"""The `triton` backend: anybit's own kernels (dense; bf16/fp16 or dynamic FP8 activations)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -8,8 +10,11 @@ import triton
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.triton_layout import TritonWeight, to_triton_layout
+from anybit.formats.dtypes import IntType, exactly_representable
+from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.gemm_a16 import A16Config, gemm_a16
+from anybit.kernels.gemm import GemmConfig, gemm_dense
+from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
 
 # Above this many rows, dequantizing W once and calling cuBLAS beats dequantizing per M tile inside the
@@ -17,10 +22,10 @@ from anybit.quant.weights import QuantizedWeight
 DEQUANT_MATMUL_MIN_M = 128
 
 
-def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> A16Config:
+def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> GemmConfig:
     """Hopper-first tile choice by M bucket (the tuning cache overrides it where it has data)."""
     if interpret:
-        return A16Config(block_m=16, block_n=32, block_k=32, split_k=2 if k >= 128 else 1)
+        return GemmConfig(block_m=16, block_n=32, block_k=32, split_k=2 if k >= 128 else 1)
     k_tiles = triton.cdiv(k, 128)
     if m <= 16:
         bm, bn, bk, warps, stages = 16, 128, 128, 4, 4
@@ -36,7 +41,39 @@ def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, inter
         # fill the machine 1.5 times over, but keep >= 4 K tiles per split (H200 sweep, BENCHMARKS.md)
         while tiles * split < 1.5 * num_sms and split * 2 <= max(1, k_tiles // 4) and split < 16:
             split *= 2
-    return A16Config(bm, bn, bk, split_k=split, num_warps=warps, num_stages=stages)
+    return GemmConfig(bm, bn, bk, split_k=split, num_warps=warps, num_stages=stages)
+
+
+def fp8_unsupported(scheme: Scheme) -> str | None:
+    """Why the FP8-activation kernel cannot run `scheme` exactly, or None when it can: activations
+    quantized dynamically to e4m3/e5m2, weight values exact in that dtype, weight scales that cover
+    whole K tiles of >= 32."""
+    act, w, g = scheme.act, scheme.weight, scheme.granularity
+    if act.dtype.name not in ("e4m3", "e5m2"):
+        return f"{act.dtype.name} activations: the Triton kernels take FP8 (e4m3/e5m2) activations"
+    if act.mode is ActMode.STATIC:
+        return "static activation scales: the prepared weight carries no calibrated input scale yet"
+    if act.mode is ActMode.GROUP and act.group < 32:
+        return f"activation groups of {act.group}: FP8 K tiles are >= 32"
+    if scheme.zero_point is ZeroPoint.FLOAT:
+        return f"a float zero point makes (q - z) inexact in {act.dtype.name}"
+    values = IntType(w.bits + 1, signed=True) if scheme.zero_point is ZeroPoint.INT else w
+    if not exactly_representable(values, act.dtype):
+        what = f"{w} weight values" + (" minus zero points" if scheme.zero_point is ZeroPoint.INT else "")
+        return f"{what} are not exact in {act.dtype.name}"
+    if g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK) and g.k < 32:
+        return f"weight scales every {g.k} along K: the FP8 kernel applies them per K tile of >= 32"
+    return None
+
+
+def a8_block_k(scheme: Scheme, block_k: int) -> int:
+    """The K tile for FP8 activations: within one weight group and one activation group."""
+    g, act = scheme.granularity, scheme.act
+    if g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK):
+        block_k = min(block_k, g.k)
+    if act.mode is ActMode.GROUP:
+        block_k = min(block_k, act.group)
+    return max(32, block_k)
 
 
 class _Workspace:
@@ -64,14 +101,18 @@ class TritonBackend:
     def supports(self, problem: Problem) -> tuple[bool, str]:
         s = problem.scheme
         if s.act.quantized:
-            return False, f"activation quantization ({s.act.token()}) is not in the Triton kernels yet"
+            why = fp8_unsupported(s)
+            if why:
+                return False, why
         if problem.act_dtype is not None and problem.act_dtype not in (torch.float16, torch.bfloat16):
             return False, f"activations must be bf16 or fp16, got {problem.act_dtype}"
         if problem.device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(problem.device)
             if major < 8:
                 return False, f"needs an SM80+ GPU, this one is sm_{major}{minor}"
-            return True, f"Triton kernel for sm_{major}{minor}"
+            if s.act.quantized and (major, minor) < (8, 9):
+                return False, f"FP8 activations need FP8 tensor cores (sm_89+), this GPU is sm_{major}{minor}"
+            return True, f"Triton kernel for sm_{major}{minor}" + (" (FP8 activations)" if s.act.quantized else "")
         if settings.load().triton_interpret:
             return True, "Triton interpreter (TRITON_INTERPRET=1) on the CPU"
         return False, f"device {problem.device.type} needs a CUDA GPU or TRITON_INTERPRET=1"
@@ -80,7 +121,7 @@ class TritonBackend:
         return Prepared(self.name, qweight, to_triton_layout(qweight))
 
     def gemm(
-        self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: A16Config | None = None
+        self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: GemmConfig | None = None
     ) -> torch.Tensor:
         tw: TritonWeight = prepared.data
         lead = x.shape[:-1]
@@ -88,16 +129,24 @@ class TritonBackend:
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         m = x2.shape[0]
-        if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M:
+        act = tw.scheme.act
+        if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
             config = default_config(m, tw.n, tw.k, tw.scheme.weight_bits, sms, not x.is_cuda)
+            if act.quantized:
+                config = dataclasses.replace(config, block_k=a8_block_k(tw.scheme, config.block_k))
+        x_scales, x_group, out_dtype = None, 0, None
+        if act.quantized:
+            out_dtype = x2.dtype
+            x2, x_scales = quantize_act(x2, act)
+            x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:
             tiles = triton.cdiv(m, config.block_m) * triton.cdiv(tw.n, config.block_n)
             ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
-        y = gemm_a16(
+        y = gemm_dense(
             x2,
             tw.planes,
             tw.plane_bits,
@@ -112,6 +161,9 @@ class TritonBackend:
             config=config,
             workspace=ws,
             counters=cnt,
+            x_scales=x_scales,
+            x_group=x_group,
+            out_dtype=out_dtype,
         )
         return y.reshape(*lead, tw.n)
 

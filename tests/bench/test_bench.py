@@ -117,7 +117,7 @@ def _tiny_recipe():
         {
             "name": "tiny",
             "shapes": [{"name": "a", "n": 128, "k": 256}],
-            "schemes": ["w4a16", "w4a8"],
+            "schemes": ["w4a16", "w4a8:int4:g128:bf16:int8-token"],
             "m": [1, 3],
             "peers": ["torch-bf16", "humming"],
             "cpu": {"m": [1, 3]},

@@ -5,7 +5,7 @@ import torch
 
 from anybit import prepare, quantize
 from anybit.backends import get_backend
-from anybit.kernels.gemm_a16 import A16Config, gemm_a16
+from anybit.kernels.gemm import GemmConfig, gemm_dense
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
 FORMATS = [
@@ -55,7 +55,7 @@ def test_every_format_matches_dequantize(interpret, text, m):
 
 
 @pytest.mark.parametrize(
-    "cfg", [A16Config(16, 32, 32, split_k=1), A16Config(16, 16, 64, split_k=3), A16Config(32, 32, 32, split_k=4)]
+    "cfg", [GemmConfig(16, 32, 32, split_k=1), GemmConfig(16, 16, 64, split_k=3), GemmConfig(32, 32, 32, split_k=4)]
 )
 def test_tiles_split_k_poisoned_output_and_bias(interpret, cfg):
     x, qw, ref = _problem("w4a16:int4:g64:fp16", 13, 50, 192, seed=7)  # K=192: 3 groups, tile tails
@@ -65,7 +65,7 @@ def test_tiles_split_k_poisoned_output_and_bias(interpret, cfg):
     cnt = torch.zeros(64, dtype=torch.int32)
     for _ in range(2):  # the second call checks the counters were reset
         out = torch.full((13, 50), float("nan"), dtype=torch.float16)
-        gemm_a16(
+        gemm_dense(
             x,
             tw.planes,
             tw.plane_bits,

@@ -31,7 +31,7 @@ from anybit.kernels.splitk import store_or_reduce
 
 
 @dataclass(frozen=True)
-class A16Config:
+class GemmConfig:
     block_m: int
     block_n: int
     block_k: int
@@ -64,8 +64,9 @@ def _scale_zero(
 
 
 @triton.jit
-def _gemm_a16_kernel(
+def _gemm_kernel(
     x_ptr,
+    xs_ptr,
     p0_ptr,
     p1_ptr,
     p2_ptr,
@@ -82,6 +83,7 @@ def _gemm_a16_kernel(
     stride_xm,
     stride_ym,
     stride_s,
+    stride_xs,
     W_BITS: tl.constexpr,
     W0: tl.constexpr,
     W1: tl.constexpr,
@@ -105,6 +107,9 @@ def _gemm_a16_kernel(
     SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PAIRS: tl.constexpr,
+    ACT: tl.constexpr,
+    X_GROUP: tl.constexpr,
+    FP8_DIRECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -166,12 +171,21 @@ def _gemm_a16_kernel(
             acc += tl.dot(x, w.to(x.dtype))
         else:
             codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
-            q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
             row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-            if ZP != 0:
-                q = q - z[None, :]
-            part = tl.dot(x, q.to(x.dtype))
+            if FP8_DIRECT:
+                # the weight's byte codes are already x's FP8 encoding
+                w = codes.to(tl.int8).to(x.dtype, bitcast=True)
+            else:
+                q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+                if ZP != 0:
+                    q = q - z[None, :]
+                w = q.to(x.dtype)  # exact: the backend admits only weights whose values x's dtype holds
+            part = tl.dot(x, w)
+            if ACT == 2:
+                # activations scaled per row and X_GROUP columns: the K tile lies in one of them
+                xs = tl.load(xs_ptr + offs_m * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
+                part = part * xs[:, None]
             if SCALE_AT == 1:
                 acc += part * s[None, :]
             else:
@@ -181,6 +195,8 @@ def _gemm_a16_kernel(
         acc = acc * s[None, :]
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
+    if ACT == 1:
+        acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)[:, None]
 
     tile = pid_m * num_n + pid_n
     store_or_reduce(
@@ -195,7 +211,13 @@ def scale_at(group_k: int, k: int, block_k: int) -> int:
     return 1 if group_k % block_k == 0 else 2
 
 
-def gemm_a16(
+def _same_fp8(fmt: dict, dtype: torch.dtype) -> bool:
+    """The weight's 8-bit float codes are this torch FP8 dtype's encoding (e4m3fn, e5m2)."""
+    e, m = (4, 3) if dtype == torch.float8_e4m3fn else (5, 2)
+    return fmt["W_SIGNED"] and fmt["W_EXP"] == e and fmt["W_MAN"] == m
+
+
+def gemm_dense(
     x: torch.Tensor,
     planes: list[torch.Tensor],
     plane_bits: tuple[int, ...],
@@ -208,21 +230,30 @@ def gemm_a16(
     group_k: int,
     group_n: int,
     fmt: dict,
-    config: A16Config,
+    config: GemmConfig,
     workspace: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    x_scales: torch.Tensor | None = None,
+    x_group: int = 0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x: [M, K] bf16/fp16, last dim contiguous; planes/scales/zeros in the layout of
-    `anybit.backends.triton_layout`; fmt: `weight_format_constexprs(scheme)`. Returns y [M, N] in
-    x's dtype. Split-K needs `workspace` (fp32, >= split_k*M*N) and zeroed int32 `counters`
-    (>= number of output tiles); they are left ready for the next call. `out` ([M, N], x's dtype)
-    is written in place when given."""
+    """x: [M, K] bf16/fp16, or FP8 with `x_scales` (fp32 [M, 1] per token, or [M, K/x_group] per
+    group of x_group columns) from `anybit.kernels.quant_act`; last dim contiguous. planes/scales/zeros
+    in the layout of `anybit.backends.triton_layout`; fmt: `weight_format_constexprs(scheme)`. Returns
+    y [M, N] in out_dtype (default x's dtype; bf16 for FP8 x). Split-K needs `workspace` (fp32,
+    >= split_k*M*N) and zeroed int32 `counters` (>= number of output tiles); they are left ready for
+    the next call. `out` ([M, N]) is written in place when given. With FP8 x, the weight's decoded
+    values must be exact in x's dtype and its scales whole-tile (the backend's `supports` checks)."""
     m, k = x.shape
     c = config
     if c.block_k < 32 or c.block_k & (c.block_k - 1):
         raise ValueError(f"block_k={c.block_k}: the packed-word tiles need a power of two >= 32")
-    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    fp8 = x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if fp8 != (x_scales is not None):
+        raise ValueError("FP8 activations come with their scales (x_scales), bf16/fp16 ones without")
+    dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
     grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n), c.split_k)
     if c.split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
@@ -230,9 +261,15 @@ def gemm_a16(
     dummy = scales
     sa = scale_at(group_k, k, c.block_k)
     pairs = sa != 2 and not fmt["W_FLOAT"] and len(plane_bits) == 1 and plane_bits[0] in (2, 4) and fmt["ZP"] != 2
-    pairs = pairs and c.pairs is not False
-    _gemm_a16_kernel[grid](
+    pairs = pairs and c.pairs is not False and not fp8
+    if fp8 and sa == 2:
+        raise ValueError(f"FP8 activations need whole-tile weight scales: group {group_k} < block_k {c.block_k}")
+    if x_group and x_group % c.block_k:
+        raise ValueError(f"activation groups of {x_group} must be a multiple of block_k={c.block_k}")
+    fp8_direct = fp8 and fmt["W_FLOAT"] and fmt["W_BITS"] == 8 and fmt["ZP"] == 0 and _same_fp8(fmt, x.dtype)
+    _gemm_kernel[grid](
         x,
+        x_scales if x_scales is not None else dummy,
         p[0],
         p[1],
         p[2],
@@ -249,6 +286,7 @@ def gemm_a16(
         x.stride(0),
         y.stride(0),
         scales.stride(0),
+        x_scales.stride(0) if x_scales is not None else 0,
         W0=w[0],
         W1=w[1],
         W2=w[2],
@@ -256,6 +294,9 @@ def gemm_a16(
         GROUP_N=group_n,
         SCALE_AT=sa,
         PAIRS=pairs,
+        ACT=0 if not fp8 else (2 if x_group else 1),
+        X_GROUP=max(x_group, 1),
+        FP8_DIRECT=fp8_direct,
         HAS_GS=global_scale is not None,
         HAS_BIAS=bias is not None,
         BLOCK_M=c.block_m,

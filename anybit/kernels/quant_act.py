@@ -1,0 +1,65 @@
+"""Dynamic FP8 activation quantization on the GPU, matching `anybit.quant.activations` bit for bit:
+scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to nearest even.
+
+One program per row. Per token: a first pass finds the row's amax, a second scales and casts. Per
+group: each group's amax, scale and cast in one pass. No host synchronisation (CUDA-graph safe);
+the activations' finiteness is the caller's contract here (the reference path checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.formats.scheme import ActMode, ActSpec
+from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
+
+
+@triton.jit
+def _quant_act_kernel(
+    x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """GROUP == 0: one scale per row (s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]),
+    with BLOCK == GROUP."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_xm
+    q_row = q_ptr + row * stride_qm
+    if GROUP == 0:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
+        tl.store(s_ptr + row * stride_sm, scale)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
+            tl.store(q_row + k0 + offs, y.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+    else:
+        for g in range(0, K // GROUP):
+            x = tl.load(x_row + g * GROUP + offs).to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(x), axis=0) / QMAX, MIN_SCALE)
+            tl.store(s_ptr + row * stride_sm + g, scale)
+            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
+            tl.store(q_row + g * GROUP + offs, y.to(q_ptr.dtype.element_ty))
+
+
+def quantize_act(x: torch.Tensor, spec: ActSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
+    per-token or per-group dynamic FP8 specs only (the backend's `supports` checks)."""
+    m, k = x.shape
+    xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
+    if spec.mode is ActMode.TOKEN:
+        group, block, cols = 0, min(triton.next_power_of_2(k), 4096), 1
+    else:
+        group, block, cols = spec.group, spec.group, k // spec.group
+    scales = torch.empty((m, cols), device=x.device, dtype=torch.float32)
+    if m:
+        _quant_act_kernel[(m,)](
+            x, xq, scales, k, x.stride(0), xq.stride(0), scales.stride(0),
+            QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block,
+        )  # fmt: skip
+    return xq, scales

@@ -1,0 +1,55 @@
+"""FP8 activations on the GPU: bitwise quantizer, bf16 GEMMs at real sizes, CUDA-graph replay."""
+
+import pytest
+import torch
+
+from anybit import prepare, quantize
+from anybit.backends import get_backend
+from anybit.formats.scheme import Scheme
+from anybit.kernels.quant_act import quantize_act
+from anybit.quant.activations import quantize_activation
+from tests.kernels.test_gemm_a8 import A8_FORMATS, a8_reference
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token"])
+def test_quantizer_is_bitwise_the_reference(text):
+    spec = Scheme.parse(text).act
+    x = torch.randn(33, 4096, device="cuda").bfloat16() * 5
+    x[3] = 0
+    xq, xs = quantize_act(x, spec)
+    rq, rs = quantize_activation(x, spec)
+    assert torch.equal(xs, rs) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+
+
+@pytest.mark.parametrize("text", A8_FORMATS)
+@pytest.mark.parametrize("m", [1, 13, 257, 2048])
+def test_bf16_every_fp8_scheme(text, m):
+    g = torch.Generator(device="cuda").manual_seed(m)
+    w = torch.randn(1000, 4096, generator=g, device="cuda") * 0.05
+    x = torch.randn(m, 4096, generator=g, device="cuda").bfloat16()
+    qw = quantize(w, text)
+    p = prepare(qw, backend="triton")
+    y = get_backend("triton").gemm(x, p)
+    assert y.dtype == torch.bfloat16
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, get_backend("triton").gemm(x, p))  # relaunch: bit for bit
+
+
+@pytest.mark.parametrize("m", [1, 64])
+def test_fp8_cuda_graph_replay(m):
+    qw = quantize(torch.randn(4096, 4096, device="cuda") * 0.02, "w4a8")
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    static_x = torch.randn(m, 4096, device="cuda").bfloat16()
+    be.gemm(static_x, p)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = be.gemm(static_x, p)
+    for _ in range(3):
+        static_x.copy_(torch.randn(m, 4096, device="cuda").bfloat16())
+        graph.replay()
+        assert rel_err(y, a8_reference(static_x, qw)) < GEMM_REL_ERR[torch.bfloat16]
