@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import re
 import subprocess
@@ -30,7 +29,7 @@ from triton.runtime.jit import JITFunction
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from anybit import quantize  # noqa: E402
-from anybit.backends.triton import a8_block_k, default_config  # noqa: E402
+from anybit.backends.triton import a8_config, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.kernels.gemm import gemm_dense  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
@@ -107,9 +106,9 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
     act, extra = qw.scheme.act, {}
     if act.quantized:
-        cfg = dataclasses.replace(cfg, block_k=a8_block_k(qw.scheme, cfg.block_k))
+        cfg = a8_config(cfg, qw.scheme, m, tw.nk, interpret=False)
         x, xs = quantize_act(x, act)  # compiled, not run: xq holds garbage, which is fine here
-        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16)
+        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16, nk=tw.nk)
     ws = torch.empty(max(1, cfg.split_k * m * n))
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()

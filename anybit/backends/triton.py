@@ -66,14 +66,23 @@ def fp8_unsupported(scheme: Scheme) -> str | None:
     return None
 
 
-def a8_block_k(scheme: Scheme, block_k: int) -> int:
-    """The K tile for FP8 activations: within one weight group and one activation group."""
+def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: bool) -> GemmConfig:
+    """FP8 activations: K tiles of 128 (the FP8 MMA's natural depth) within one weight group and one
+    activation group; large M gets 128x256 tiles when the weight needs no decoding and no per-tile
+    scaling."""
     g, act = scheme.granularity, scheme.act
+    block_k = config.block_k if interpret else 128
     if g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK):
         block_k = min(block_k, g.k)
     if act.mode is ActMode.GROUP:
         block_k = min(block_k, act.group)
-    return max(32, block_k)
+    config = dataclasses.replace(config, block_k=max(32, block_k))
+    per_tile_scales = act.mode is ActMode.GROUP or g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK)
+    if not interpret and m > 64 and nk and not per_tile_scales:
+        # the MMA accumulates the whole K range: a 128x256 fp32 accumulator fits 8 warps (sm_90a: 254
+        # registers, no spills); per-tile scaling needs a second tile of partials, so it stays 128x128
+        config = dataclasses.replace(config, block_m=128, block_n=256, num_warps=8, num_stages=3)
+    return config
 
 
 class _Workspace:
@@ -136,7 +145,7 @@ class TritonBackend:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
             config = default_config(m, tw.n, tw.k, tw.scheme.weight_bits, sms, not x.is_cuda)
             if act.quantized:
-                config = dataclasses.replace(config, block_k=a8_block_k(tw.scheme, config.block_k))
+                config = a8_config(config, tw.scheme, m, tw.nk, not x.is_cuda)
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
@@ -164,6 +173,7 @@ class TritonBackend:
             x_scales=x_scales,
             x_group=x_group,
             out_dtype=out_dtype,
+            nk=tw.nk,
         )
         return y.reshape(*lead, tw.n)
 

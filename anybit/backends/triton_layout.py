@@ -1,5 +1,7 @@
 """The Triton backend's prepared weight: bit planes packed along K, N contiguous (see
-`anybit.kernels.dequant` for where every bit lives), scales and zeros transposed to [K groups, N]."""
+`anybit.kernels.dequant` for where every bit lives), scales and zeros transposed to [K groups, N].
+FP8 weights paired with FP8 activations of the same encoding stay as they are, [N, K] with K
+contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wants."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anybit.formats.dtypes import FloatType, IntType
+from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import Scheme, ZeroPoint
 from anybit.quant.weights import QuantizedWeight
 
@@ -31,6 +33,7 @@ class TritonWeight:
     group_k: int
     group_n: int
     fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
+    nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
 
     @property
     def device(self) -> torch.device:
@@ -71,10 +74,19 @@ def stored_codes(qw: QuantizedWeight) -> torch.Tensor:
     return codes
 
 
+def fp8_as_is(scheme: Scheme) -> bool:
+    """The weight's codes are the FP8 activations' own encoding: the GEMM reads them as they are."""
+    w, act = scheme.weight, scheme.act
+    if not (act.quantized and isinstance(w, FloatType) and isinstance(act.dtype, FloatType)):
+        return False
+    return torch_float8(w) is not None and torch_float8(w) == torch_float8(act.dtype)
+
+
 def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
+    nk, w_bits = fp8_as_is(scheme), scheme.weight_bits
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
@@ -82,7 +94,7 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         scheme=scheme,
         n=qw.n,
         k=qw.k,
-        planes=pack_planes(stored_codes(qw), scheme.weight_bits),
+        planes=[qw.codes().view(torch_float8(scheme.weight))] if nk else pack_planes(stored_codes(qw), w_bits),
         plane_bits=PLANES[scheme.weight_bits],
         scales=qw.scales.t().contiguous(),
         zeros=zeros,
@@ -90,6 +102,7 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         group_k=bk,
         group_n=bn,
         fmt=weight_format_constexprs(scheme),
+        nk=nk,
     )
 
 

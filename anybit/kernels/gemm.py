@@ -109,7 +109,7 @@ def _gemm_kernel(
     PAIRS: tl.constexpr,
     ACT: tl.constexpr,
     X_GROUP: tl.constexpr,
-    FP8_DIRECT: tl.constexpr,
+    W_NK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -152,11 +152,11 @@ def _gemm_kernel(
             v = load_pairs(p0_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
             row = (kt * BLOCK_K) // GROUP_K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-            part = tl.dot(x, v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :])
+            w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
             if SCALE_AT == 1:
-                acc += part * s[None, :]
+                acc += tl.dot(x, w) * s[None, :]
             else:
-                acc += part
+                acc = tl.dot(x, w, acc)
         elif SCALE_AT == 2:
             codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
             q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
@@ -170,26 +170,30 @@ def _gemm_kernel(
             w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
             acc += tl.dot(x, w.to(x.dtype))
         else:
-            codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
             row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
             s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-            if FP8_DIRECT:
-                # the weight's byte codes are already x's FP8 encoding
-                w = codes.to(tl.int8).to(x.dtype, bitcast=True)
+            if W_NK:
+                # the weight is x's FP8 dtype already, stored [N, K]: load the [BLOCK_K, BLOCK_N] view
+                w_ptrs = p0_ptr + offs_n[None, :] * K + offs_k[:, None]
+                w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
             else:
+                codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
                 q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
                 if ZP != 0:
                     q = q - z[None, :]
                 w = q.to(x.dtype)  # exact: the backend admits only weights whose values x's dtype holds
-            part = tl.dot(x, w)
-            if ACT == 2:
-                # activations scaled per row and X_GROUP columns: the K tile lies in one of them
-                xs = tl.load(xs_ptr + offs_m * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
-                part = part * xs[:, None]
-            if SCALE_AT == 1:
-                acc += part * s[None, :]
+            if SCALE_AT == 0 and ACT != 2:
+                acc = tl.dot(x, w, acc)  # nothing to scale per tile: accumulate in the MMA
             else:
-                acc += part
+                part = tl.dot(x, w)
+                if ACT == 2:
+                    # activations scaled per row and X_GROUP columns: the K tile lies in one of them
+                    xs = tl.load(xs_ptr + offs_m * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
+                    part = part * xs[:, None]
+                if SCALE_AT == 1:
+                    acc += part * s[None, :]
+                else:
+                    acc += part
     if SCALE_AT == 0:
         s, z = _scale_zero(s_ptr, z_ptr, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
         acc = acc * s[None, :]
@@ -209,12 +213,6 @@ def scale_at(group_k: int, k: int, block_k: int) -> int:
     if group_k >= k:
         return 0
     return 1 if group_k % block_k == 0 else 2
-
-
-def _same_fp8(fmt: dict, dtype: torch.dtype) -> bool:
-    """The weight's 8-bit float codes are this torch FP8 dtype's encoding (e4m3fn, e5m2)."""
-    e, m = (4, 3) if dtype == torch.float8_e4m3fn else (5, 2)
-    return fmt["W_SIGNED"] and fmt["W_EXP"] == e and fmt["W_MAN"] == m
 
 
 def gemm_dense(
@@ -237,13 +235,15 @@ def gemm_dense(
     x_scales: torch.Tensor | None = None,
     x_group: int = 0,
     out_dtype: torch.dtype | None = None,
+    nk: bool = False,
 ) -> torch.Tensor:
     """x: [M, K] bf16/fp16, or FP8 with `x_scales` (fp32 [M, 1] per token, or [M, K/x_group] per
     group of x_group columns) from `anybit.kernels.quant_act`; last dim contiguous. planes/scales/zeros
     in the layout of `anybit.backends.triton_layout`; fmt: `weight_format_constexprs(scheme)`. Returns
     y [M, N] in out_dtype (default x's dtype; bf16 for FP8 x). Split-K needs `workspace` (fp32,
     >= split_k*M*N) and zeroed int32 `counters` (>= number of output tiles); they are left ready for
-    the next call. `out` ([M, N]) is written in place when given. With FP8 x, the weight's decoded
+    the next call. `out` ([M, N]) is written in place when given. `nk`: planes[0] is the weight
+    itself, [N, K] in x's FP8 dtype (`TritonWeight.nk`). With FP8 x, the weight's decoded
     values must be exact in x's dtype and its scales whole-tile (the backend's `supports` checks)."""
     m, k = x.shape
     c = config
@@ -266,7 +266,8 @@ def gemm_dense(
         raise ValueError(f"FP8 activations need whole-tile weight scales: group {group_k} < block_k {c.block_k}")
     if x_group and x_group % c.block_k:
         raise ValueError(f"activation groups of {x_group} must be a multiple of block_k={c.block_k}")
-    fp8_direct = fp8 and fmt["W_FLOAT"] and fmt["W_BITS"] == 8 and fmt["ZP"] == 0 and _same_fp8(fmt, x.dtype)
+    if nk and planes[0].dtype != x.dtype:
+        raise ValueError(f"an [N, K] weight of {planes[0].dtype} needs activations of that dtype, got {x.dtype}")
     _gemm_kernel[grid](
         x,
         x_scales if x_scales is not None else dummy,
@@ -296,7 +297,7 @@ def gemm_dense(
         PAIRS=pairs,
         ACT=0 if not fp8 else (2 if x_group else 1),
         X_GROUP=max(x_group, 1),
-        FP8_DIRECT=fp8_direct,
+        W_NK=nk,
         HAS_GS=global_scale is not None,
         HAS_BIAS=bias is not None,
         BLOCK_M=c.block_m,
