@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
-import triton
 
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.triton_layout import TritonWeight, to_triton_layout
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
+from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -26,7 +27,7 @@ def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, inter
     """Hopper-first tile choice by M bucket (the tuning cache overrides it where it has data)."""
     if interpret:
         return GemmConfig(block_m=16, block_n=32, block_k=32, split_k=2 if k >= 128 else 1)
-    k_tiles = triton.cdiv(k, 128)
+    k_tiles = cdiv(k, 128)
     if m <= 16:
         bm, bn, bk, warps, stages = 16, 128, 128, 4, 4
     elif m <= 64:
@@ -35,7 +36,7 @@ def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, inter
         bm, bn, bk, warps, stages = 64, 128, 64, 4, 4
     else:
         bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     split = 1
     if m <= 64:
         # fill the machine 1.5 times over, but keep >= 4 K tiles per split (H200 sweep, BENCHMARKS.md)
@@ -83,6 +84,19 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: b
         # registers, no spills); per-tile scaling needs a second tile of partials, so it stays 128x128
         config = dataclasses.replace(config, block_m=128, block_n=256, num_warps=8, num_stages=3)
     return config
+
+
+def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
+    """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
+    config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
+    if scheme.act.quantized:
+        config = a8_config(config, scheme, m, nk, interpret)
+    return config
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class _Workspace:
@@ -142,10 +156,10 @@ class TritonBackend:
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
-            sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-            config = default_config(m, tw.n, tw.k, tw.scheme.weight_bits, sms, not x.is_cuda)
-            if act.quantized:
-                config = a8_config(config, tw.scheme, m, tw.nk, not x.is_cuda)
+            config = tw.configs.get(m)
+            if config is None:
+                sms = _sm_count(x.device) if x.is_cuda else 1
+                config = tw.configs[m] = pick_config(m, tw.n, tw.k, tw.scheme, sms, not x.is_cuda, tw.nk)
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
@@ -153,7 +167,7 @@ class TritonBackend:
             x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:
-            tiles = triton.cdiv(m, config.block_m) * triton.cdiv(tw.n, config.block_n)
+            tiles = cdiv(m, config.block_m) * cdiv(tw.n, config.block_n)
             ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
         y = gemm_dense(
             x2,

@@ -5,7 +5,7 @@ contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,7 @@ class TritonWeight:
     group_n: int
     fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
+    configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
     @property
     def device(self) -> torch.device:

@@ -49,19 +49,19 @@ class _SmallType:
         """float64 tensor [2**bits]: the value of every code (NaN / ±inf where the format has them)."""
         return _value_table(self).clone()
 
-    @property
+    @functools.cached_property
     def max(self) -> float:
         """Largest finite value."""
         v = _value_table(self)
         return float(v[torch.isfinite(v)].max())
 
-    @property
+    @functools.cached_property
     def min(self) -> float:
         """Smallest (most negative) finite value."""
         v = _value_table(self)
         return float(v[torch.isfinite(v)].min())
 
-    @property
+    @functools.cached_property
     def smallest_positive(self) -> float:
         v = _value_table(self)
         return float(v[torch.isfinite(v) & (v > 0)].min())
@@ -214,11 +214,11 @@ class TorchFloatType:
     def is_float(self) -> bool:
         return True
 
-    @property
+    @functools.cached_property
     def max(self) -> float:
         return float(torch.finfo(self.torch_dtype).max)
 
-    @property
+    @functools.cached_property
     def smallest_positive(self) -> float:
         return float(torch.finfo(self.torch_dtype).smallest_normal)
 

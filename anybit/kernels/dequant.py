@@ -12,6 +12,11 @@ import triton
 import triton.language as tl
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints (triton.cdiv costs microseconds per call in newer Triton)."""
+    return -(-a // b)
+
+
 def plane_args(planes: list, plane_bits: tuple[int, ...]) -> tuple[list, tuple[int, int, int]]:
     """Launcher helper: the three plane pointers and widths the kernels take (unused ones: width 0)."""
     ptrs = list(planes) + [planes[0]] * (3 - len(planes))

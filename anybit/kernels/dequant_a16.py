@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import decode_weight, load_codes, load_scale, plane_args
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_scale, plane_args
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def dequantize_a16(
     """Prepared weight (layout of `anybit.backends.triton_layout`) -> Wt [K, N] in `dtype`."""
     out = torch.empty((k, n), device=scales.device, dtype=dtype)
     p, w = plane_args(planes, plane_bits)
-    grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
+    grid = (cdiv(k, block_k), cdiv(n, block_n))
     _dequant_a16_kernel[grid](
         p[0],
         p[1],

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import decode_weight, load_codes, load_pairs, load_scale, plane_args
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
 from anybit.kernels.splitk import store_or_reduce
 
 
@@ -254,7 +254,7 @@ def gemm_dense(
         raise ValueError("FP8 activations come with their scales (x_scales), bf16/fp16 ones without")
     dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
-    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n), c.split_k)
+    grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n), c.split_k)
     if c.split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
     p, w = plane_args(planes, plane_bits)
