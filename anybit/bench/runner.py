@@ -120,6 +120,21 @@ def _measure(
     return row
 
 
+def _cell(run: Run, shape: Shape, text: str, scheme: Scheme | None, m: int, name: str, kind: str, nbytes: int,
+          make, x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor | None, info: dict) -> dict:  # fmt: skip
+    """One measured cell: anybit rows are gated on the exact path `ref`; peers report their error
+    against the unquantized float product."""
+    row = dict(shape=shape.name, n=shape.n, k=shape.k, experts=shape.experts, scheme=text, m=m, backend=name,
+               kind=kind, weight_bytes=nbytes, **info)  # fmt: skip
+    row["floor_us"] = _floor_us(run, scheme, nbytes, m, shape.n, shape.k)
+    if isinstance(make, str):
+        row["status"] = make
+    else:
+        gate = ref is not None
+        _measure(run, row, make, ref if gate else x.float() @ w.float().T, x, gate=gate)
+    return row
+
+
 def _weight(shape: Shape, seed: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed + shape.n * 7919 + shape.k)
     return (torch.randn(shape.n, shape.k, generator=g) * 0.02).to(device)
@@ -150,44 +165,12 @@ def run_recipe(run: Run, shapes: list[Shape], ms: list[int], progress: Callable[
                 x = torch.randn(m, shape.k, device=run.device, dtype=torch.bfloat16 if run.cuda else torch.float16)
                 exact = get_backend("torch").gemm(x, anybit.prepare(qw, backend="torch"))
                 for name, kind, make, info in makers:
-                    row = dict(
-                        shape=shape.name,
-                        n=shape.n,
-                        k=shape.k,
-                        experts=shape.experts,
-                        scheme=text,
-                        m=m,
-                        backend=name,
-                        kind=kind,
-                        weight_bytes=qw.nbytes,
-                        **info,
-                    )
-                    row["floor_us"] = _floor_us(run, scheme, qw.nbytes, m, shape.n, shape.k)
-                    if isinstance(make, str):
-                        row["status"] = make
-                    else:
-                        ref = exact if kind == "anybit" else x.float() @ w.float().T
-                        _measure(run, row, make, ref, x, gate=kind == "anybit")
-                    run.rows.append(row)
+                    ref = exact if kind == "anybit" else None
+                    run.rows.append(_cell(run, shape, text, scheme, m, name, kind, qw.nbytes, make, x, w, ref, info))
                 for name, make in free:
                     if not any(f["backend"] == name and f["m"] == m and f["shape"] == shape.name for f in run.rows):
-                        row = dict(
-                            shape=shape.name,
-                            n=shape.n,
-                            k=shape.k,
-                            experts=shape.experts,
-                            scheme="-",
-                            m=m,
-                            backend=name,
-                            kind="peer",
-                            weight_bytes=shape.n * shape.k * (2 if name == "torch-bf16" else 1),
-                        )
-                        row["floor_us"] = _floor_us(run, None, row["weight_bytes"], m, shape.n, shape.k)
-                        if isinstance(make, str):
-                            row["status"] = make
-                        else:
-                            _measure(run, row, make, x.float() @ w.float().T, x, gate=False)
-                        run.rows.append(row)
+                        nbytes = shape.n * shape.k * (2 if name == "torch-bf16" else 1)
+                        run.rows.append(_cell(run, shape, "-", None, m, name, "peer", nbytes, make, x, w, None, {}))
             del qw, makers
             if run.cuda:
                 torch.cuda.empty_cache()
