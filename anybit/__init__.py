@@ -1,7 +1,7 @@
 """anybit: JIT-compiled Triton GEMM kernels for quantized LLM inference (1-8 bit weights)."""
 
 from anybit.backends import explain, gemm, prepare
-from anybit.errors import AnybitError, FormatError, QuantizationError, SchemeError
+from anybit.errors import AnybitError, CheckpointError, FormatError, QuantizationError, SchemeError
 from anybit.formats import PRESETS, FloatType, IntType, Scheme, parse_dtype
 from anybit.quant import QuantizedWeight, dequantize_activation, quantize, quantize_activation
 
@@ -28,5 +28,6 @@ __all__ = [
     "FormatError",
     "SchemeError",
     "QuantizationError",
+    "CheckpointError",
     "__version__",
 ]

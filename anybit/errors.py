@@ -15,3 +15,8 @@ class SchemeError(AnybitError):
 
 class QuantizationError(AnybitError):
     """Input that cannot be quantized or dequantized as asked (shape, NaN/Inf, dtype)."""
+
+
+class CheckpointError(AnybitError):
+    """A checkpoint on disk is missing a tensor, has the wrong shape, is truncated or is of an
+    unsupported kind; the message names the file, the tensor and what was expected."""

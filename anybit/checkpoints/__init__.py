@@ -1,0 +1,114 @@
+"""Quantized checkpoints in the wild -> `QuantizedWeight`s, lazily, tensor by tensor.
+
+    for layer in anybit.checkpoints.load("path/to/model"):
+        layer.name, layer.qweight, layer.bias, layer.act_perm
+
+`config.json`'s `quantization_config` (or ModelOpt's `hf_quant_config.json`) picks the format:
+GPTQ (act-order included), AWQ (GEMM), FP8 (block / channel / tensor), ModelOpt NVFP4, gpt-oss
+MXFP4, compressed-tensors (pack-quantized, naive-quantized, float-quantized). Unknown methods and
+malformed files raise `CheckpointError` naming the file and tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from anybit.checkpoints import formats
+from anybit.checkpoints.reader import Reader
+from anybit.errors import CheckpointError
+from anybit.quant.weights import QuantizedWeight
+
+
+@dataclass
+class LoadedLayer:
+    name: str  # the module's name, e.g. model.layers.0.self_attn.q_proj (gpt-oss: ...experts.gate_up_proj)
+    qweight: QuantizedWeight
+    bias: torch.Tensor | None = None
+    act_perm: torch.Tensor | None = None  # act-order: compute x[..., act_perm] @ W^T
+    input_scale: torch.Tensor | None = None  # a static activation scale, where the checkpoint has one
+
+
+# method -> (converter, the tensor suffix that marks a quantized module)
+_METHODS = {
+    "gptq": (formats.gptq, ".qweight"),
+    "awq": (formats.awq, ".qweight"),
+    "fp8": (formats.fp8, ".weight_scale_inv"),
+    "modelopt": (formats.nvfp4, ".weight_scale_2"),
+    "mxfp4": (formats.mxfp4, "_blocks"),
+    "compressed-tensors": (formats.compressed_tensors, ".weight_scale"),
+}
+
+
+def quantization_config(model_dir: str) -> dict:
+    """The checkpoint's quantization config, with `quant_method` normalised."""
+    cfg = {}
+    path = os.path.join(model_dir, "config.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                cfg = json.load(f).get("quantization_config") or {}
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+    modelopt = os.path.join(model_dir, "hf_quant_config.json")
+    if not cfg and os.path.exists(modelopt):
+        with open(modelopt) as f:
+            cfg = {"quant_method": "modelopt", **json.load(f).get("quantization", {})}
+    method = str(cfg.get("quant_method", "")).lower()
+    if not method:
+        raise CheckpointError(f"{model_dir}: no quantization_config in config.json (nor hf_quant_config.json)")
+    if method == "modelopt" and str(cfg.get("quant_algo", "NVFP4")).upper() != "NVFP4":
+        raise CheckpointError(f"{model_dir}: ModelOpt quant_algo {cfg.get('quant_algo')!r}; supported: NVFP4")
+    if method not in _METHODS:
+        raise CheckpointError(f"{model_dir}: quant_method {method!r} is not supported; supported: {sorted(_METHODS)}")
+    return {**cfg, "quant_method": method}
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """compressed-tensors targets: 're:<regex>' on the module name, else a layer class or exact name
+    (class names match every quantized module: the checkpoint has no classes)."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return pattern == name or pattern.endswith("Linear") or pattern == name.rsplit(".", 1)[-1]
+
+
+def _ct_group(cfg: dict, prefix: str) -> dict | None:
+    if any(_matches(p, prefix) and not p.endswith("Linear") for p in cfg.get("ignore") or []):
+        return None
+    for group in (cfg.get("config_groups") or {}).values():
+        if any(_matches(t, prefix) for t in group.get("targets", [])):
+            return group
+    return None
+
+
+def load(model_dir: str) -> Iterator[LoadedLayer]:
+    """Every quantized layer of the checkpoint, one at a time (only its tensors are read)."""
+    cfg = quantization_config(model_dir)
+    convert, marker = _METHODS[cfg["quant_method"]]
+    if cfg["quant_method"] == "fp8" and not cfg.get("weight_block_size"):
+        marker = ".weight_scale"
+    reader = Reader(model_dir)
+    prefixes = sorted(name[: -len(marker)] for name in reader.names() if name.endswith(marker))
+    if not prefixes:
+        raise CheckpointError(f"{model_dir}: quant_method {cfg['quant_method']!r} but no tensor ends in {marker!r}")
+    for prefix in prefixes:
+        if cfg["quant_method"] == "compressed-tensors":
+            group = _ct_group(cfg, prefix)
+            if group is None:
+                continue  # in `ignore`, or no config group targets it: not quantized
+            qweight, perm = convert(reader, prefix, {**cfg, "_group": group})
+        else:
+            qweight, perm = convert(reader, prefix, cfg)
+        bias_name = f"{prefix}_bias" if marker == "_blocks" else f"{prefix}.bias"
+        bias = reader.get(bias_name) if bias_name in reader else None
+        scale_name = f"{prefix}.input_scale"
+        input_scale = reader.get(scale_name) if scale_name in reader else None
+        yield LoadedLayer(prefix, qweight, bias, perm, input_scale)
+
+
+__all__ = ["LoadedLayer", "load", "quantization_config"]
