@@ -160,6 +160,9 @@ def mxfp4(reader, prefix: str, cfg: dict) -> tuple[QuantizedWeight, None]:
 
 
 # ---- compressed-tensors ------------------------------------------------------------------------
+CT_FORMATS = "pack-quantized, naive-quantized, float-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized"
+
+
 def compressed_tensors(reader, prefix: str, cfg: dict) -> tuple[QuantizedWeight, torch.Tensor | None]:
     """llm-compressor's compressed-tensors: `pack-quantized` (int1-8 packed along K, +2**(b-1)
     offset, zero points packed along N), `naive-quantized` (int8 as is), `float-quantized` (FP8 e4m3
@@ -170,6 +173,8 @@ def compressed_tensors(reader, prefix: str, cfg: dict) -> tuple[QuantizedWeight,
     bits, kind, sym = int(wa["num_bits"]), wa.get("type", "int"), wa.get("symmetric", True)
     strategy = wa.get("strategy", "tensor")
     act = _ct_act(group.get("input_activations"), prefix)
+    if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
+        return _ct_fp4(reader, prefix, fmt, act), None
     if fmt == "float-quantized":
         if kind != "float" or bits != 8:
             raise CheckpointError(f"{prefix}: float-quantized {kind}{bits}; supported: 8-bit float (e4m3)")
@@ -197,8 +202,7 @@ def compressed_tensors(reader, prefix: str, cfg: dict) -> tuple[QuantizedWeight,
         n, k = q.shape
         codes = (q.to(torch.int16) + offset).to(torch.uint8)
     else:
-        raise CheckpointError(f"{prefix}: compressed-tensors format {fmt!r} is not supported; supported: "
-                              "pack-quantized, naive-quantized, float-quantized")  # fmt: skip
+        raise CheckpointError(f"{prefix}: compressed-tensors format {fmt!r} is not supported; supported: {CT_FORMATS}")
     s = reader.get(f"{prefix}.weight_scale")
     if strategy == "channel":
         s, gran = s.reshape(n, 1), "ch"
@@ -230,6 +234,24 @@ def compressed_tensors(reader, prefix: str, cfg: dict) -> tuple[QuantizedWeight,
         zeros = (zp.to(torch.int16) + offset).to(torch.uint8)
     scheme = Scheme.parse(f"w{bits}a{a}:uint{bits}:{gran}:{sdt}:zp-int{tail}")
     return QuantizedWeight(scheme, (n, k), pack_bits(codes, bits), s.contiguous(), zeros=zeros), perm
+
+
+def _ct_fp4(reader, prefix: str, fmt: str, act: str) -> QuantizedWeight:
+    """weight_packed uint8 [N, K/2] (low nibble first). NVFP4: weight_scale e4m3 [N, K/16] and
+    weight_global_scale fp32 [1], which compressed-tensors *divides* by: we keep 1/global_scale as
+    the second-level scale (what serving kernels multiply by; within one fp32 rounding of the
+    library's s / global_scale). MXFP4: weight_scale ue8m0 codes [N, K/32], exact."""
+    packed = reader.get(f"{prefix}.weight_packed", dtype=torch.uint8)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    codes = pack_bits(_nibbles(packed), 4)
+    a = f":{act}" if act else ""
+    if fmt.startswith("mx"):
+        s = reader.get(f"{prefix}.weight_scale", (n, k // 32), torch.uint8)
+        return QuantizedWeight(Scheme.parse(f"w4a{8 if act else 16}:e2m1:g32:ue8m0{a}"), (n, k), codes, s.contiguous())
+    s = reader.get(f"{prefix}.weight_scale", (n, k // 16), torch.float8_e4m3fn)
+    gs = reader.get(f"{prefix}.weight_global_scale", dtype=torch.float32).reshape(())
+    scheme = Scheme.parse(f"w4a{8 if act else 16}:e2m1:g16:e4m3:gs{a}")
+    return QuantizedWeight(scheme, (n, k), codes, s.view(torch.uint8), global_scale=(1.0 / gs).float())
 
 
 def _sdt(s: torch.Tensor, prefix: str) -> str:
