@@ -3,7 +3,8 @@
     for layer in anybit.checkpoints.load("path/to/model"):
         layer.name, layer.qweight, layer.bias, layer.act_perm
 
-`config.json`'s `quantization_config` (or ModelOpt's `hf_quant_config.json`) picks the format:
+`config.json`'s `quantization_config` (or ModelOpt's `hf_quant_config.json`, or AutoGPTQ's
+`quantize_config.json`) picks the format:
 GPTQ (act-order included), AWQ (GEMM), FP8 (block / channel / tensor), ModelOpt NVFP4, gpt-oss
 MXFP4, compressed-tensors (pack-quantized, naive-quantized, float-quantized). Unknown methods and
 malformed files raise `CheckpointError` naming the file and tensor.
@@ -59,6 +60,10 @@ def quantization_config(model_dir: str) -> dict:
     if not cfg and os.path.exists(modelopt):
         with open(modelopt) as f:
             cfg = {"quant_method": "modelopt", **json.load(f).get("quantization", {})}
+    legacy_gptq = os.path.join(model_dir, "quantize_config.json")  # AutoGPTQ before config.json carried it
+    if not cfg and os.path.exists(legacy_gptq):
+        with open(legacy_gptq) as f:
+            cfg = {"quant_method": "gptq", **json.load(f)}
     method = str(cfg.get("quant_method", "")).lower()
     if not method:
         raise CheckpointError(f"{model_dir}: no quantization_config in config.json (nor hf_quant_config.json)")

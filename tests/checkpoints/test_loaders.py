@@ -97,6 +97,13 @@ def test_gptq_act_order_sharded_and_gemm(tmp_path):
     assert float((y.double() - ref).norm() / ref.norm()) < 2e-3
 
 
+def test_gptq_legacy_quantize_config(tmp_path):
+    tensors, w = gptq_fixture(4, 32, 128, 128, sym=True, act_order=False, seed=9)
+    write(tmp_path, tensors, {"bits": 4, "group_size": 128, "desc_act": False}, config_name="quantize_config.json")
+    (layer,) = load(str(tmp_path))
+    assert torch.equal(layer.qweight.dequantize(), w)
+
+
 def test_gptq_v1_zero_of_zero_and_v2(tmp_path):
     tensors, _ = gptq_fixture(4, 16, 128, 128, sym=False, act_order=False, seed=5)
     zeros = torch.zeros(1, 16, dtype=torch.long)  # stored as -1 & 15 = 15 by v1 writers: means 16
