@@ -15,6 +15,17 @@ def _formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from anybit.tools.explain import explain_lines
+
+    try:
+        m, n, k = (int(v) for v in args.shape.split(","))
+    except ValueError:
+        raise anybit.AnybitError(f"--shape {args.shape!r}: give M,N,K as three integers, e.g. 16,8192,8192") from None
+    print("\n".join(explain_lines(args.scheme, m, n, k, args.device, args.dtype)))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     import json
 
@@ -69,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--group-size", type=int, default=128, help="group size for the bytes/weight column")
     f.add_argument("--k", type=int, default=4096, help="K for per-channel presets' effective size")
     f.set_defaults(func=_formats)
+    e = sub.add_parser("explain", help="which backends can run a problem here, why not, and what auto picks")
+    e.add_argument("--scheme", required=True, help="a scheme or preset, e.g. w4a16, nvfp4, w8a8-fp8")
+    e.add_argument("--shape", required=True, help="M,N,K of x[M,K] @ W[N,K]^T, e.g. 16,8192,8192")
+    e.add_argument("--device", default=None, help="cuda, cpu (default: cuda when there is one)")
+    e.add_argument("--dtype", default="bf16", help="activation dtype: bf16 or fp16")
+    e.set_defaults(func=_explain)
     b = sub.add_parser("bench", help="time every backend and peer on a recipe's shapes (default: Llama-3-8B)")
     b.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
     b.add_argument("--out", default=None, help="output directory (default: the recipe's `out`)")

@@ -25,3 +25,16 @@ def test_console_script_help_and_version():
     assert out.returncode == 0 and "formats" in out.stdout
     out = subprocess.run([sys.executable, "-m", "anybit.cli", "--version"], capture_output=True, text=True)
     assert out.stdout.startswith("anybit ")
+
+
+def test_explain_command_names_every_backend_and_the_pick(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main(["explain", "--scheme", "nvfp4", "--shape", "16,8192,8192", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "triton" in out and "torch" in out and "auto picks: torch" in out
+    assert "needs a CUDA GPU or TRITON_INTERPRET=1" in out
+
+
+def test_explain_bad_shape_is_a_clear_error(capsys):
+    assert main(["explain", "--scheme", "w4a16", "--shape", "16,8192"]) == 2
+    assert "M,N,K" in capsys.readouterr().err

@@ -1,0 +1,50 @@
+"""`anybit explain`: every backend, whether it can run a problem on this machine and why (not), the
+one "auto" picks, and the kernel path and tile the Triton backend would use."""
+
+from __future__ import annotations
+
+import torch
+
+from anybit.backends.base import Problem
+from anybit.backends.registry import choose, explain
+from anybit.errors import AnybitError
+from anybit.formats.scheme import Scheme
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device) -> str:
+    """The Triton backend's path for this call: kernel, tile, split-K (what `gemm` would do)."""
+    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, _sm_count, pick_config
+    from anybit.backends.triton_layout import fp8_as_is
+
+    cuda = device.type == "cuda"
+    if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
+        return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
+    c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
+    act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
+    return (
+        f"{act}dense GEMM, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
+        f"{c.num_warps} warps, {c.num_stages} stages"
+    )
+
+
+def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, dtype: str) -> list[str]:
+    scheme = Scheme.parse(scheme_text)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype not in DTYPES:
+        raise AnybitError(f"--dtype {dtype!r}; valid: {sorted(DTYPES)}")
+    problem = Problem(scheme, n, k, m, dev, DTYPES[dtype])
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    lines = [f"scheme {scheme}  ({scheme.effective_bits(k, n):.3f} bits/weight)  M={m} N={n} K={k}  on {where}"]
+    for name, ok, reason in explain(problem):
+        lines.append(f"  {name:8s} {'yes' if ok else 'no ':4s} {reason}")
+    try:
+        picked = choose(problem)
+    except AnybitError as e:
+        lines.append(f"auto: none — {e}")
+        return lines
+    lines.append(f"auto picks: {picked.name}")
+    if picked.name == "triton":
+        lines.append(f"  path: {triton_plan(scheme, m, n, k, dev)}")
+    return lines
