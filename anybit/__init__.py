@@ -3,6 +3,7 @@
 from anybit.backends import explain, gemm, prepare
 from anybit.errors import AnybitError, CheckpointError, FormatError, QuantizationError, SchemeError
 from anybit.formats import PRESETS, FloatType, IntType, Scheme, parse_dtype
+from anybit.layers import QuantLinear, load_quantized, quantize_model, save_quantized
 from anybit.quant import QuantizedWeight, dequantize_activation, quantize, quantize_activation
 
 __version__ = "0.1.0"
@@ -23,6 +24,11 @@ __all__ = [
     "prepare",
     "gemm",
     "explain",
+    # layers and models
+    "QuantLinear",
+    "quantize_model",
+    "save_quantized",
+    "load_quantized",
     # errors
     "AnybitError",
     "FormatError",

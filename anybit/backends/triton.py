@@ -9,6 +9,7 @@ import torch
 
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
+from anybit.backends.torch_ref import TorchBackend
 from anybit.backends.triton_layout import TritonWeight, to_triton_layout
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
@@ -147,6 +148,10 @@ class TritonBackend:
         self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: GemmConfig | None = None
     ) -> torch.Tensor:
         tw: TritonWeight = prepared.data
+        if x.dtype not in (torch.float16, torch.bfloat16):
+            # fp32 activations (e.g. a model left in fp32): the kernels' tensor cores would round them to
+            # TF32 or bf16, so the exact path answers instead
+            return TorchBackend().gemm(x, prepared, bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, tw.k)
         if x2.stride(-1) != 1:

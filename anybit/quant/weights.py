@@ -67,33 +67,26 @@ class QuantizedWeight:
 
     def validate(self) -> None:
         """Raise QuantizationError naming the first tensor whose shape or dtype does not fit."""
-        if len(self.shape) not in (2, 3):
-            raise QuantizationError(f"weight shape {self.shape} must be (N, K) or (E, N, K)")
-        bn, bk = self.block
-        if self.k % bk:
-            raise QuantizationError(f"K={self.k} is not a multiple of the scale block's k={bk} ({self.scheme})")
-        expect = {
-            "qweight": (self.lead + (self.n, packed_words(self.k, self.scheme.weight_bits)), (torch.int32,)),
-            "scales": (self.lead + (math.ceil(self.n / bn), self.k // bk), (_scale_storage(self.scheme),)),
-        }
-        if self.scheme.zero_point is ZeroPoint.INT:
-            expect["zeros"] = (expect["scales"][0], (torch.uint8,))
-        elif self.scheme.zero_point is ZeroPoint.FLOAT:
-            expect["zeros"] = expect["scales"]
-        if self.scheme.global_scale:
-            expect["global_scale"] = (self.lead, (torch.float32,))
+        expect = expected_tensors(self.scheme, self.shape)
         for name in ("zeros", "global_scale"):
             if name not in expect and getattr(self, name) is not None:
                 raise QuantizationError(f"{name} given, but scheme {self.scheme} has none")
-        for name, (shape, dtypes) in expect.items():
+        for name, (shape, dtype) in expect.items():
             t = getattr(self, name)
             if t is None:
                 raise QuantizationError(f"{name} missing: scheme {self.scheme} needs it with shape {shape}")
-            if tuple(t.shape) != shape or t.dtype not in dtypes:
+            if tuple(t.shape) != shape or t.dtype != dtype:
                 raise QuantizationError(
-                    f"{name} has shape {tuple(t.shape)} and dtype {t.dtype}; expected {shape} and {dtypes[0]} "
+                    f"{name} has shape {tuple(t.shape)} and dtype {t.dtype}; expected {shape} and {dtype} "
                     f"for a {self.shape} weight of scheme {self.scheme}"
                 )
+
+    @classmethod
+    def empty(cls, scheme: Scheme | str, shape: tuple[int, ...], device=None) -> QuantizedWeight:
+        """Uninitialised tensors of the right shapes and dtypes (a placeholder to load values into)."""
+        scheme = Scheme.parse(scheme)
+        tensors = {n: torch.empty(s, dtype=d, device=device) for n, (s, d) in expected_tensors(scheme, shape).items()}
+        return cls(scheme, shape, **tensors)
 
     # ---- values --------------------------------------------------------------------------------
     def codes(self) -> torch.Tensor:
@@ -134,6 +127,26 @@ class QuantizedWeight:
     def to(self, device) -> QuantizedWeight:
         moved = {k: v.to(device) for k, v in self.tensors().items()}
         return QuantizedWeight(self.scheme, self.shape, **moved)
+
+
+def expected_tensors(scheme: Scheme, shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{tensor name: (shape, dtype)} of a QuantizedWeight of `shape` and `scheme`."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) not in (2, 3):
+        raise QuantizationError(f"weight shape {shape} must be (N, K) or (E, N, K)")
+    lead, n, k = shape[:-2], shape[-2], shape[-1]
+    bn, bk = scheme.granularity.block_shape(n, k)
+    if k % bk:
+        raise QuantizationError(f"K={k} is not a multiple of the scale block's k={bk} ({scheme})")
+    scales = (lead + (math.ceil(n / bn), k // bk), _scale_storage(scheme))
+    expect = {"qweight": (lead + (n, packed_words(k, scheme.weight_bits)), torch.int32), "scales": scales}
+    if scheme.zero_point is ZeroPoint.INT:
+        expect["zeros"] = (scales[0], torch.uint8)
+    elif scheme.zero_point is ZeroPoint.FLOAT:
+        expect["zeros"] = scales
+    if scheme.global_scale:
+        expect["global_scale"] = (lead, torch.float32)
+    return expect
 
 
 def _scale_storage(scheme: Scheme) -> torch.dtype:
