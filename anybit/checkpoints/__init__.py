@@ -116,4 +116,49 @@ def load(model_dir: str) -> Iterator[LoadedLayer]:
         yield LoadedLayer(prefix, qweight, bias, perm, input_scale)
 
 
-__all__ = ["LoadedLayer", "load", "quantization_config"]
+def load_quantized_hf(model_dir: str, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"):
+    """A transformers causal LM from a quantized checkpoint directory, its quantized linear layers as
+    anybit `QuantLinear`s (act-order permutations kept), every other tensor loaded as is.
+    Dense models; expert-stacked MoE weights need the MoE layers (not built yet) and are refused."""
+    import transformers
+
+    from anybit.layers import QuantLinear, _set_module
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # anybit quantizes; transformers must not re-quantize
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    quantized = set()
+    for layer in load(model_dir):
+        if len(layer.qweight.shape) != 2:
+            raise CheckpointError(f"{layer.name}: expert-stacked weights need anybit's MoE layers (not built yet)")
+        try:
+            old = model.get_submodule(layer.name)
+        except AttributeError:
+            where = type(model).__name__
+            raise CheckpointError(f"{model_dir}: quantized layer {layer.name!r} is not in {where}") from None
+        if (getattr(old, "out_features", None), getattr(old, "in_features", None)) != tuple(layer.qweight.shape):
+            raise CheckpointError(f"{layer.name}: checkpoint weight {layer.qweight.shape} does not fit {old}")
+        bias = layer.bias.to(dtype) if layer.bias is not None else None
+        _set_module(model, layer.name, QuantLinear.from_quantized(layer.qweight, bias, layer.act_perm))
+        quantized.add(layer.name)
+    reader = Reader(model_dir)
+    state = {}
+    for name in reader.names():
+        module = name.rsplit(".", 1)[0]
+        if module in quantized:
+            continue
+        state[name] = reader.get(name)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = {n for n, _ in model.named_buffers()} | {n for n, _ in model.named_parameters()}
+    missing = [m for m in missing if m.rsplit(".", 1)[0] not in quantized and m in own]
+    tied = getattr(config, "tie_word_embeddings", False)
+    missing = [m for m in missing if not (tied and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"{model_dir}: tensors missing {missing[:8]} / unexpected {unexpected[:8]}")
+    if tied:
+        model.tie_weights()
+    return model.to(device).eval()
+
+
+__all__ = ["LoadedLayer", "load", "load_quantized_hf", "quantization_config"]

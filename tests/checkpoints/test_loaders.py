@@ -245,3 +245,45 @@ def test_bad_checkpoints_name_file_tensor_and_expectation(tmp_path):
     (none / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no quantization_config"):
         quantization_config(str(none))
+
+
+def test_load_quantized_hf_gptq_llama_generates(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from anybit.checkpoints import load_quantized_hf
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    ref_model = transformers.LlamaForCausalLM(cfg).eval()
+    tensors, gptq = {}, {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True}
+    for name, module in ref_model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name != "lm_head":
+            w = module.weight.detach()
+            n, k = w.shape
+            s = (w.reshape(n, k // 64, 64).abs().amax(-1) / 7).clamp(min=1e-6)  # [N, G]
+            q = (torch.round(w / s.repeat_interleave(64, 1)).clamp(-8, 7) + 8).long()  # uint4, zero 8
+            tensors[f"{name}.qweight"] = gptq_pack_rows(q.t(), 4)
+            tensors[f"{name}.qzeros"] = gptq_pack_rows(torch.full((n, k // 64), 7), 4).t()  # v1: zero - 1
+            tensors[f"{name}.scales"] = s.t().half()
+            module.weight.data = (q - 8).float() * s.half().float().repeat_interleave(64, 1)  # the exact reference
+    for name, t in ref_model.state_dict().items():
+        if not any(name.startswith(p.rsplit(".", 1)[0] + ".") for p in tensors) or name.startswith("lm_head"):
+            tensors.setdefault(name, t.clone())
+    cfg_dict = cfg.to_dict()
+    cfg_dict["quantization_config"] = gptq
+    write(tmp_path, tensors, None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg_dict))
+    model = load_quantized_hf(str(tmp_path), dtype=torch.float32)
+    assert sum(isinstance(m, anybit.QuantLinear) for m in model.modules()) == 7
+    ids = torch.randint(0, 128, (1, 10))
+    with torch.no_grad():
+        out, ref = model(ids).logits, ref_model(ids).logits
+        assert float((out - ref).norm() / ref.norm()) < 1e-5
+        assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 13)
