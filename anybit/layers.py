@@ -18,6 +18,7 @@ from torch import nn
 from anybit.backends.registry import prepare
 from anybit.errors import AnybitError, CheckpointError
 from anybit.formats.scheme import Scheme
+from anybit.ops import register
 from anybit.quant.weights import QuantizedWeight, quantize
 
 CONFIG_FILE = "anybit_config.json"
@@ -50,6 +51,7 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.register_buffer("act_perm", act_perm.long() if act_perm is not None else None)
         self._prepared = None
+        self._handle = register(self)  # for the anybit::linear op (torch.compile, CUDA graphs)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -76,12 +78,10 @@ class QuantLinear(nn.Module):
         return self._prepared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from anybit.backends.registry import gemm
-
         if self.act_perm is not None:
             x = x[..., self.act_perm]
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return gemm(x, self.prepared(), bias)
+        return torch.ops.anybit.linear(x, self._handle, self.out_features, bias)
 
     def _apply(self, fn, recurse=True):
         self._prepared = None  # a device or dtype move invalidates the prepared layout
