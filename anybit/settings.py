@@ -14,6 +14,11 @@ class Settings:
     """ANYBIT_DISABLED_BACKENDS: comma-separated backends "auto" never picks."""
     triton_interpret: bool
     """TRITON_INTERPRET=1 (Triton's own variable): run Triton kernels in the CPU interpreter."""
+    cache_dir: str
+    """ANYBIT_CACHE_DIR: where tuning results live (default: ~/.cache/anybit)."""
+    autotune: bool
+    """ANYBIT_AUTOTUNE=1: on a GPU, time tile candidates on the first call of a new problem (outside
+    CUDA-graph capture) and keep the fastest in the tuning cache; default off: cached or default tiles."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -26,4 +31,6 @@ def load() -> Settings:
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
+        autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
     )

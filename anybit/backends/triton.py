@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -18,6 +19,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
+from anybit.tuning.cache import TuningCache, device_key, m_bucket, source_hash
 
 # Above this many rows, dequantizing W once and calling cuBLAS beats dequantizing per M tile inside the
 # GEMM (H200, w4a16 8192x8192 M=256: 102 µs vs 180 µs, BENCHMARKS.md history).
@@ -95,6 +97,20 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
     return config
 
 
+def _tuning_cache(device: torch.device) -> TuningCache:
+    return _tuning_cache_at(device, settings.load().cache_dir)
+
+
+@functools.cache
+def _tuning_cache_at(device: torch.device, cache_dir: str) -> TuningCache:
+    from anybit.kernels.gemm import _gemm_kernel
+    from anybit.kernels.quant_act import _quant_act_kernel
+
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    root = os.path.join(cache_dir, "tuning")
+    return TuningCache("gemm", source_hash(_gemm_kernel, _quant_act_kernel), device_key(props), root)
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -163,8 +179,7 @@ class TritonBackend:
         if config is None:
             config = tw.configs.get(m)
             if config is None:
-                sms = _sm_count(x.device) if x.is_cuda else 1
-                config = tw.configs[m] = pick_config(m, tw.n, tw.k, tw.scheme, sms, not x.is_cuda, tw.nk)
+                config = tw.configs[m] = self._tuned_config(x2, tw, bias)
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
@@ -195,6 +210,31 @@ class TritonBackend:
             nk=tw.nk,
         )
         return y.reshape(*lead, tw.n)
+
+    def _tuned_config(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> GemmConfig:
+        """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not
+        capturing a graph) the fastest measured candidate, stored; else the default rule's."""
+        m, cuda = x.shape[0], x.is_cuda
+        default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
+        cache = _tuning_cache(x.device)
+        key = f"{tw.scheme}|n{tw.n}|k{tw.k}|m{m_bucket(m)}|{x.dtype}".replace("torch.", "")
+        entry = cache.get(key)
+        if entry is not None:
+            try:
+                return GemmConfig(**entry["config"])
+            except TypeError:  # written by another layout of GemmConfig: fall through and re-tune
+                pass
+        if not (cuda and settings.load().autotune) or torch.cuda.is_current_stream_capturing():
+            return default
+        from anybit.tuning.autotune import autotune, candidates, cuda_time_us
+
+        def time_us(c: GemmConfig) -> float:
+            tw.configs[m] = c
+            return cuda_time_us(lambda: self.gemm(x, Prepared(self.name, None, tw), bias))
+
+        best, us = autotune(candidates(default), time_us)
+        cache.put(key, dataclasses.asdict(best), us)
+        return best
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies."""

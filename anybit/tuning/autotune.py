@@ -1,0 +1,44 @@
+"""Choose a GEMM tile by measuring candidates around the default on the real problem (GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from anybit.kernels.gemm import GemmConfig
+
+
+def candidates(default: GemmConfig) -> list[GemmConfig]:
+    """The default and its neighbours: half/double the N tile and the split-K."""
+    out = [default]
+    for bn in (default.block_n // 2, default.block_n * 2):
+        if 32 <= bn <= 256:
+            out.append(dataclasses.replace(default, block_n=bn))
+    for split in (default.split_k // 2, default.split_k * 2):
+        if 1 <= split <= 32:
+            out.append(dataclasses.replace(default, split_k=split))
+    if default.block_k < 256:
+        out.append(dataclasses.replace(default, block_k=default.block_k * 2, num_stages=max(2, default.num_stages - 1)))
+    return list(dict.fromkeys(out))
+
+
+def autotune(configs: list[GemmConfig], time_us: Callable[[GemmConfig], float]) -> tuple[GemmConfig, float]:
+    """The fastest config by `time_us` (a config that fails to compile or run is skipped)."""
+    best, best_us = None, float("inf")
+    for c in configs:
+        try:
+            us = time_us(c)
+        except Exception:  # noqa: BLE001 - a tile that does not fit this GPU is not a candidate
+            continue
+        if us < best_us:
+            best, best_us = c, us
+    if best is None:
+        raise RuntimeError("no candidate configuration ran")
+    return best, best_us
+
+
+def cuda_time_us(run: Callable[[], object], calls: int = 20, repeats: int = 5) -> float:
+    """Median µs per call, CUDA events around `calls` back-to-back calls, after one warm-up."""
+    from anybit.bench.timing import median, time_eager
+
+    return median(time_eager([run], calls, repeats, calls, True))
