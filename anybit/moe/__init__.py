@@ -1,0 +1,6 @@
+"""Mixture-of-Experts building blocks: routing and the token alignment grouped GEMMs consume."""
+
+from anybit.moe.align import moe_align
+from anybit.moe.routing import grouped_topk, softmax_topk
+
+__all__ = ["grouped_topk", "moe_align", "softmax_topk"]

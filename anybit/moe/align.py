@@ -1,0 +1,56 @@
+"""`moe_align`: tokens sorted by expert, each expert's run padded to whole blocks of `block_m` rows —
+the contract of vLLM's `moe_align_block_size`, which indexed grouped GEMMs consume. Pure torch with
+fixed output sizes: no host synchronisation, so it captures into CUDA graphs."""
+
+from __future__ import annotations
+
+import torch
+
+from anybit.errors import AnybitError
+
+
+def moe_align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ids [T, k] (global expert ids; -1 = no expert) ->
+
+    * sorted_ids int32 [T*k + E*(block_m-1)]: flat (token*k + slot) indices grouped by expert, each
+      expert's run padded to a multiple of block_m with the sentinel T*k;
+    * expert_ids int32 [ceil(len(sorted_ids) / block_m)]: the (local) expert of each block, -1 for
+      blocks past the padded total;
+    * num_tokens_post_padded int32 [1]: the padded total.
+
+    `expert_map` [num_global_experts] maps global ids to local ones (-1: not on this rank) for
+    expert parallelism; E = num_experts local experts. Unmapped and -1 ids are skipped."""
+    if topk_ids.dim() != 2:
+        raise AnybitError(f"topk_ids must be [tokens, k], got shape {tuple(topk_ids.shape)}")
+    if block_m < 1 or num_experts < 1:
+        raise AnybitError(f"block_m={block_m} and num_experts={num_experts} must be positive")
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+    if expert_map is not None:
+        local = torch.where(flat >= 0, expert_map.long()[flat.clamp(min=0)], flat)
+    else:
+        local = flat
+    valid = (local >= 0) & (local < num_experts)
+    key = torch.where(valid, local, num_experts)  # invalid entries sort last
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    seg_start = padded_end - padded
+    unpadded_start = counts.cumsum(0) - counts
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    e_idx = sorted_key.clamp(max=num_experts - 1)
+    dest = seg_start[e_idx] + torch.arange(numel, device=dev) - unpadded_start[e_idx]
+    max_padded = numel + num_experts * (block_m - 1)
+    dest = torch.where(sorted_key < num_experts, dest, max_padded)  # invalid: a dump slot past the end
+    sorted_ids = torch.full((max_padded + 1,), numel, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    n_blocks = (max_padded + block_m - 1) // block_m
+    block_start = torch.arange(n_blocks, device=dev) * block_m
+    expert_ids = torch.searchsorted(padded_end, block_start, right=True)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
+    return sorted_ids[:max_padded], expert_ids, padded_end[-1:].to(torch.int32)

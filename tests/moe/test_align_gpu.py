@@ -1,0 +1,23 @@
+"""moe_align inside a CUDA graph: fixed output sizes, no host synchronisation (device only)."""
+
+import pytest
+import torch
+
+from anybit.moe import moe_align
+from tests.moe.test_routing_align import align_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def test_align_captures_and_replays():
+    ids = torch.randint(0, 64, (300, 8), device="cuda", dtype=torch.int32)
+    moe_align(ids, 64, 16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_align(ids, 64, 16)
+    for seed in range(3):
+        ids.copy_(torch.randint(0, 64, (300, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        r_ids, r_blocks, r_total = align_reference(ids.cpu(), 64, 16)
+        assert out[0].tolist() == r_ids and out[1].tolist() == r_blocks and int(out[2]) == r_total
