@@ -124,6 +124,12 @@ class QuantizedWeight:
             out["global_scale"] = self.global_scale
         return out
 
+    def expert(self, e: int) -> QuantizedWeight:
+        """Expert e of an (E, N, K) stack as an (N, K) weight (views, no copy)."""
+        if len(self.shape) != 3:
+            raise QuantizationError(f"expert() needs an (E, N, K) weight, this one is {self.shape}")
+        return QuantizedWeight(self.scheme, self.shape[1:], **{k: v[e] for k, v in self.tensors().items()})
+
     def to(self, device) -> QuantizedWeight:
         moved = {k: v.to(device) for k, v in self.tensors().items()}
         return QuantizedWeight(self.scheme, self.shape, **moved)
