@@ -128,3 +128,25 @@ def weight_format_constexprs(scheme: Scheme) -> dict:
         "S_MAN": s_man,
         "ZP": {ZeroPoint.NONE: 0, ZeroPoint.INT: 1, ZeroPoint.FLOAT: 2}[scheme.zero_point],
     }
+
+
+def stack_experts(qw: QuantizedWeight) -> TritonWeight:
+    """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
+    if len(qw.shape) != 3:
+        raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
+    parts = [to_triton_layout(qw.expert(e)) for e in range(qw.shape[0])]
+    first = parts[0]
+    if first.nk:
+        raise ValueError("FP8-as-is expert weights are not in the grouped kernel yet")
+
+    def stack(name):
+        ts = [getattr(p, name) for p in parts]
+        return None if ts[0] is None else torch.stack(ts).contiguous()
+
+    planes = [torch.stack([p.planes[i] for p in parts]).contiguous() for i in range(len(first.planes))]
+    gs = stack("global_scale")
+    return TritonWeight(
+        scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
+        scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
+        group_k=first.group_k, group_n=first.group_n, fmt=first.fmt,
+    )  # fmt: skip

@@ -1,8 +1,10 @@
 """`QuantMoE`: expert-stacked quantized gate/up and down projections computing
 y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) with e = ids[t, j].
 
-Today every expert runs through `anybit.gemm` on its rows (the exact reference the grouped kernels
-will be checked against); ids of -1 (dropped or non-local experts) contribute nothing."""
+With the Triton backend usable (bf16/fp16 activations, bf16/fp16-activation schemes) the two
+projections are one indexed grouped GEMM launch each over `moe_align`'s sorted rows — no host
+synchronisation, CUDA-graph capturable. Otherwise (backend="torch", FP8-activation schemes) every
+expert runs through `anybit.gemm` on its rows: the exact reference. Ids of -1 contribute nothing."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class QuantMoE(nn.Module):
         self.num_experts, self.hidden, self.intermediate = e, h, two_i // 2
         self.gate_up, self.down, self.backend = gate_up, down, backend
         self._prepared: dict[int, tuple] = {}
+        self._stacked = None
+        self.block_m = 16
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -46,6 +50,33 @@ class QuantMoE(nn.Module):
             )
         return self._prepared[e]
 
+    def _grouped_ok(self, x: torch.Tensor) -> bool:
+        from anybit.backends.base import Problem
+        from anybit.backends.triton import TritonBackend
+
+        if self.backend not in ("auto", "triton") or self.gate_up.scheme.act.quantized:
+            return False
+        ok, _ = TritonBackend().supports(Problem(self.gate_up.scheme, 0, 0, None, x.device, x.dtype))
+        return ok
+
+    def _grouped(self, x, topk_weights, topk_ids):
+        from anybit.backends.triton_layout import stack_experts
+        from anybit.kernels.moe_gemm import moe_gemm
+        from anybit.moe.align import moe_align
+
+        if self._stacked is None or self._stacked[0].scales.device != x.device:
+            self._stacked = (stack_experts(self.gate_up.to(x.device)), stack_experts(self.down.to(x.device)))
+        gu, dn = self._stacked
+        t, k = topk_ids.shape
+        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, self.block_m)
+        common = dict(block_m=self.block_m, num_rows=t * k)
+        h = moe_gemm(x, gu, sorted_ids, expert_ids, total, top_k=k, **common)
+        act = _silu_mul(h, self.intermediate).to(x.dtype)
+        y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
+        moe_gemm(act, dn, sorted_ids, expert_ids, total, top_k=1, out=y, **common)
+        w = torch.where(topk_ids >= 0, topk_weights.float(), 0.0)
+        return (y.view(t, k, self.hidden).float() * w[..., None]).sum(dim=1).to(x.dtype)
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if (
             x.dim() != 2
@@ -57,6 +88,8 @@ class QuantMoE(nn.Module):
                 f"x {tuple(x.shape)} must be [T, {self.hidden}] with topk_weights/topk_ids "
                 f"{tuple(topk_weights.shape)}/{tuple(topk_ids.shape)} of shape [T, k]"
             )
+        if self._grouped_ok(x):
+            return self._grouped(x, topk_weights, topk_ids)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         ids = topk_ids.long()
         for e in torch.unique(ids[ids >= 0]).tolist():
@@ -65,10 +98,11 @@ class QuantMoE(nn.Module):
             tok, slot = (ids == e).nonzero(as_tuple=True)
             gu, dn = self._expert(e)
             hidden = gemm(x[tok], gu)
-            act = (
-                torch.nn.functional.silu(hidden[:, : self.intermediate].float())
-                * hidden[:, self.intermediate :].float()
-            )
-            y = gemm(act.to(x.dtype), dn).float()
+            y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def _silu_mul(h: torch.Tensor, i: int) -> torch.Tensor:
+    """silu(gate) * up in fp32 for h = [gate | up] (the first i columns are the gate)."""
+    return torch.nn.functional.silu(h[:, :i].float()) * h[:, i:].float()

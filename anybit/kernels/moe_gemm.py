@@ -1,0 +1,121 @@
+"""Indexed grouped GEMM for MoE: the rows `moe_align` sorted by expert, each block of BLOCK_M rows
+multiplied by its expert's quantized weight, in one launch.
+
+    y[r, :] = x[r // TOP_K, :] @ dequantize(W[expert(block of r)])^T     for every valid row r
+
+x rows are gathered by token (TOP_K > 1: the gate_up input, one row per token) or by flat slot
+(TOP_K = 1: the down input, one row per token×slot); y has one row per flat slot. Blocks past the
+padded total and blocks of expert -1 (not on this rank) are skipped; padding rows are masked.
+Weights use the dense Triton layout per expert, stacked along a leading E axis. Formats and scale
+placements are the dense kernel's generic decode (`SCALE_AT` 0/1/2); the two-per-instruction and FP8
+paths are not wired in here yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, plane_args
+from anybit.kernels.gemm import _scale_zero, scale_at
+
+
+# fmt: off
+@triton.jit
+def _moe_gemm_kernel(
+    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr,
+    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s,
+    TOP_K: tl.constexpr,
+    W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
+    W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(expert_ptr + pid_m)
+    if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
+        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
+        mask_m = rows < num_rows
+        src = rows // TOP_K
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        cols_n = offs_n // GROUP_N
+        e64 = e.to(tl.int64)
+        p0, p1, p2 = p0_ptr + e64 * stride_p0, p1_ptr + e64 * stride_p1, p2_ptr + e64 * stride_p2
+        se, ze = s_ptr + e64 * stride_se, z_ptr + e64 * stride_se
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
+                        mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+            q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
+                              W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+            if SCALE_AT == 2:
+                g_rows = (kt * BLOCK_K) // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
+                g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
+                s, z = _scale_zero(se, ze, g_rows[:, None], cols_n[None, :], g_mask, stride_s, SCALE_KIND, S_EXP,
+                                   S_MAN, ZP)
+                q3 = tl.reshape(q, (BLOCK_K // GROUP_K, GROUP_K, BLOCK_N))
+                w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
+                acc += tl.dot(x, w.to(x.dtype))
+            else:
+                s, z = _scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                                   S_MAN, ZP)
+                part = tl.dot(x, (q - z[None, :]).to(x.dtype))
+                if SCALE_AT == 1:
+                    acc += part * s[None, :]
+                else:
+                    acc += part
+        if SCALE_AT == 0:
+            s, z = _scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            acc = acc * s[None, :]
+        if HAS_GS:
+            acc = acc * tl.load(gs_ptr + e)
+        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+# fmt: on
+
+
+def moe_gemm(
+    x,
+    tw,
+    sorted_ids,
+    expert_ids,
+    total,
+    *,
+    block_m: int,
+    num_rows: int,
+    top_k: int,
+    out=None,
+    block_n: int = 64,
+    block_k: int = 32,
+    num_warps: int = 4,
+    num_stages: int = 3,
+):
+    """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
+    expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
+    rows of no valid slot are left as they were)."""
+    if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
+        have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
+        raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
+    n, k = tw.n, tw.k
+    y = out if out is not None else torch.empty((num_rows, n), device=x.device, dtype=x.dtype)
+    sa = scale_at(tw.group_k, k, block_k)
+    p, w = plane_args(tw.planes, tw.plane_bits)
+    grid = (expert_ids.numel(), cdiv(n, block_n))
+    dummy = tw.scales
+    # fmt: off
+    _moe_gemm_kernel[grid](
+        x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+        tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
+        num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
+        tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
+        GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
+    )
+    # fmt: on
+    return y

@@ -1,0 +1,34 @@
+"""The indexed grouped Triton GEMM (interpreter, fp16) against per-slot products with the exact
+dequantized experts; rows are poisoned first so unwritten rows show."""
+
+import pytest
+import torch
+
+import anybit
+from anybit.backends.triton_layout import stack_experts
+from anybit.kernels.moe_gemm import moe_gemm
+from anybit.moe import moe_align
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-zp", "nvfp4", "mxfp4", "w8a16", "w3a16"])
+@pytest.mark.parametrize("e, k, t", [(4, 2, 7), (19, 1, 13), (6, 3, 1)])
+def test_grouped_gemm_matches_per_slot_products(interpret, scheme, e, k, t):
+    g = torch.Generator().manual_seed(e * 7 + k + t)
+    n, kk = 40, 256  # N off the tile
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    x = torch.randn(t, kk, generator=g).half()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    ids[0, 0] = -1 if t > 1 else ids[0, 0]
+    sorted_ids, expert_ids, total = moe_align(ids, e, 16)
+    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, out=y)
+    w = qw.dequantize().double()
+    for r in range(t * k):
+        ex = int(ids.view(-1)[r])
+        if ex < 0:
+            assert torch.isnan(y[r]).all()  # a dropped slot is not written
+            continue
+        ref = x[r // k].double() @ w[ex].T
+        assert rel_err(y[r], ref) < GEMM_REL_ERR[torch.float16]
