@@ -1,0 +1,42 @@
+"""QuantMoE's grouped Triton path on the GPU in bf16, and its CUDA-graph capture (device only)."""
+
+import pytest
+import torch
+
+from anybit.moe import QuantMoE, softmax_topk
+from tests.moe.test_quant_moe import reference
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("e, k, t", [(64, 8, 1), (19, 2, 300), (128, 8, 16)])
+def test_bf16_grouped_moe(scheme, e, k, t):
+    g = torch.Generator(device="cuda").manual_seed(e + k + t)
+    h, i = 512, 256
+    gate_up = torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05
+    down = torch.randn(e, h, i, generator=g, device="cuda") * 0.05
+    moe = QuantMoE.from_float(gate_up, down, scheme)
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
+    y = moe(x, w, ids)
+    assert moe._stacked is not None
+    ref = reference(x.cpu(), moe.gate_up.dequantize().cpu(), moe.down.dequantize().cpu(), w.cpu(), ids.cpu())
+    assert rel_err(y.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_grouped_moe_captures_in_a_cuda_graph():
+    e, k, t, h, i = 16, 2, 8, 256, 256
+    moe = QuantMoE.from_float(
+        torch.randn(e, 2 * i, h, device="cuda") * 0.05, torch.randn(e, h, i, device="cuda") * 0.05, "w4a16"
+    )
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, device="cuda"), k)
+    eager = moe(x, w, ids)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = moe(x, w, ids)
+    graph.replay()
+    assert torch.equal(y, eager)
