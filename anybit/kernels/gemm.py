@@ -43,7 +43,7 @@ class GemmConfig:
 
 
 @triton.jit
-def _scale_zero(
+def scale_zero(
     s_ptr,
     z_ptr,
     rows,
@@ -61,6 +61,19 @@ def _scale_zero(
     else:
         z = tl.load(z_ptr + rows * stride_s + cols, mask=mask, other=0).to(tl.float32)
     return s, z
+
+
+@triton.jit
+def group_scaled(q, s_ptr, z_ptr, k0, K, mask_n, cols_n, stride_s, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                 ZP: tl.constexpr):  # fmt: skip
+    """(q - z) * s for a [BLOCK_K, BLOCK_N] tile holding several scale groups along K (groups smaller
+    than the tile): one scale (and zero) per group row, broadcast over its GROUP_K rows."""
+    g_rows = k0 // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
+    g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
+    s, z = scale_zero(s_ptr, z_ptr, g_rows[:, None], cols_n[None, :], g_mask, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+    q3 = tl.reshape(q, (BLOCK_K // GROUP_K, GROUP_K, BLOCK_N))
+    return tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
 
 
 @triton.jit
@@ -151,7 +164,7 @@ def _gemm_kernel(
             # sign bias and an integer zero point stays exact in bf16/fp16
             v = load_pairs(p0_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
             row = (kt * BLOCK_K) // GROUP_K
-            s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            s, z = scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
             if SCALE_AT == 1:
                 acc += tl.dot(x, w) * s[None, :]
@@ -160,18 +173,12 @@ def _gemm_kernel(
         elif SCALE_AT == 2:
             codes = load_codes(p0_ptr, p1_ptr, p2_ptr, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2)
             q = decode_weight(codes, W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
-            # one scale (and zero) per group row, broadcast over the group's GROUP_K rows of the tile
-            g_rows = (kt * BLOCK_K) // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
-            g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
-            s, z = _scale_zero(
-                s_ptr, z_ptr, g_rows[:, None], cols_n[None, :], g_mask, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP
-            )
-            q3 = tl.reshape(q, (BLOCK_K // GROUP_K, GROUP_K, BLOCK_N))
-            w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
+            w = group_scaled(q, s_ptr, z_ptr, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
+                             SCALE_KIND, S_EXP, S_MAN, ZP)  # fmt: skip
             acc += tl.dot(x, w.to(x.dtype))
         else:
             row = (kt * BLOCK_K) // GROUP_K  # 0 for SCALE_AT == 0, where GROUP_K >= K
-            s, z = _scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            s, z = scale_zero(s_ptr, z_ptr, row, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             if W_NK:
                 # the weight is x's FP8 dtype already, stored [N, K]: load the [BLOCK_K, BLOCK_N] view
                 w_ptrs = p0_ptr + offs_n[None, :] * K + offs_k[:, None]
@@ -195,7 +202,7 @@ def _gemm_kernel(
                 else:
                     acc += part
     if SCALE_AT == 0:
-        s, z = _scale_zero(s_ptr, z_ptr, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+        s, z = scale_zero(s_ptr, z_ptr, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
         acc = acc * s[None, :]
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, plane_args
-from anybit.kernels.gemm import _scale_zero, scale_at
+from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
 # fmt: off
@@ -55,15 +55,11 @@ def _moe_gemm_kernel(
             q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
                               W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
             if SCALE_AT == 2:
-                g_rows = (kt * BLOCK_K) // GROUP_K + tl.arange(0, BLOCK_K // GROUP_K)
-                g_mask = (g_rows * GROUP_K < K)[:, None] & mask_n[None, :]
-                s, z = _scale_zero(se, ze, g_rows[:, None], cols_n[None, :], g_mask, stride_s, SCALE_KIND, S_EXP,
-                                   S_MAN, ZP)
-                q3 = tl.reshape(q, (BLOCK_K // GROUP_K, GROUP_K, BLOCK_N))
-                w = tl.reshape((q3 - z[:, None, :]) * s[:, None, :], (BLOCK_K, BLOCK_N))
+                w = group_scaled(q, se, ze, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
+                                 SCALE_KIND, S_EXP, S_MAN, ZP)
                 acc += tl.dot(x, w.to(x.dtype))
             else:
-                s, z = _scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
                                    S_MAN, ZP)
                 part = tl.dot(x, (q - z[None, :]).to(x.dtype))
                 if SCALE_AT == 1:
@@ -71,7 +67,7 @@ def _moe_gemm_kernel(
                 else:
                     acc += part
         if SCALE_AT == 0:
-            s, z = _scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+            s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             acc = acc * s[None, :]
         if HAS_GS:
             acc = acc * tl.load(gs_ptr + e)
