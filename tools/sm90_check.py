@@ -108,12 +108,11 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     if act.quantized:
         cfg = a8_config(cfg, qw.scheme, m, tw.nk, interpret=False)
         x, xs = quantize_act(x, act)  # compiled, not run: xq holds garbage, which is fine here
-        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16, nk=tw.nk)
+        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16)
     ws = torch.empty(max(1, cfg.split_k * m * n))
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
-    gemm_dense(x, tw.planes, tw.plane_bits, tw.scales, tw.zeros, tw.global_scale, None, n=n, group_k=tw.group_k,
-           group_n=tw.group_n, fmt=tw.fmt, config=cfg, workspace=ws, counters=cnt, **extra)  # fmt: skip
+    gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
     kernel = _compiled[-1]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])

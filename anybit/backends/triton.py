@@ -191,23 +191,14 @@ class TritonBackend:
             ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
         y = gemm_dense(
             x2,
-            tw.planes,
-            tw.plane_bits,
-            tw.scales,
-            tw.zeros,
-            tw.global_scale,
+            tw,
             bias,
-            n=tw.n,
-            group_k=tw.group_k,
-            group_n=tw.group_n,
-            fmt=tw.fmt,
             config=config,
             workspace=ws,
             counters=cnt,
             x_scales=x_scales,
             x_group=x_group,
             out_dtype=out_dtype,
-            nk=tw.nk,
         )
         return y.reshape(*lead, tw.n)
 
@@ -238,18 +229,6 @@ class TritonBackend:
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies."""
-        wt = dequantize_a16(
-            tw.planes,
-            tw.plane_bits,
-            tw.scales,
-            tw.zeros,
-            tw.global_scale,
-            n=tw.n,
-            k=tw.k,
-            group_k=tw.group_k,
-            group_n=tw.group_n,
-            fmt=tw.fmt,
-            dtype=x.dtype,
-        )
+        wt = dequantize_a16(tw, dtype=x.dtype)
         y = x @ wt
         return y + bias if bias is not None else y

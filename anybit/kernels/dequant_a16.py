@@ -60,23 +60,10 @@ def _dequant_a16_kernel(
     tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dequantize_a16(
-    planes: list[torch.Tensor],
-    plane_bits: tuple[int, ...],
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    global_scale: torch.Tensor | None,
-    *,
-    n: int,
-    k: int,
-    group_k: int,
-    group_n: int,
-    fmt: dict,
-    dtype: torch.dtype,
-    block_k: int = 64,
-    block_n: int = 128,
-) -> torch.Tensor:
-    """Prepared weight (layout of `anybit.backends.triton_layout`) -> Wt [K, N] in `dtype`."""
+def dequantize_a16(tw, *, dtype: torch.dtype, block_k: int = 64, block_n: int = 128) -> torch.Tensor:
+    """Prepared weight (`anybit.backends.triton_layout.TritonWeight`) -> Wt [K, N] in `dtype`."""
+    n, k, scales, zeros, global_scale = tw.n, tw.k, tw.scales, tw.zeros, tw.global_scale
+    planes, plane_bits, group_k, group_n, fmt = tw.planes, tw.plane_bits, tw.group_k, tw.group_n, tw.fmt
     out = torch.empty((k, n), device=scales.device, dtype=dtype)
     p, w = plane_args(planes, plane_bits)
     grid = (cdiv(k, block_k), cdiv(n, block_n))

@@ -224,17 +224,9 @@ def scale_at(group_k: int, k: int, block_k: int) -> int:
 
 def gemm_dense(
     x: torch.Tensor,
-    planes: list[torch.Tensor],
-    plane_bits: tuple[int, ...],
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    global_scale: torch.Tensor | None,
+    tw,
     bias: torch.Tensor | None,
     *,
-    n: int,
-    group_k: int,
-    group_n: int,
-    fmt: dict,
     config: GemmConfig,
     workspace: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
@@ -242,17 +234,18 @@ def gemm_dense(
     x_scales: torch.Tensor | None = None,
     x_group: int = 0,
     out_dtype: torch.dtype | None = None,
-    nk: bool = False,
 ) -> torch.Tensor:
     """x: [M, K] bf16/fp16, or FP8 with `x_scales` (fp32 [M, 1] per token, or [M, K/x_group] per
-    group of x_group columns) from `anybit.kernels.quant_act`; last dim contiguous. planes/scales/zeros
-    in the layout of `anybit.backends.triton_layout`; fmt: `weight_format_constexprs(scheme)`. Returns
+    group of x_group columns) from `anybit.kernels.quant_act`; last dim contiguous. tw: the prepared
+    weight (`anybit.backends.triton_layout.TritonWeight`). Returns
     y [M, N] in out_dtype (default x's dtype; bf16 for FP8 x). Split-K needs `workspace` (fp32,
     >= split_k*M*N) and zeroed int32 `counters` (>= number of output tiles); they are left ready for
-    the next call. `out` ([M, N]) is written in place when given. `nk`: planes[0] is the weight
-    itself, [N, K] in x's FP8 dtype (`TritonWeight.nk`). With FP8 x, the weight's decoded
+    the next call. `out` ([M, N]) is written in place when given. With FP8 x, the weight's decoded
     values must be exact in x's dtype and its scales whole-tile (the backend's `supports` checks)."""
     m, k = x.shape
+    n, scales, zeros, global_scale = tw.n, tw.scales, tw.zeros, tw.global_scale
+    group_k, group_n, fmt, nk = tw.group_k, tw.group_n, tw.fmt, tw.nk
+    planes, plane_bits = tw.planes, tw.plane_bits
     c = config
     if c.block_k < 32 or c.block_k & (c.block_k - 1):
         raise ValueError(f"block_k={c.block_k}: the packed-word tiles need a power of two >= 32")

@@ -65,23 +65,7 @@ def test_tiles_split_k_poisoned_output_and_bias(interpret, cfg):
     cnt = torch.zeros(64, dtype=torch.int32)
     for _ in range(2):  # the second call checks the counters were reset
         out = torch.full((13, 50), float("nan"), dtype=torch.float16)
-        gemm_dense(
-            x,
-            tw.planes,
-            tw.plane_bits,
-            tw.scales,
-            tw.zeros,
-            tw.global_scale,
-            bias,
-            n=50,
-            group_k=tw.group_k,
-            group_n=tw.group_n,
-            fmt=tw.fmt,
-            config=cfg,
-            workspace=ws,
-            counters=cnt,
-            out=out,
-        )
+        gemm_dense(x, tw, bias, config=cfg, workspace=ws, counters=cnt, out=out)
         assert not torch.isnan(out).any()
         assert rel_err(out, ref + bias.double()) < GEMM_REL_ERR[torch.float16]
     assert (cnt == 0).all()
@@ -105,19 +89,5 @@ def test_dequantize_kernel_matches_reference(interpret, text):
 
     qw = quantize(torch.randn(70, 256), text)
     tw = prepare(qw, backend="triton").data
-    wt = dequantize_a16(
-        tw.planes,
-        tw.plane_bits,
-        tw.scales,
-        tw.zeros,
-        tw.global_scale,
-        n=70,
-        k=256,
-        group_k=tw.group_k,
-        group_n=tw.group_n,
-        fmt=tw.fmt,
-        dtype=torch.float16,
-        block_k=32,
-        block_n=32,
-    )
+    wt = dequantize_a16(tw, dtype=torch.float16, block_k=32, block_n=32)
     assert torch.equal(wt.t(), qw.dequantize(torch.float16))
