@@ -65,6 +65,28 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from anybit.bench.recipe import load_recipe, parse_recipe
+    from anybit.tuning.tune import print_rows, run_tune
+
+    recipe = load_recipe(args.recipe)
+    override = {}
+    if args.schemes:
+        override["schemes"] = args.schemes.split(",")
+    if args.m:
+        override["m"] = [int(v) for v in args.m.split(",")]
+    if args.budget:
+        override["budget_s"] = args.budget
+    if override:
+        recipe = parse_recipe({**_as_input(recipe), **override}, recipe.source)
+    rows = run_tune(recipe, device=args.device, backends=args.backends.split(","), write_to=args.write_table)
+    print_rows(rows)
+    from anybit.backends.triton import tuning_cache
+
+    print("tuning cache:", tuning_cache(__import__("torch").device(args.device or "cuda")).path)
+    return 0
+
+
 def _as_input(recipe) -> dict:
     """A parsed recipe as parse_recipe's input again (shapes explicit)."""
     d = recipe.to_dict()
@@ -96,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--report", metavar="BENCH_JSON", help="print the Markdown summary of a bench.json")
     b.add_argument("--schemes", default=None, help="only these schemes (comma-separated): the run's, or --report's")
     b.set_defaults(func=_bench)
+    t = sub.add_parser("tune", help="measure tiles and backends for a recipe's problems into the tuning cache")
+    t.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
+    t.add_argument("--schemes", default=None, help="only these schemes (comma-separated)")
+    t.add_argument("--m", default=None, help="only these M (comma-separated), e.g. 1,16,64")
+    t.add_argument("--backends", default="triton,humming", help="backends to time (default: triton,humming)")
+    t.add_argument("--device", default=None, help="cuda, cuda:1 (default: cuda)")
+    t.add_argument("--budget", type=float, default=None, help="seconds before remaining problems are skipped")
+    t.add_argument("--write-table", default=None, metavar="DIR", help="also copy the cache file under DIR")
+    t.set_defaults(func=_tune)
     return parser
 
 

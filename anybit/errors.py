@@ -20,3 +20,16 @@ class QuantizationError(AnybitError):
 class CheckpointError(AnybitError):
     """A checkpoint on disk is missing a tensor, has the wrong shape, is truncated or is of an
     unsupported kind; the message names the file, the tensor and what was expected."""
+
+
+class Unsupported(AnybitError):
+    """A backend (or benchmark peer) cannot run this scheme, shape or device; the message says why."""
+
+
+class KernelFailure(RuntimeError):
+    """A kernel failed to compile or launch for a problem the backend said it supports (a compiler
+    limit, a tile that does not fit this GPU); the chooser falls back to the next backend."""
+
+
+class FallbackWarning(UserWarning):
+    """A backend's kernel failed for a layer; those calls now run on the next backend."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Settings:
     backends: tuple[str, ...]
-    """ANYBIT_BACKENDS: comma-separated backend order for "auto" (default: triton,torch)."""
+    """ANYBIT_BACKENDS: comma-separated backend order for "auto" (default: triton,humming,torch)."""
     disabled_backends: frozenset[str]
     """ANYBIT_DISABLED_BACKENDS: comma-separated backends "auto" never picks."""
     triton_interpret: bool
@@ -19,6 +19,10 @@ class Settings:
     autotune: bool
     """ANYBIT_AUTOTUNE=1: on a GPU, time tile candidates on the first call of a new problem (outside
     CUDA-graph capture) and keep the fastest in the tuning cache; default off: cached or default tiles."""
+    multi_backend: bool
+    """ANYBIT_MULTI_BACKEND=1: where the tuning cache measured another usable backend faster for a call's
+    M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
+    those calls there. Costs the weight's memory once more per extra backend; default off."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -28,9 +32,10 @@ def _names(value: str) -> tuple[str, ...]:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it)."""
     return Settings(
-        backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,torch")),
+        backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
         triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
         cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
+        multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
     )

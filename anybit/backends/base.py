@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +29,13 @@ class Prepared:
     backend: str
     qweight: QuantizedWeight
     data: Any
+    auto: bool = False
+    """Chosen by "auto": the chooser may send a call elsewhere (measured faster, or a kernel failure)."""
+    others: dict[str, Prepared] = field(default_factory=dict)
+    """The same weight in other backends' layouts (fallbacks, measured-faster alternatives)."""
+    routes: dict[int, str] = field(default_factory=dict)
+    """M bucket -> the backend "auto" sends those calls to (set at the bucket's first call, or on a
+    kernel failure)."""
 
 
 class Backend(Protocol):

@@ -12,6 +12,7 @@ from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.torch_ref import TorchBackend
 from anybit.backends.triton_layout import TritonWeight, to_triton_layout
+from anybit.errors import KernelFailure
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
@@ -19,7 +20,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
-from anybit.tuning.cache import TuningCache, device_key, m_bucket, source_hash
+from anybit.tuning.cache import TuningCache, device_key, problem_key, source_hash
 
 # Above this many rows, dequantizing W once and calling cuBLAS beats dequantizing per M tile inside the
 # GEMM (H200, w4a16 8192x8192 M=256: 102 µs vs 180 µs, BENCHMARKS.md history).
@@ -97,8 +98,19 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
     return config
 
 
-def _tuning_cache(device: torch.device) -> TuningCache:
+def tuning_cache(device: torch.device) -> TuningCache:
+    """The tuning cache of the Triton GEMM on `device` (user cache over the shipped table)."""
     return _tuning_cache_at(device, settings.load().cache_dir)
+
+
+def _triton_errors() -> tuple[type[BaseException], ...]:
+    """Triton's compile/launch failures (its error base class where this Triton has one)."""
+    import triton.compiler.errors as ce
+    import triton.runtime.errors as re_
+
+    names = [getattr(ce, "CompilationError", None), getattr(re_, "OutOfResources", None)]
+    names += [getattr(re_, "PTXASError", None), getattr(re_, "TritonError", None)]
+    return tuple(e for e in names if e is not None)
 
 
 @functools.cache
@@ -163,6 +175,15 @@ class TritonBackend:
     def gemm(
         self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: GemmConfig | None = None
     ) -> torch.Tensor:
+        try:
+            return self._gemm(x, prepared, bias, config)
+        except _triton_errors() as e:
+            tw = prepared.data
+            raise KernelFailure(f"Triton kernel for {tw.scheme} N={tw.n} K={tw.k} M={x.numel() // tw.k}: {e}") from e
+
+    def _gemm(
+        self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, config: GemmConfig | None
+    ) -> torch.Tensor:
         tw: TritonWeight = prepared.data
         if x.dtype not in (torch.float16, torch.bfloat16):
             # fp32 activations (e.g. a model left in fp32): the kernels' tensor cores would round them to
@@ -207,8 +228,8 @@ class TritonBackend:
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
         m, cuda = x.shape[0], x.is_cuda
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
-        cache = _tuning_cache(x.device)
-        key = f"{tw.scheme}|n{tw.n}|k{tw.k}|m{m_bucket(m)}|{x.dtype}".replace("torch.", "")
+        cache = tuning_cache(x.device)
+        key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
         entry = cache.get(key)
         if entry is not None:
             try:
@@ -221,7 +242,7 @@ class TritonBackend:
 
         def time_us(c: GemmConfig) -> float:
             tw.configs[m] = c
-            return cuda_time_us(lambda: self.gemm(x, Prepared(self.name, None, tw), bias))
+            return cuda_time_us(lambda: self.gemm(x, Prepared(self.name, None, tw), bias), graph=m <= 64)
 
         best, us = autotune(candidates(default), time_us)
         cache.put(key, dataclasses.asdict(best), us)

@@ -9,12 +9,13 @@ from collections.abc import Callable
 
 import torch
 
-from anybit.formats.dtypes import FloatType, IntType
-from anybit.formats.scheme import ActMode, ScaleKind, Scheme
+from anybit import errors
+from anybit.backends.humming import humming_configs
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ScaleKind, Scheme
 
-
-class Unsupported(RuntimeError):
-    """This peer cannot run this cell (format, device); reported as such, not as a failure."""
+# a peer that cannot run a cell (format, device) raises this; reported as such, not as a failure
+Unsupported = errors.Unsupported
 
 
 # peers that do not depend on the anybit scheme: timed once per (shape, M)
@@ -61,41 +62,10 @@ def tinygemm(w: torch.Tensor, scheme: Scheme) -> Callable:
     return lambda x: torch.ops.aten._weight_int4pack_mm(x, w4, 128, sz)
 
 
-def humming_configs(scheme: Scheme) -> tuple[dict, dict | None]:
-    """humming-kernels' weight and input configs moving the same bytes per weight as `scheme`."""
-    w, gran = scheme.weight, scheme.granularity
-    if gran.kind not in (ScaleKind.CHANNEL, ScaleKind.GROUP):
-        raise Unsupported(f"humming has no {gran.token()} scales")
-    group = {} if gran.kind is ScaleKind.CHANNEL else {"group_size": gran.k}
-    if isinstance(w, IntType):
-        wc = {"dtype": f"uint{w.bits}", **group}
-    elif isinstance(w, FloatType) and w.name in ("e2m1", "e4m3", "e5m2", "e2m3", "e3m2"):
-        names = {
-            "e2m1": "float4e2m1",
-            "e4m3": "float8e4m3",
-            "e5m2": "float8e5m2",
-            "e2m3": "float6e2m3",
-            "e3m2": "float6e3m2",
-        }
-        wc = {"dtype": names[w.name], **group}
-        if scheme.scale_dtype.name in ("e4m3", "ue8m0"):
-            wc["scale_dtype"] = "float8e4m3" if scheme.scale_dtype.name == "e4m3" else "float8e8m0"
-        if scheme.global_scale:
-            wc["weight_scale_2_type"] = "tensor"
-    else:
-        raise Unsupported(f"no humming weight dtype for {w}")
-    ic = None
-    if scheme.act.quantized:
-        if scheme.act.dtype.name != "e4m3" or scheme.act.mode is not ActMode.TOKEN:
-            raise Unsupported(f"humming's FP8 input is dynamic per token e4m3, not {scheme.act.token()}")
-        ic = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"}
-    return wc, ic
-
-
 def humming(w: torch.Tensor, scheme: Scheme) -> Callable:
     from humming.layer import HummingLayer  # optional extra: anybit[humming]
 
-    wc, ic = humming_configs(scheme)
+    wc, ic = humming_configs(scheme, exact_scales=False)  # humming quantizes the float weight itself
     n, k = w.shape
     layer = HummingLayer(shape_n=n, shape_k=k, weight_config=wc, input_config=ic, torch_dtype=torch.bfloat16)
     layer = layer.to(w.device)

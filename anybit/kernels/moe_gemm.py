@@ -24,9 +24,9 @@ from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 # fmt: off
 @triton.jit
 def _moe_gemm_kernel(
-    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr,
+    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr,
     num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s,
-    TOP_K: tl.constexpr,
+    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr,
     W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
@@ -71,8 +71,18 @@ def _moe_gemm_kernel(
             acc = acc * s[None, :]
         if HAS_GS:
             acc = acc * tl.load(gs_ptr + e)
-        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
+            acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
+        if SILU_MUL:
+            # rows of W interleave gate and up (2j, 2j+1): split the tile's columns into the two halves
+            gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+            h = gate / (1.0 + tl.exp(-gate)) * up
+            offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_h[None, :]
+            tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_h < N // 2)[None, :])
+        else:
+            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 # fmt: on
 
 
@@ -87,6 +97,8 @@ def moe_gemm(
     num_rows: int,
     top_k: int,
     out=None,
+    silu_mul: bool = False,
+    routed_weights=None,
     block_n: int = 64,
     block_k: int = 32,
     num_warps: int = 4,
@@ -94,12 +106,18 @@ def moe_gemm(
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
-    rows of no valid slot are left as they were)."""
+    rows of no valid slot are left as they were).
+
+    silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
+    silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
     n, k = tw.n, tw.k
-    y = out if out is not None else torch.empty((num_rows, n), device=x.device, dtype=x.dtype)
+    if silu_mul and (n % 2 or block_n % 2):
+        raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
+    n_out = n // 2 if silu_mul else n
+    y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=x.dtype)
     sa = scale_at(tw.group_k, k, block_k)
     p, w = plane_args(tw.planes, tw.plane_bits)
     grid = (expert_ids.numel(), cdiv(n, block_n))
@@ -108,8 +126,10 @@ def moe_gemm(
     _moe_gemm_kernel[grid](
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
+        routed_weights if routed_weights is not None else dummy,
         num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
-        tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
+        tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, SILU_MUL=silu_mul,
+        MUL_ROUTED=routed_weights is not None, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
     )

@@ -65,17 +65,22 @@ class QuantMoE(nn.Module):
         from anybit.moe.align import moe_align
 
         if self._stacked is None or self._stacked[0].scales.device != x.device:
-            self._stacked = (stack_experts(self.gate_up.to(x.device)), stack_experts(self.down.to(x.device)))
-        gu, dn = self._stacked
+            gate_up = self.gate_up.to(x.device)
+            fused = gate_up.block[0] == 1  # rows can be interleaved when no scale spans several rows
+            gate_up = interleave_gate_up(gate_up) if fused else gate_up
+            self._stacked = (stack_experts(gate_up), stack_experts(self.down.to(x.device)), fused)
+        gu, dn, fused = self._stacked
         t, k = topk_ids.shape
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, self.block_m)
         common = dict(block_m=self.block_m, num_rows=t * k)
-        h = moe_gemm(x, gu, sorted_ids, expert_ids, total, top_k=k, **common)
-        act = _silu_mul(h, self.intermediate).to(x.dtype)
+        # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
+        act = moe_gemm(x, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, **common)
+        if not fused:
+            act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
-        moe_gemm(act, dn, sorted_ids, expert_ids, total, top_k=1, out=y, **common)
-        w = torch.where(topk_ids >= 0, topk_weights.float(), 0.0)
-        return (y.view(t, k, self.hidden).float() * w[..., None]).sum(dim=1).to(x.dtype)
+        routed = topk_weights.reshape(-1).float().contiguous()
+        moe_gemm(act, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, **common)
+        return y.view(t, k, self.hidden).sum(dim=1)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if (
@@ -101,6 +106,18 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def interleave_gate_up(qw: QuantizedWeight) -> QuantizedWeight:
+    """(E, 2I, H) gate rows then up rows -> rows 2j = gate j, 2j+1 = up j, so every N tile of the
+    grouped GEMM holds matching gate and up columns (its epilogue computes silu(gate) * up). Needs one
+    scale row per weight row (channel or group scales, not 2-D blocks)."""
+    if qw.block[0] != 1:
+        raise AnybitError(f"cannot interleave gate/up rows of {qw.scheme}: its scales span {qw.block[0]} rows")
+    i = qw.n // 2
+    perm = torch.stack([torch.arange(i), torch.arange(i, 2 * i)], dim=1).reshape(-1).to(qw.device)
+    rows = {name: t.index_select(-2, perm) for name, t in qw.tensors().items() if name != "global_scale"}
+    return QuantizedWeight(qw.scheme, qw.shape, global_scale=qw.global_scale, **rows)
 
 
 def _silu_mul(h: torch.Tensor, i: int) -> torch.Tensor:

@@ -6,26 +6,34 @@ from __future__ import annotations
 import torch
 
 from anybit.backends.base import Problem
-from anybit.backends.registry import choose, explain
+from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
 from anybit.formats.scheme import Scheme
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device) -> str:
-    """The Triton backend's path for this call: kernel, tile, split-K (what `gemm` would do)."""
-    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, _sm_count, pick_config
+def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> str:
+    """The Triton backend's path for this call: kernel, tile, split-K and where the tile comes from
+    (the tuning cache or the default rule) — what `gemm` would do."""
+    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, _sm_count, pick_config, tuning_cache
     from anybit.backends.triton_layout import fp8_as_is
+    from anybit.kernels.gemm import GemmConfig
+    from anybit.tuning.cache import problem_key
 
     cuda = device.type == "cuda"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
-    c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
+    entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
+    if entry is not None:
+        c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
+    else:
+        c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
+        source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
     return (
         f"{act}dense GEMM, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
-        f"{c.num_warps} warps, {c.num_stages} stages"
+        f"{c.num_warps} warps, {c.num_stages} stages ({source})"
     )
 
 
@@ -40,11 +48,14 @@ def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, 
     for name, ok, reason in explain(problem):
         lines.append(f"  {name:8s} {'yes' if ok else 'no ':4s} {reason}")
     try:
-        picked = choose(problem)
+        picked, why = choose_with_reason(problem)
     except AnybitError as e:
         lines.append(f"auto: none — {e}")
         return lines
-    lines.append(f"auto picks: {picked.name}")
-    if picked.name == "triton":
-        lines.append(f"  path: {triton_plan(scheme, m, n, k, dev)}")
+    lines.append(f"auto picks: {picked} — {why}")
+    measured = measured_us(problem)
+    if picked not in measured and measured:
+        lines.append(f"  (measured here: {', '.join(f'{b} {t:.1f} µs' for b, t in measured.items())})")
+    if picked == "triton":
+        lines.append(f"  path: {triton_plan(scheme, m, n, k, dev, DTYPES[dtype])}")
     return lines

@@ -37,8 +37,11 @@ def autotune(configs: list[GemmConfig], time_us: Callable[[GemmConfig], float]) 
     return best, best_us
 
 
-def cuda_time_us(run: Callable[[], object], calls: int = 20, repeats: int = 5) -> float:
-    """Median µs per call, CUDA events around `calls` back-to-back calls, after one warm-up."""
-    from anybit.bench.timing import median, time_eager
+def cuda_time_us(run: Callable[[], object], graph: bool, calls: int = 20, repeats: int = 5) -> float:
+    """Median µs per call, CUDA events around `calls` back-to-back calls after a warm-up; replayed
+    from a CUDA graph when `graph` (small M: eager calls would time the host, not the kernel)."""
+    from anybit.bench.timing import median, time_eager, time_graph
 
+    if graph:
+        return median(time_graph([run], calls, repeats, calls))
     return median(time_eager([run], calls, repeats, calls, True))

@@ -7,6 +7,11 @@ the kernel's source hash retires entries when the kernel changes, and a new anyb
 the file. Writes take an exclusive lock, re-read, merge and `os.replace` a temporary file, so
 concurrent tuners lose nothing and readers never see half a file. A corrupt or stale file is ignored
 with one warning and rewritten.
+
+Measured tables ship in the package (``anybit/tuning/tables/<device key>/<kernel>-<hash>.json``, same
+format, written by ``anybit tune``): a lookup tries the user's cache first, then the shipped table of
+this exact device and kernel source. Besides tiles, a table records each backend's measured time per
+problem (``<problem key>|backend=<name>``), which "auto" reads to prefer the fastest.
 """
 
 from __future__ import annotations
@@ -27,6 +32,18 @@ from anybit import settings
 def m_bucket(m: int) -> int:
     """The power of two >= m (1, 2, 4, …): tuned configurations are shared within a bucket."""
     return 1 << max(0, (m - 1).bit_length())
+
+
+SHIPPED_ROOT = os.path.join(os.path.dirname(__file__), "tables")
+
+
+def problem_key(scheme, n: int, k: int, m: int, dtype) -> str:
+    """The tuning cache's key of one GEMM problem: scheme, N, K, M bucket, activation dtype."""
+    return f"{scheme}|n{n}|k{k}|m{m_bucket(m)}|{str(dtype).replace('torch.', '')}"
+
+
+def backend_key(problem: str, backend: str) -> str:
+    return f"{problem}|backend={backend}"
 
 
 def device_key(props) -> str:
@@ -52,19 +69,23 @@ def source_hash(*objects) -> str:
 
 
 class TuningCache:
-    def __init__(self, kernel: str, src_hash: str, device: str, root: str | None = None):
+    def __init__(self, kernel: str, src_hash: str, device: str, root: str | None = None, shipped: str | None = None):
         root = root or os.path.join(settings.load().cache_dir, "tuning")
-        self.path = os.path.join(root, device, f"{kernel}-{src_hash}.json")
+        name = os.path.join(device, f"{kernel}-{src_hash}.json")
+        self.path = os.path.join(root, name)
+        self.shipped_path = os.path.join(shipped or SHIPPED_ROOT, name)
         self._entries: dict | None = None
+        self._shipped: dict | None = None
 
-    def _read(self) -> dict:
+    def _read(self, path: str | None = None) -> dict:
+        path = path or self.path
         try:
-            with open(self.path) as f:
+            with open(path) as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            warnings.warn(f"anybit: ignoring unreadable tuning cache {self.path} ({e}); it will be rewritten",
+            warnings.warn(f"anybit: ignoring unreadable tuning cache {path} ({e}); it will be rewritten",
                           stacklevel=3)  # fmt: skip
             return {}
         if (
@@ -72,16 +93,27 @@ class TuningCache:
             or data.get("anybit") != anybit.__version__
             or not isinstance(data.get("entries"), dict)
         ):
-            warnings.warn(f"anybit: ignoring stale tuning cache {self.path} (other anybit version or layout)",
+            warnings.warn(f"anybit: ignoring stale tuning cache {path} (other anybit version or layout)",
                           stacklevel=3)  # fmt: skip
             return {}
         return data["entries"]
 
     def get(self, key: str) -> dict | None:
+        """The user's entry for `key`, else the shipped table's, else None."""
         if self._entries is None:
             self._entries = self._read()
-        entry = self._entries.get(key)
-        return entry if isinstance(entry, dict) and isinstance(entry.get("config"), dict) else None
+        if self._shipped is None:
+            self._shipped = self._read(self.shipped_path)
+        for entries in (self._entries, self._shipped):
+            entry = entries.get(key)
+            if isinstance(entry, dict) and isinstance(entry.get("config"), dict):
+                return entry
+        return None
+
+    def entries(self) -> dict:
+        """Every entry, the user's over the shipped table's (what `anybit tune` writes out)."""
+        self.get("")
+        return {**self._shipped, **self._entries}
 
     def put(self, key: str, config: dict, us: float) -> None:
         """Record `config` for `key` unless a faster one is already there (any process's)."""

@@ -43,7 +43,7 @@ def test_bad_shapes_are_named():
         QuantMoE.from_float(torch.randn(2, 256, 128), torch.randn(2, 128, 256), "w4a16")
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4"])
+@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w8a16:e4m3:b128x128:fp32"])
 def test_grouped_triton_path_matches_the_reference_path(interpret, scheme):
     g = torch.Generator().manual_seed(3)
     e, k, t, h, i = 6, 2, 9, 128, 128
@@ -56,6 +56,18 @@ def test_grouped_triton_path_matches_the_reference_path(interpret, scheme):
     ids[2, 1] = -1
     y = fast(x, w, ids)
     assert fast._stacked is not None  # the grouped kernels ran
+    assert fast._stacked[2] == ("b128" not in scheme)  # silu-and-mul fused unless scales span rows
     ref = reference(x, fast.gate_up.dequantize(), fast.down.dequantize(), w, ids)
     assert rel_err(y, ref) < 4 * GEMM_REL_ERR[torch.float16]
     assert rel_err(y, exact(x, w, ids).double()) < 4 * GEMM_REL_ERR[torch.float16]
+
+
+def test_interleave_gate_up_puts_gate_and_up_rows_side_by_side():
+    from anybit.moe.layer import interleave_gate_up
+    from anybit.quant import quantize
+
+    qw = quantize(torch.randn(3, 8, 128), "nvfp4")
+    w, iw = qw.dequantize(), interleave_gate_up(qw).dequantize()
+    assert torch.equal(iw[:, 0::2], w[:, :4]) and torch.equal(iw[:, 1::2], w[:, 4:])
+    with pytest.raises(AnybitError, match="span 128 rows"):
+        interleave_gate_up(quantize(torch.randn(2, 256, 128), "w8a16:e4m3:b128x128:fp32"))

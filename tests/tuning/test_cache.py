@@ -80,7 +80,7 @@ def test_keys_buckets_and_autotune_picks_the_fastest():
 def test_triton_backend_uses_a_cached_tile(interpret, tmp_path, monkeypatch):
     monkeypatch.setenv("ANYBIT_CACHE_DIR", str(tmp_path))
     qw = anybit.quantize(torch.randn(40, 256), "w4a16")
-    from anybit.backends.triton import _tuning_cache
+    from anybit.backends.triton import tuning_cache
 
     tuned = {
         "block_m": 16,
@@ -92,7 +92,7 @@ def test_triton_backend_uses_a_cached_tile(interpret, tmp_path, monkeypatch):
         "num_stages": 2,
         "pairs": None,
     }
-    _tuning_cache(torch.device("cpu")).put("w4a16:int4:g128:bf16|n40|k256|m16|float16", tuned, 1.0)
+    tuning_cache(torch.device("cpu")).put("w4a16:int4:g128:bf16|n40|k256|m16|float16", tuned, 1.0)
     p = anybit.prepare(qw, backend="triton")
     x = torch.randn(13, 256).half()
     y = get_backend("triton").gemm(x, p)

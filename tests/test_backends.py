@@ -1,0 +1,179 @@
+"""The chooser (order, forced, disabled, measured preference, kernel-failure fallback) and the humming
+backend's weight hand-over, on the CPU."""
+
+import pytest
+import torch
+
+import anybit
+from anybit.backends.base import Problem
+from anybit.backends.humming import humming_configs, humming_tensors
+from anybit.backends.registry import choose, choose_with_reason, explain, gemm, get_backend, prepare
+from anybit.errors import AnybitError, FallbackWarning, KernelFailure, Unsupported
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import Scheme
+from anybit.tuning.cache import backend_key, problem_key
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+CPU = torch.device("cpu")
+
+
+def _problem(scheme="w4a16", m=16, n=256, k=256, dtype=torch.float16):
+    return Problem(Scheme.parse(scheme), n, k, m, CPU, dtype)
+
+
+def test_explain_lists_every_backend_with_a_reason(monkeypatch):
+    monkeypatch.delenv("ANYBIT_BACKENDS", raising=False)
+    rows = explain(_problem())
+    assert [r[0] for r in rows] == ["triton", "humming", "torch"]
+    humming = dict((n, (ok, why)) for n, ok, why in rows)["humming"]
+    assert not humming[0] and ("not installed" in humming[1] or "CUDA" in humming[1])
+
+
+def test_forced_backend_that_cannot_run_names_the_reason():
+    with pytest.raises(AnybitError, match="humming"):
+        choose(_problem(), "humming")
+    with pytest.raises(AnybitError, match="unknown backend 'nope'"):
+        choose(_problem(), "nope")
+
+
+def test_disabled_and_ordered(monkeypatch):
+    monkeypatch.setenv("ANYBIT_DISABLED_BACKENDS", "triton")
+    assert choose(_problem()).name == "torch"
+    assert ("triton", False, "disabled by ANYBIT_DISABLED_BACKENDS") in explain(_problem())
+
+
+def test_measured_fastest_backend_is_preferred(tmp_path, monkeypatch, interpret):
+    monkeypatch.setenv("ANYBIT_CACHE_DIR", str(tmp_path))
+    from anybit.backends.triton import tuning_cache
+
+    p = _problem()
+    key = problem_key(p.scheme, p.n, p.k, p.m, p.act_dtype)
+    cache = tuning_cache(CPU)
+    cache.put(backend_key(key, "triton"), {}, 30.0)
+    cache.put(backend_key(key, "torch"), {}, 12.0)
+    name, why = choose_with_reason(p)
+    assert name == "torch" and "measured fastest" in why and "torch 12.0" in why
+    # another M bucket has no data: order decides
+    assert choose_with_reason(_problem(m=1000))[0] == "triton"
+    # a measured backend that is disabled is not picked
+    monkeypatch.setenv("ANYBIT_DISABLED_BACKENDS", "torch")
+    assert choose(p).name == "triton"
+
+
+def test_multi_backend_routes_calls_to_the_measured_fastest(tmp_path, monkeypatch, interpret):
+    monkeypatch.setenv("ANYBIT_CACHE_DIR", str(tmp_path))
+    from anybit.backends.triton import tuning_cache
+
+    qw = anybit.quantize(torch.randn(256, 256), "w4a16")
+    key = problem_key(qw.scheme, 256, 256, 16, torch.float16)
+    tuning_cache(CPU).put(backend_key(key, "torch"), {}, 1.0)
+    tuning_cache(CPU).put(backend_key(key, "triton"), {}, 2.0)
+    x = torch.randn(16, 256).half()
+    p = prepare(qw)
+    gemm(x, p)
+    assert p.backend == "triton" and p.routes == {16: "triton"} and not p.others  # off by default
+    monkeypatch.setenv("ANYBIT_MULTI_BACKEND", "1")
+    p = prepare(qw)
+    y = gemm(x, p)
+    assert p.routes[16] == "torch" and "torch" in p.others
+    assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
+
+
+def test_kernel_failure_falls_back_with_one_warning(monkeypatch, interpret):
+    import triton.runtime.errors as triton_errors
+
+    from anybit.backends.triton import TritonBackend
+
+    calls = []
+
+    def broken(self, x, prepared, bias, config):
+        calls.append(x.shape[0])
+        raise triton_errors.OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(TritonBackend, "_gemm", broken)
+    qw = anybit.quantize(torch.randn(64, 256), "w4a16")
+    x = torch.randn(3, 256).half()
+    p = prepare(qw)
+    with pytest.warns(FallbackWarning, match="shared memory.*now run on 'torch'"):
+        y = gemm(x, p)
+    assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
+    gemm(x, p)  # no second warning (filterwarnings turns one into an error), no second attempt
+    assert calls == [3] and p.routes == {4: "torch"}
+    # a forced backend does not fall back: the failure surfaces
+    with pytest.raises(KernelFailure, match="OutOfResources|shared memory"):
+        gemm(x, prepare(qw, backend="triton"))
+
+
+SCHEMES = [
+    "w4a16",
+    "w4a16-zp",
+    "w2a16",
+    "w8a16",
+    "nvfp4",
+    "mxfp4",
+    "mxfp6",
+    "w8a16:e4m3:ch:bf16",
+    "w8a8:e4m3:ch:bf16:e4m3-token",
+]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_humming_tensors_dequantize_to_our_values(scheme):
+    """Humming's formula (code - zero or 2**(b-1) offset) * scale * scale_2, applied in torch to the
+    tensors we hand over, equals dequantize()."""
+    s = Scheme.parse(scheme)
+    qw = anybit.quantize(torch.randn(64, 256) * 0.05, s)
+    dtype = s.scale_dtype.torch_dtype if s.scale_dtype.name in ("bf16", "fp16") else torch.bfloat16
+    t = humming_tensors(qw, dtype)
+    wc, _ = humming_configs(s)
+    if isinstance(s.weight, IntType):
+        q = t["weight"].float()
+        z = t["zero_point"].float() if "zero_point" in t else torch.full_like(q[:, :1], 2 ** (s.weight.bits - 1))
+        gk = s.granularity.k if "group_size" in wc else qw.k
+        q = q - z.repeat_interleave(gk, -1)[:, : qw.k] if z.shape[1] > 1 else q - z
+    else:
+        from anybit.formats.dtypes import FloatType
+
+        assert isinstance(s.weight, FloatType)
+        q = s.weight.decode(t["weight"].to(torch.uint8))
+    sc = t["weight_scale"].float()
+    w = q * sc.repeat_interleave(qw.k // sc.shape[1], -1)
+    if "weight_scale_2" in t:
+        w = w * t["weight_scale_2"]
+    torch.testing.assert_close(w, qw.dequantize(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "scheme,why",
+    [
+        ("w4a8", "fp32 group/channel scales"),
+        ("fp8-block", "per-token e4m3"),
+        ("w4a8:int4:g128:bf16:e4m3-g128", "per-token"),
+        ("w8a8:int8:ch:bf16:int8-token", "int8-token"),
+    ],
+)
+def test_humming_refuses_what_it_cannot_run_exactly(scheme, why):
+    with pytest.raises(Unsupported, match=why):
+        humming_configs(Scheme.parse(scheme))
+
+
+def test_humming_backend_refuses_mismatched_scale_dtype(monkeypatch):
+    import anybit.backends.humming as hb
+
+    monkeypatch.setattr(hb, "_installed", lambda: True)
+    b = get_backend("humming")
+    cuda = Problem(Scheme.parse("w4a16"), 256, 256, 1, torch.device("cuda"), torch.float16)
+    ok, why = b.supports(cuda)
+    assert not ok and "bf16 scales with torch.float16" in why
+    ok, why = b.supports(Problem(Scheme.parse("w4a16"), 256, 256, 1, torch.device("cuda"), torch.bfloat16))
+    assert ok, why
+    assert not b.supports(_problem())[0]  # CPU
+
+
+def test_tune_needs_a_gpu(capsys):
+    from anybit.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert main(["tune", "--schemes", "w4a16", "--m", "1"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err

@@ -1,0 +1,29 @@
+#!/bin/bash
+# Everything the GPU checks need, for the device machine (the `run` tool, carrying .whl):
+#   bash tools/device.sh tests [pytest paths…]   GPU tests (-m gpu), JUnit XML under $OUT
+#   bash tools/device.sh tune [anybit tune args…] tune into $OUT/cache, copy the table to $OUT/tables
+#   bash tools/device.sh bench [anybit bench args…]
+# Parts can be chained: bash tools/device.sh tests X -- tune --budget 200
+# .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
+set -u
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+export ANYBIT_CACHE_DIR=$OUT/cache HUMMING_CACHE_DIR=/tmp/humming-cache
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+rc=0
+while [ $# -gt 0 ]; do
+  part=$1; shift; args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  t0=$(date +%s)
+  case $part in
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "${args[@]}" 2>&1 | tail -40 ;;
+    tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | tail -80 ;;
+    bench) python3 -m anybit.cli bench --out "$OUT/bench" "${args[@]}" 2>&1 | tail -120 ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+  r=${PIPESTATUS[0]}; [ "$r" -ne 0 ] && rc=$r
+  echo "== $part: exit $r, $(( $(date +%s) - t0 )) s"
+done
+exit $rc
