@@ -51,40 +51,43 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     from anybit.bench.main import run_bench
 
-    recipe = load_recipe(args.recipe)
-    override = {}
-    if args.schemes:
-        override["schemes"] = args.schemes.split(",")
-    if args.budget:
-        override["budget_s"] = args.budget
-    if override:
-        from anybit.bench.recipe import parse_recipe
-
-        recipe = parse_recipe({**_as_input(recipe), **override}, recipe.source)
+    recipe = _with_overrides(load_recipe(args.recipe), args)
     run_bench(recipe, out_dir=args.out, device=args.device)
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from anybit.bench.recipe import load_recipe, parse_recipe
+    from anybit.bench.recipe import load_recipe
     from anybit.tuning.tune import print_rows, run_tune
 
-    recipe = load_recipe(args.recipe)
-    override = {}
-    if args.schemes:
-        override["schemes"] = args.schemes.split(",")
-    if args.m:
-        override["m"] = [int(v) for v in args.m.split(",")]
-    if args.budget:
-        override["budget_s"] = args.budget
-    if override:
-        recipe = parse_recipe({**_as_input(recipe), **override}, recipe.source)
+    recipe = _with_overrides(load_recipe(args.recipe), args)
     rows = run_tune(recipe, device=args.device, backends=args.backends.split(","), write_to=args.write_table)
     print_rows(rows)
     from anybit.backends.triton import tuning_cache
 
     print("tuning cache:", tuning_cache(__import__("torch").device(args.device or "cuda")).path)
     return 0
+
+
+def _with_overrides(recipe, args: argparse.Namespace):
+    """The recipe with the command line's --schemes / --shapes / --m / --budget applied."""
+    from anybit.bench.recipe import parse_recipe
+
+    d = _as_input(recipe)
+    override = {}
+    if args.schemes:
+        override["schemes"] = args.schemes.split(",")
+    if getattr(args, "shapes", None):
+        names = args.shapes.split(",")
+        unknown = set(names) - {s["name"] for s in d["shapes"]}
+        if unknown:
+            raise anybit.AnybitError(f"--shapes {sorted(unknown)}: the recipe has {[s['name'] for s in d['shapes']]}")
+        override["shapes"] = [s for s in d["shapes"] if s["name"] in names]
+    if getattr(args, "m", None):
+        override["m"] = [int(v) for v in args.m.split(",")]
+    if args.budget:
+        override["budget_s"] = args.budget
+    return parse_recipe({**d, **override}, recipe.source) if override else recipe
 
 
 def _as_input(recipe) -> dict:
@@ -117,10 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=float, default=None, help="seconds before remaining cells are skipped")
     b.add_argument("--report", metavar="BENCH_JSON", help="print the Markdown summary of a bench.json")
     b.add_argument("--schemes", default=None, help="only these schemes (comma-separated): the run's, or --report's")
+    b.add_argument("--shapes", default=None, help="only these recipe shapes (comma-separated names)")
+    b.add_argument("--m", default=None, help="only these M (comma-separated)")
     b.set_defaults(func=_bench)
     t = sub.add_parser("tune", help="measure tiles and backends for a recipe's problems into the tuning cache")
     t.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
     t.add_argument("--schemes", default=None, help="only these schemes (comma-separated)")
+    t.add_argument("--shapes", default=None, help="only these recipe shapes (comma-separated names)")
     t.add_argument("--m", default=None, help="only these M (comma-separated), e.g. 1,16,64")
     t.add_argument("--backends", default="triton,humming", help="backends to time (default: triton,humming)")
     t.add_argument("--device", default=None, help="cuda, cuda:1 (default: cuda)")

@@ -84,8 +84,19 @@ class QuantLinear(nn.Module):
         return torch.ops.anybit.linear(x, self._handle, self.out_features, bias)
 
     def _apply(self, fn, recurse=True):
-        self._prepared = None  # a device or dtype move invalidates the prepared layout
-        return super()._apply(fn, recurse)
+        """Moves apply to every tensor; dtype casts (`model.bfloat16()`, `.to(torch.float16)`) only to the
+        bias: the quantized tensors keep their storage dtypes (casting fp32 scales would change values)."""
+        self._prepared = None  # a device move invalidates the prepared layout
+        kept = {n: self._buffers[n] for n in _TENSORS if self._buffers.get(n) is not None}
+        for n in kept:
+            self._buffers[n] = None
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            device = fn(torch.empty(0, device=next(iter(kept.values())).device)).device if kept else None
+            for n, t in kept.items():
+                self._buffers[n] = t.to(device)
+        return self
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._prepared = None

@@ -101,3 +101,18 @@ def test_torch_compile_fullgraph_traces_through_quantized_layers():
     assert torch.equal(compiled(x), eager)
     q = model.up
     torch.library.opcheck(torch.ops.anybit.linear.default, (x, q._handle, q.out_features, q.bias))
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-fp8", "nvfp4", "w4a16"])
+def test_dtype_casts_of_the_model_keep_the_quantized_tensors(scheme):
+    """`model.bfloat16()` after quantizing must not round fp32 scales (or any quantized tensor)."""
+    torch.manual_seed(0)
+    layer = QuantLinear.from_float(torch.nn.Linear(256, 64, bias=True), scheme, backend="torch")
+    before = {n: t.clone() for n, t in layer.quantized().tensors().items()}
+    x = torch.randn(5, 256).half()
+    ref = layer(x)
+    layer.bfloat16().half()
+    after = layer.quantized().tensors()
+    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+    assert layer.bias.dtype == torch.float16
+    assert rel_err(layer(x), ref) < GEMM_REL_ERR[torch.float16]  # the bias went through bf16

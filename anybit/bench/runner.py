@@ -13,7 +13,7 @@ import torch
 import anybit
 from anybit.backends import get_backend
 from anybit.backends.base import Problem
-from anybit.backends.registry import choose
+from anybit.backends.registry import choose_with_reason
 from anybit.bench import peers as peer_lib
 from anybit.bench.recipe import Recipe, Shape
 from anybit.bench.timing import median, time_eager, time_graph
@@ -155,8 +155,7 @@ def run_recipe(run: Run, shapes: list[Shape], ms: list[int], progress: Callable[
                 continue
             qw = anybit.quantize(w, scheme)
             n_copies = _copies(qw.nbytes, l2)
-            makers = _anybit_makers(run, qw, scheme, shape, n_copies)
-            makers += _peer_makers(run, w, scheme, text, n_copies)
+            peers = _peer_makers(run, w, scheme, text, n_copies)
             for m in ms:
                 progress(f"{shape.name} {text} M={m}")
                 if run.over_budget():
@@ -164,23 +163,24 @@ def run_recipe(run: Run, shapes: list[Shape], ms: list[int], progress: Callable[
                     continue
                 x = torch.randn(m, shape.k, device=run.device, dtype=torch.bfloat16 if run.cuda else torch.float16)
                 exact = get_backend("torch").gemm(x, anybit.prepare(qw, backend="torch"))
-                for name, kind, make, info in makers:
+                for name, kind, make, info in _anybit_makers(run, qw, scheme, shape, n_copies, m, x.dtype) + peers:
                     ref = exact if kind == "anybit" else None
                     run.rows.append(_cell(run, shape, text, scheme, m, name, kind, qw.nbytes, make, x, w, ref, info))
                 for name, make in free:
                     if not any(f["backend"] == name and f["m"] == m and f["shape"] == shape.name for f in run.rows):
                         nbytes = shape.n * shape.k * (2 if name == "torch-bf16" else 1)
                         run.rows.append(_cell(run, shape, "-", None, m, name, "peer", nbytes, make, x, w, None, {}))
-            del qw, makers
+            del qw, peers
             if run.cuda:
                 torch.cuda.empty_cache()
 
 
-def _anybit_makers(run: Run, qw, scheme: Scheme, shape: Shape, n_copies: int) -> list[tuple]:
+def _anybit_makers(run: Run, qw, scheme: Scheme, shape: Shape, n_copies: int, m: int, dtype) -> list[tuple]:
+    """One maker per recipe backend; "auto" is the chooser's pick for this M (measured data included)."""
     out = []
     for b in run.recipe.backends:
         try:
-            chosen = choose(Problem(scheme, shape.n, shape.k, None, run.device, None), b).name
+            chosen, why = choose_with_reason(Problem(scheme, shape.n, shape.k, m, run.device, dtype), b)
         except anybit.AnybitError as e:
             out.append((f"anybit:{b}", "anybit", f"unsupported: {e}", {}))
             continue
@@ -191,7 +191,8 @@ def _anybit_makers(run: Run, qw, scheme: Scheme, shape: Shape, n_copies: int) ->
             preps = [be.prepare(qw) for _ in range(copies)]
             return [lambda x, p=p: be.gemm(x, p) for p in preps]
 
-        out.append((f"anybit:{chosen}" if b == "auto" else f"anybit:{b}", "anybit", make, {"picked_by": b}))
+        info = {"picked_by": b} | ({"why": why} if b == "auto" else {})
+        out.append((f"anybit:{chosen}" if b == "auto" else f"anybit:{b}", "anybit", make, info))
     return out
 
 
