@@ -113,15 +113,40 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
-    kernel = _compiled[-1]
+    return _report(f"{fmt:28s} M={m:<4d}", _compiled[-1], cfg.block_k, cfg.block_n, cfg.num_warps, cuobjdump,
+                   sass_dir and (sass_dir, f"{fmt}_m{m}"))  # fmt: skip
+
+
+def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
+    """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.moe_gemm import moe_gemm
+    from anybit.moe.align import moe_align
+    from anybit.moe.layer import moe_tiles
+
+    e, top_k = 8, 2
+    tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
+    t = max(1, per_expert * e // top_k)
+    tiles = moe_tiles(t * top_k, e, cuda=True)
+    ids = torch.randint(0, e, (t, top_k))
+    sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
+    _compiled.clear()
+    moe_gemm(torch.randn(t, k, dtype=torch.bfloat16), tw, sorted_ids, expert_ids, total, num_rows=t * top_k,
+             top_k=top_k, silu_mul=True, **tiles)  # fmt: skip
+    return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], tiles["block_k"], tiles["block_n"],
+                   tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
+
+
+def _report(label: str, kernel, block_k: int, block_n: int, warps: int, cuobjdump: str, sass_to) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-    if sass_dir:
+    if sass_to:
+        sass_dir, name = sass_to
         os.makedirs(sass_dir, exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9]+", "_", f"{fmt}_m{m}")
+        name = re.sub(r"[^A-Za-z0-9]+", "_", name)
         with open(os.path.join(sass_dir, name + ".sass"), "w") as f:
             f.write(sass)
         for ext in ("ttgir", "ptx"):
@@ -129,11 +154,11 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
                 f.write(kernel.asm[ext])
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     stats = loop_stats(sass)
-    per_thread = cfg.block_k * cfg.block_n / (32 * cfg.num_warps)
+    per_thread = block_k * block_n / (32 * warps)
     ipe = stats["loop"] / per_thread
     mix = " ".join(f"{key}:{v}" for key, v in stats.items() if key != "loop")
     return (
-        f"{fmt:28s} M={m:<4d} REG={regs.group(1) if regs else '?':>3s} STACK={regs.group(2) if regs else '?':<3s}"
+        f"{label} REG={regs.group(1) if regs else '?':>3s} STACK={regs.group(2) if regs else '?':<3s}"
         f" SMEM={kernel.metadata.shared:<6d} loop={stats['loop']:<4d} instr/weight={ipe:.2f}  {mix}"
     )
 
@@ -144,6 +169,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,16")
     ap.add_argument("--shape", default="8192,8192", help="N,K")
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
+    ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
@@ -152,10 +178,11 @@ def main() -> int:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
+    run = check_moe if args.moe else check
     for fmt in args.formats.split(","):
-        for m in (int(v) for v in args.m.split(",")):
+        for m in (int(v) for v in (args.moe or args.m).split(",")):
             try:
-                print(check(fmt, m, n, k, cuobjdump, args.sass_dir), flush=True)
+                print(run(fmt, m, n, k, cuobjdump, args.sass_dir), flush=True)
             except Exception as ex:  # report and go on: one broken kernel should not hide the others
                 failed += 1
                 print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(ex).__name__}: {str(ex)[:400]}", flush=True)

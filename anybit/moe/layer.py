@@ -32,7 +32,6 @@ class QuantMoE(nn.Module):
         self.gate_up, self.down, self.backend = gate_up, down, backend
         self._prepared: dict[int, tuple] = {}
         self._stacked = None
-        self.block_m = 16
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -71,8 +70,9 @@ class QuantMoE(nn.Module):
             self._stacked = (stack_experts(gate_up), stack_experts(self.down.to(x.device)), fused)
         gu, dn, fused = self._stacked
         t, k = topk_ids.shape
-        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, self.block_m)
-        common = dict(block_m=self.block_m, num_rows=t * k)
+        tiles = moe_tiles(t * k, self.num_experts, x.is_cuda)
+        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, tiles["block_m"])
+        common = dict(num_rows=t * k, **tiles)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         act = moe_gemm(x, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, **common)
         if not fused:
@@ -106,6 +106,21 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def moe_tiles(rows: int, experts: int, cuda: bool) -> dict:
+    """Grouped-GEMM tile by the average rows per expert: 16-row blocks with deep K tiles when experts
+    see a token or two (decode: bandwidth), 64/128-row blocks when they see many (prefill: MMA)."""
+    if not cuda:
+        return dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+    per_expert = rows / experts
+    if per_expert <= 16:
+        return dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4)
+    if per_expert <= 48:
+        return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    if per_expert <= 96:
+        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    return dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
 def interleave_gate_up(qw: QuantizedWeight) -> QuantizedWeight:

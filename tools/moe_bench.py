@@ -1,0 +1,150 @@
+"""Time anybit's grouped MoE GEMMs on the GPU at the MoE issue's shapes (DeepSeek-V3, Qwen3-30B-A3B):
+gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
+
+    python tools/moe_bench.py [--schemes w4a16,mxfp4] [--m 1,4,16,64,256,1024,4096] [--budget 200] [--out DIR]
+
+Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
+floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
+20 routings, so decode calls touch different experts (Qwen3's 8 experts would otherwise sit in L2).
+Floor = (bytes of the distinct experts each call touches + activations + outputs) / 4.2 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from anybit.bench.timing import median, time_graph  # noqa: E402
+from anybit.formats.scheme import Scheme  # noqa: E402
+from anybit.kernels.moe_gemm import moe_gemm  # noqa: E402
+from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
+from anybit.moe.layer import moe_tiles  # noqa: E402
+from anybit.quant.weights import QuantizedWeight  # noqa: E402
+
+MODELS = {"deepseek-v3": dict(E=256, top_k=8, H=7168, I=2048), "qwen3-30b-a3b": dict(E=128, top_k=8, H=2048, I=768)}
+HBM = 4.2e12
+
+
+def random_weight(scheme: Scheme, shape, dev) -> QuantizedWeight:
+    qw = QuantizedWeight.empty(scheme, shape, device=dev)
+    qw.qweight.random_(-(2**31), 2**31 - 1)
+    s = qw.scales
+    if s.dtype == torch.uint8:  # 8-bit float scale codes: ue8m0 near 2**-7, e4m3 small positive values
+        s.random_(120, 124) if scheme.scale_dtype.name == "ue8m0" else s.random_(0x20, 0x30)
+    else:
+        s.uniform_(0.001, 0.003)
+    if qw.zeros is not None:
+        qw.zeros.random_(0, 2**scheme.weight_bits)
+    if qw.global_scale is not None:
+        qw.global_scale.fill_(1.0)
+    return qw
+
+
+def cell(name, us, rows, n, k, touched_bytes, x_bytes, y_bytes) -> dict:
+    floor = (touched_bytes + x_bytes + y_bytes) / HBM * 1e6
+    return dict(part=name, us=round(us, 2), tflops=round(2 * rows * n * k / us / 1e6, 1), floor_us=round(floor, 2),
+                pct_floor=round(100 * floor / us, 1))  # fmt: skip
+
+
+def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict) -> dict:
+    """Callables per timed part, one per routing: the two grouped GEMMs alone, the alignment, the layer."""
+    gu, dn, fused = moe._stacked
+    e, i, h = moe.num_experts, moe.intermediate, moe.hidden
+    m, top_k = routes[0][1].shape
+    aligned = [moe_align(ids, e, tiles["block_m"]) for _, ids in routes]
+    act = torch.empty(m * top_k, i, device=x.device, dtype=x.dtype).normal_()
+    y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
+    kw = dict(num_rows=m * top_k, **tiles)
+
+    def gate_up(a):
+        return lambda: moe_gemm(x, gu, *a, top_k=top_k, silu_mul=fused, **kw)
+
+    def down(a, w):
+        rw = w.reshape(-1).float().contiguous()
+        return lambda: moe_gemm(act, dn, *a, top_k=1, out=y, routed_weights=rw, **kw)
+
+    def align(ids):
+        return lambda: moe_align(ids, e, tiles["block_m"])
+
+    def layer(w, ids):
+        return lambda: moe(x, w, ids)
+
+    return {
+        "gate_up": [gate_up(a) for a in aligned],
+        "down": [down(a, w) for a, (w, _) in zip(aligned, routes, strict=True)],
+        "align": [align(ids) for _, ids in routes],
+        "layer": [layer(w, ids) for w, ids in routes],
+    }
+
+
+def run(args) -> list[dict]:
+    dev = torch.device("cuda")
+    rows_out, t0 = [], time.time()
+    for model, c in MODELS.items():
+        e, top_k, h, i = c["E"], c["top_k"], c["H"], c["I"]
+        for text in args.schemes.split(","):
+            scheme = Scheme.parse(text)
+            moe = QuantMoE(random_weight(scheme, (e, 2 * i, h), dev), random_weight(scheme, (e, h, i), dev))
+            per_expert = {"gate_up": moe.gate_up.nbytes / e, "down": moe.down.nbytes / e}
+            for m in (int(v) for v in args.m.split(",")):
+                if time.time() - t0 > args.budget:
+                    rows_out.append(dict(model=model, scheme=text, m=m, status="skipped: over budget"))
+                    continue
+                g = torch.Generator(device=dev).manual_seed(m)
+                routes = [softmax_topk(torch.randn(m, e, device=dev, generator=g), top_k) for _ in range(20)]
+                x = torch.randn(m, h, device=dev, dtype=torch.bfloat16)
+                moe(x, *routes[0])  # builds the stacked layout, compiles
+                tiles = moe_tiles(m * top_k, e, True)
+                touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
+                parts = _parts(moe, x, routes, tiles)
+                r = m * top_k
+                for name, fns in parts.items():
+                    row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
+                    try:
+                        us = median(time_graph(fns, 20, args.repeats, 20))
+                    except Exception as ex:  # noqa: BLE001 - reported per cell
+                        rows_out.append(row | dict(part=name, status=f"error: {type(ex).__name__}: {ex}"[:200]))
+                        torch.cuda.synchronize()
+                        continue
+                    if name == "gate_up":
+                        row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
+                    elif name == "down":
+                        row |= cell(name, us, r, h, i, touched * per_expert["down"], r * i * 2, r * h * 2)
+                    elif name == "layer":
+                        wb = touched * (per_expert["gate_up"] + per_expert["down"])
+                        row |= cell(name, us, r, 3 * i, h, wb, m * h * 2, m * h * 2)
+                    else:
+                        row |= dict(part=name, us=round(us, 2))
+                    rows_out.append(row | {"status": "ok"})
+                    print(f"{model:14s} {text:8s} M={m:<5d} {name:8s} {us:9.1f} µs  {row.get('pct_floor', '')}",
+                          flush=True)  # fmt: skip
+            del moe
+            torch.cuda.empty_cache()
+    return rows_out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schemes", default="w4a16,mxfp4")
+    ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--budget", type=float, default=240)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    rows = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "moe_bench.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                   "commit": os.environ.get("ANYBIT_COMMIT")}, f, indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
