@@ -120,7 +120,12 @@ def moe_gemm(
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=x.dtype)
     sa = scale_at(tw.group_k, k, block_k)
     p, w = plane_args(tw.planes, tw.plane_bits)
-    grid = (expert_ids.numel(), cdiv(n, block_n))
+    # blocks past the padded total do no work: at most cdiv(rows, block_m) full blocks plus one partial
+    # block per expert that has rows — a static bound, so the launch stays graph-capturable (at decode
+    # ~10 blocks, where moe_align leaves room for E * (block_m - 1) padding rows)
+    experts = (sorted_ids.numel() - num_rows) // (block_m - 1) if block_m > 1 else 0
+    busy = cdiv(num_rows, block_m) + min(experts, num_rows)
+    grid = (min(expert_ids.numel(), busy), cdiv(n, block_n))
     dummy = tw.scales
     # fmt: off
     _moe_gemm_kernel[grid](
