@@ -177,3 +177,17 @@ def test_tune_needs_a_gpu(capsys):
         pytest.skip("has a GPU")
     assert main(["tune", "--schemes", "w4a16", "--m", "1"]) == 2
     assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_torch_backend_runs_fp8_channel_schemes_through_scaled_mm():
+    """w8a8-fp8 on the torch backend: `_scaled_mm` on the FP8 operands equals the dequantized product."""
+    from anybit.quant.activations import dequantize_activation, quantize_activation
+
+    qw = anybit.quantize(torch.randn(48, 256), "w8a8-fp8")
+    p = prepare(qw, backend="torch")
+    assert p.data is not None and p.data[0].dtype == torch.float8_e4m3fn
+    x = torch.randn(2, 5, 256).half()
+    xd = dequantize_activation(*quantize_activation(x, qw.scheme.act), qw.scheme.act).double()
+    y = gemm(x, p)
+    assert y.shape == (2, 5, 48) and rel_err(y, xd @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
+    assert prepare(anybit.quantize(torch.randn(48, 256), "w4a8"), backend="torch").data is None

@@ -47,8 +47,15 @@ def test_tune_fills_the_cache_and_auto_follows_it(tmp_path, monkeypatch):
     from anybit.tuning.tune import run_tune
 
     recipe = parse_recipe(
-        {"name": "t", "shapes": [{"name": "sq", "n": 2048, "k": 2048}], "schemes": ["w4a16"], "m": [1, 64],
-         "repeats": 3, "warmup": 2, "graph_calls": 4}  # fmt: skip
+        {
+            "name": "t",
+            "shapes": [{"name": "sq", "n": 2048, "k": 2048}],
+            "schemes": ["w4a16"],
+            "m": [1, 64],
+            "repeats": 3,
+            "warmup": 2,
+            "graph_calls": 4,
+        }  # fmt: skip
     )
     rows = run_tune(recipe, write_to=str(tmp_path / "tables"))
     assert all(r["us"].get("triton") for r in rows), rows
