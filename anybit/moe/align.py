@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import torch
 
+from anybit import settings
 from anybit.errors import AnybitError
 
 
 def moe_align(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    expert_map: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_ids [T, k] (global expert ids; -1 = no expert) ->
 
@@ -21,11 +26,23 @@ def moe_align(
     * num_tokens_post_padded int32 [1]: the padded total.
 
     `expert_map` [num_global_experts] maps global ids to local ones (-1: not on this rank) for
-    expert parallelism; E = num_experts local experts. Unmapped and -1 ids are skipped."""
+    expert parallelism; E = num_experts local experts. Unmapped and -1 ids are skipped.
+
+    impl: "triton" (four small kernels, `anybit.kernels.moe_align`), "torch" (fixed-size torch ops),
+    "auto" = triton on a GPU or under TRITON_INTERPRET=1, else torch. Both give identical outputs
+    (tokens of one expert in flat-index order)."""
     if topk_ids.dim() != 2:
         raise AnybitError(f"topk_ids must be [tokens, k], got shape {tuple(topk_ids.shape)}")
     if block_m < 1 or num_experts < 1:
         raise AnybitError(f"block_m={block_m} and num_experts={num_experts} must be positive")
+    if impl not in ("auto", "torch", "triton"):
+        raise AnybitError(f"moe_align impl {impl!r}; valid: auto, torch, triton")
+    if impl == "auto":
+        impl = "triton" if topk_ids.is_cuda or settings.load().triton_interpret else "torch"
+    if impl == "triton":
+        from anybit.kernels.moe_align import moe_align_triton
+
+        return moe_align_triton(topk_ids, num_experts, block_m, expert_map)
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()

@@ -1,5 +1,7 @@
 """MoE routing and alignment against loop references written from their definitions."""
 
+import os
+
 import pytest
 import torch
 
@@ -27,10 +29,15 @@ def align_reference(topk_ids, num_experts, block_m, expert_map=None):
     return ids, blocks, total
 
 
+_no_triton = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(_no_triton, reason="set TRITON_INTERPRET=1"))]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("e", [4, 19, 64])
 @pytest.mark.parametrize("k", [1, 2, 8])
 @pytest.mark.parametrize("t", [1, 7, 300])
-def test_align_matches_the_contract(e, k, t):
+def test_align_matches_the_contract(e, k, t, impl):
     k = min(k, e)  # top-8 of 4 experts: every expert
     g = torch.Generator().manual_seed(e * 1000 + k * 10 + t)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
@@ -38,18 +45,19 @@ def test_align_matches_the_contract(e, k, t):
     if t > 1:
         ids[0, 0] = -1  # a dropped slot
     for block_m in (1, 16, 64):
-        sorted_ids, expert_ids, total = moe_align(ids, e, block_m)
+        sorted_ids, expert_ids, total = moe_align(ids, e, block_m, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, e, block_m)
         assert int(total) == r_total
         assert sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
 
 
-def test_align_expert_parallel_map_skips_non_local_experts():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_align_expert_parallel_map_skips_non_local_experts(impl):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 16, (50, 4), generator=g).int()
     emap = torch.full((16,), -1, dtype=torch.int32)
     emap[8:] = torch.arange(8, dtype=torch.int32)  # this rank holds global experts 8..15 as 0..7
-    sorted_ids, expert_ids, total = moe_align(ids, 8, 16, expert_map=emap)
+    sorted_ids, expert_ids, total = moe_align(ids, 8, 16, expert_map=emap, impl=impl)
     r_ids, r_blocks, r_total = align_reference(ids, 8, 16, expert_map=emap)
     assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
 
@@ -83,3 +91,14 @@ def test_grouped_topk_deepseek_v3():
         assert torch.allclose(w[i], ref / ref.sum() * 2.5)
     with pytest.raises(AnybitError, match="groups"):
         grouped_topk(logits, k, 5, 2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_align_many_chunks_and_experts(impl):
+    """8000 entries over 256 experts: the Triton kernels' chunk loops run more than once."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(-1, 256, (1000, 8), generator=g).int()
+    for block_m in (16, 128):
+        sorted_ids, expert_ids, total = moe_align(ids, 256, block_m, impl=impl)
+        r_ids, r_blocks, r_total = align_reference(ids, 256, block_m)
+        assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks

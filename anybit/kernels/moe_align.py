@@ -1,0 +1,118 @@
+"""`moe_align` in four small Triton launches (the torch version is ~15 ops, 60–150 µs on the H200):
+same outputs, element for element, including the order of tokens within an expert (stable: by flat
+index), so it is deterministic and matches the reference.
+
+1. `_hist`: per chunk of CHUNK flat entries, how many go to each expert            hist [C, E]
+2. `_offsets` (one program): expert totals, padded to block_m, their cumsum → each expert's segment
+   start, the padded total, and the expert of every block
+3. `_bases`: per expert, the exclusive prefix of its counts over chunks + segment start     base [C, E]
+4. `_scatter`: each entry's position = base[chunk, expert] + its rank among the chunk's entries of that
+   expert (a CHUNK × CHUNK comparison) → sorted_ids
+
+Fixed output sizes, no host synchronisation: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.kernels.dequant import cdiv
+
+CHUNK = 128
+
+
+# fmt: off
+@triton.jit
+def _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP: tl.constexpr):
+    """Local expert of each flat entry, or E where it has none (-1, not on this rank, out of range)."""
+    e = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
+    if HAS_MAP:
+        e = tl.where(e >= 0, tl.load(map_ptr + tl.maximum(e, 0), mask=(offs < numel) & (e >= 0), other=-1), e)
+    return tl.where((e >= 0) & (e < E), e, E)
+
+
+@triton.jit
+def _hist(ids_ptr, map_ptr, hist_ptr, numel, E, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr,
+          E_P2: tl.constexpr):
+    c = tl.program_id(0)
+    key = _local_ids(ids_ptr, map_ptr, c * CHUNK + tl.arange(0, CHUNK), numel, E, HAS_MAP)
+    h = tl.histogram(key, E_P2)
+    e = tl.arange(0, E_P2)
+    tl.store(hist_ptr + c * E + e, h, mask=e < E)
+
+
+@triton.jit
+def _offsets(hist_ptr, seg_ptr, expert_ptr, total_ptr, C, E, n_blocks, BLOCK_M: tl.constexpr,
+             E_P2: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr):
+    e = tl.arange(0, E_P2)
+    counts = tl.zeros((E_P2,), dtype=tl.int32)
+    for c0 in range(0, C, CB):
+        rows = c0 + tl.arange(0, CB)
+        tile = tl.load(hist_ptr + rows[:, None] * E + e[None, :], mask=(rows < C)[:, None] & (e < E)[None, :],
+                       other=0)
+        counts += tl.sum(tile, axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    tl.store(seg_ptr + e, end - padded, mask=e < E)
+    tl.store(total_ptr, tl.sum(padded, axis=0))
+    end = tl.where(e < E, end, 2147483647)
+    for b0 in range(0, n_blocks, BB):
+        b = b0 + tl.arange(0, BB)
+        expert = tl.sum((end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(expert_ptr + b, tl.where(expert < E, expert, -1), mask=b < n_blocks)
+
+
+@triton.jit
+def _bases(hist_ptr, seg_ptr, base_ptr, C, E, EB: tl.constexpr, CB: tl.constexpr):
+    e = tl.program_id(0) * EB + tl.arange(0, EB)
+    carry = tl.load(seg_ptr + e, mask=e < E, other=0)
+    for c0 in range(0, C, CB):
+        rows = c0 + tl.arange(0, CB)
+        mask = (rows < C)[:, None] & (e < E)[None, :]
+        tile = tl.load(hist_ptr + rows[:, None] * E + e[None, :], mask=mask, other=0)
+        incl = tl.cumsum(tile, axis=0)
+        tl.store(base_ptr + rows[:, None] * E + e[None, :], carry[None, :] + incl - tile, mask=mask)
+        carry += tl.sum(tile, axis=0)
+
+
+@triton.jit
+def _scatter(ids_ptr, map_ptr, base_ptr, sorted_ptr, numel, E, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr):
+    c = tl.program_id(0)
+    i = tl.arange(0, CHUNK)
+    offs = c * CHUNK + i
+    key = _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP)
+    valid = key < E
+    before = (key[:, None] == key[None, :]) & (i[None, :] < i[:, None])
+    rank = tl.sum(before.to(tl.int32), axis=1)
+    pos = tl.load(base_ptr + c * E + key, mask=valid, other=0) + rank
+    tl.store(sorted_ptr + pos, offs.to(tl.int32), mask=valid)
+# fmt: on
+
+
+def moe_align_triton(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`anybit.moe.moe_align`'s contract, on the GPU (or the Triton interpreter)."""
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    numel, e = flat.numel(), num_experts
+    max_padded = numel + e * (block_m - 1)
+    n_blocks = cdiv(max_padded, block_m)
+    chunks = max(1, cdiv(numel, CHUNK))
+    e_p2 = triton.next_power_of_2(e + 1)  # one bin more: entries without a local expert
+    emap = expert_map.to(torch.int32).contiguous() if expert_map is not None else flat
+    hist = torch.empty((chunks, e), dtype=torch.int32, device=dev)
+    seg = torch.empty(e, dtype=torch.int32, device=dev)
+    base = torch.empty((chunks, e), dtype=torch.int32, device=dev)
+    sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    has_map = expert_map is not None
+    _hist[(chunks,)](flat, emap, hist, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2)
+    _offsets[(1,)](hist, seg, expert_ids, total, chunks, e, n_blocks, BLOCK_M=block_m, E_P2=e_p2, CB=8, BB=64)
+    eb = min(64, triton.next_power_of_2(e))
+    _bases[(cdiv(e, eb),)](hist, seg, base, chunks, e, EB=eb, CB=32)
+    _scatter[(chunks,)](flat, emap, base, sorted_ids, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, num_warps=8)
+    return sorted_ids, expert_ids, total
