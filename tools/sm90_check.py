@@ -120,7 +120,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
 def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
     from anybit.backends.triton_layout import stack_experts
-    from anybit.kernels.moe_gemm import moe_gemm
+    from anybit.kernels.moe_gemm import moe_block_k, moe_gemm
     from anybit.moe.align import moe_align
     from anybit.moe.layer import moe_tiles
 
@@ -133,7 +133,8 @@ def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_di
     _compiled.clear()
     moe_gemm(torch.randn(t, k, dtype=torch.bfloat16), tw, sorted_ids, expert_ids, total, num_rows=t * top_k,
              top_k=top_k, silu_mul=True, **tiles)  # fmt: skip
-    return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], tiles["block_k"], tiles["block_n"],
+    block_k = moe_block_k(tw, tiles["block_k"])
+    return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], block_k, tiles["block_n"],
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 
 

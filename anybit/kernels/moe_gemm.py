@@ -7,8 +7,8 @@ x rows are gathered by token (TOP_K > 1: the gate_up input, one row per token) o
 (TOP_K = 1: the down input, one row per token×slot); y has one row per flat slot. Blocks past the
 padded total and blocks of expert -1 (not on this rank) are skipped; padding rows are masked.
 Weights use the dense Triton layout per expert, stacked along a leading E axis. Formats and scale
-placements are the dense kernel's generic decode (`SCALE_AT` 0/1/2); the two-per-instruction and FP8
-paths are not wired in here yet.
+placements are the dense kernel's decode (`SCALE_AT` 0/1/2; 2/4-bit ints two per instruction, `PAIRS`);
+FP8 activations are not wired in here yet.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import cdiv, decode_weight, load_codes, plane_args
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, plane_args
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
@@ -31,7 +31,7 @@ def _moe_gemm_kernel(
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -48,24 +48,40 @@ def _moe_gemm_kernel(
         p0, p1, p2 = p0_ptr + e64 * stride_p0, p1_ptr + e64 * stride_p1, p2_ptr + e64 * stride_p2
         se, ze = s_ptr + e64 * stride_se, z_ptr + e64 * stride_se
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if x_ptr.dtype.element_ty == tl.bfloat16:
+            magic_off = 128.0
+        else:
+            magic_off = 1024.0
+        if W_SIGNED:
+            magic_off += 1 << (W_BITS - 1)
         for kt in range(0, tl.cdiv(K, BLOCK_K)):
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
                         mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-            q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
-                              W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
-            if SCALE_AT == 2:
-                w = group_scaled(q, se, ze, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
-                                 SCALE_KIND, S_EXP, S_MAN, ZP)
-                acc += tl.dot(x, w.to(x.dtype))
-            else:
+            if PAIRS:  # the dense kernel's two-per-instruction decode: MAGIC + code in x's dtype, exact
+                v = load_pairs(p0, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
                 s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
-                                   S_MAN, ZP)
-                part = tl.dot(x, (q - z[None, :]).to(x.dtype))
+                                  S_MAN, ZP)
+                w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
                 if SCALE_AT == 1:
-                    acc += part * s[None, :]
+                    acc += tl.dot(x, w) * s[None, :]
                 else:
-                    acc += part
+                    acc = tl.dot(x, w, acc)
+            else:
+                q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
+                                  W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+                if SCALE_AT == 2:
+                    w = group_scaled(q, se, ze, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
+                                     SCALE_KIND, S_EXP, S_MAN, ZP)
+                    acc += tl.dot(x, w.to(x.dtype))
+                else:
+                    s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                                      S_MAN, ZP)
+                    part = tl.dot(x, (q - z[None, :]).to(x.dtype))
+                    if SCALE_AT == 1:
+                        acc += part * s[None, :]
+                    else:
+                        acc += part
         if SCALE_AT == 0:
             s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             acc = acc * s[None, :]
@@ -84,6 +100,16 @@ def _moe_gemm_kernel(
             y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 # fmt: on
+
+
+def _pairs_format(tw) -> bool:
+    return not tw.fmt["W_FLOAT"] and len(tw.plane_bits) == 1 and tw.plane_bits[0] in (2, 4) and tw.fmt["ZP"] != 2
+
+
+def moe_block_k(tw, block_k: int) -> int:
+    """The K tile the kernel runs: 2/4-bit ints with groups smaller than the tile shrink it to the
+    group, so one scale per K tile keeps the two-per-instruction decode."""
+    return tw.group_k if _pairs_format(tw) and 16 <= tw.group_k < block_k else block_k
 
 
 def moe_gemm(
@@ -118,7 +144,9 @@ def moe_gemm(
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=x.dtype)
+    block_k = moe_block_k(tw, block_k)
     sa = scale_at(tw.group_k, k, block_k)
+    pairs = _pairs_format(tw) and sa != 2
     p, w = plane_args(tw.planes, tw.plane_bits)
     # blocks past the padded total do no work: at most cdiv(rows, block_m) full blocks plus one partial
     # block per expert that has rows — a static bound, so the launch stays graph-capturable (at decode
@@ -136,7 +164,7 @@ def moe_gemm(
         tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
+        BLOCK_K=block_k, PAIRS=pairs, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
     )
     # fmt: on
     return y
