@@ -24,7 +24,7 @@ from anybit.quant.weights import QuantizedWeight, quantize
 CONFIG_FILE = "anybit_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
-_TENSORS = ("qweight", "scales", "zeros", "global_scale")
+_TENSORS = ("qweight", "scales", "zeros", "global_scale", "input_scale")
 
 
 class QuantLinear(nn.Module):

@@ -116,3 +116,16 @@ def test_dtype_casts_of_the_model_keep_the_quantized_tensors(scheme):
     assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
     assert layer.bias.dtype == torch.float16
     assert rel_err(layer(x), ref) < GEMM_REL_ERR[torch.float16]  # the bias went through bf16
+
+
+def test_static_input_scale_is_part_of_the_layer_state():
+    from anybit.quant.weights import QuantizedWeight
+
+    qw = anybit.quantize(torch.randn(32, 128), "w8a8:e4m3:ch:fp32:e4m3-static", input_scale=0.25)
+    layer = QuantLinear.from_quantized(qw)
+    assert float(layer.state_dict()["input_scale"]) == 0.25
+    fresh = QuantLinear.from_quantized(QuantizedWeight.empty(qw.scheme, (32, 128)))
+    fresh.load_state_dict(layer.state_dict())
+    assert float(fresh.quantized().input_scale) == 0.25
+    x = torch.randn(4, 128).half()
+    assert torch.equal(fresh.bfloat16().half()(x), layer(x))

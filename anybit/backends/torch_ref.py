@@ -21,7 +21,7 @@ def scaled_mm_operands(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]
         s.weight.name == "e4m3"
         and s.act.quantized
         and s.act.dtype.name == "e4m3"
-        and s.act.mode is ActMode.TOKEN
+        and s.act.mode in (ActMode.TOKEN, ActMode.STATIC)
         and s.granularity.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR)
         and s.scale_dtype.name == "fp32"
         and qw.zeros is None
@@ -30,7 +30,8 @@ def scaled_mm_operands(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]
     ):
         return None
     w = qw.codes().view(torch.float8_e4m3fn)
-    sw = qw.scale_values().reshape(-1).expand(qw.n).reshape(1, qw.n).contiguous()
+    sv = qw.scale_values().reshape(-1)
+    sw = sv.repeat(qw.n // sv.numel()).reshape(1, qw.n)  # per tensor: one value repeated per channel
     return w, sw
 
 
@@ -51,15 +52,17 @@ class TorchBackend:
     def gemm(self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None) -> torch.Tensor:
         qw = prepared.qweight
         act = qw.scheme.act
+        static = qw.require_input_scale() if act.quantized and act.mode is ActMode.STATIC else None
         fp8 = prepared.data if prepared.backend == self.name else None  # (triton hands fp32 x here)
         if fp8 is not None and (not x.is_cuda or (x.dtype == torch.bfloat16 and _fp8_mma(x.device, qw.n, qw.k))):
-            xq, sx = quantize_activation(x.reshape(-1, qw.k), act)
+            xq, sx = quantize_activation(x.reshape(-1, qw.k), act, static)
+            sx = sx.reshape(1, 1).repeat(xq.shape[0], 1) if sx.dim() == 0 else sx  # static: one per row
             # row-wise scaled FP8 GEMMs on CUDA return bf16 only (one rounding, as the final cast does)
             out = torch.bfloat16 if x.is_cuda else torch.float32
             y = torch._scaled_mm(xq, fp8[0].t(), sx, fp8[1], out_dtype=out)
             y = y.reshape(*x.shape[:-1], qw.n)
         else:
-            xf = dequantize_activation(*quantize_activation(x, act), act) if act.quantized else x.float()
+            xf = dequantize_activation(*quantize_activation(x, act, static), act) if act.quantized else x.float()
             # fp32 matmul of the exact dequantized values; the output takes the activations' dtype
             y = xf @ qw.dequantize(torch.float32).T
         if bias is not None:

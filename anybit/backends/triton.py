@@ -56,8 +56,6 @@ def fp8_unsupported(scheme: Scheme) -> str | None:
     act, w, g = scheme.act, scheme.weight, scheme.granularity
     if act.dtype.name not in ("e4m3", "e5m2"):
         return f"{act.dtype.name} activations: the Triton kernels take FP8 (e4m3/e5m2) activations"
-    if act.mode is ActMode.STATIC:
-        return "static activation scales: the prepared weight carries no calibrated input scale yet"
     if act.mode is ActMode.GROUP and act.group < 32:
         return f"activation groups of {act.group}: FP8 K tiles are >= 32"
     if scheme.zero_point is ZeroPoint.FLOAT:
@@ -204,7 +202,10 @@ class TritonBackend:
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
-            x2, x_scales = quantize_act(x2, act)
+            static = None
+            if act.mode is ActMode.STATIC:
+                static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
+            x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:

@@ -34,6 +34,7 @@ class TritonWeight:
     group_n: int
     fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
+    input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
     @property
@@ -104,6 +105,7 @@ def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
         group_n=bn,
         fmt=weight_format_constexprs(scheme),
         nk=nk,
+        input_scale=qw.input_scale,
     )
 
 

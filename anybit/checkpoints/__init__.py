@@ -23,6 +23,7 @@ import torch
 from anybit.checkpoints import formats
 from anybit.checkpoints.reader import Reader
 from anybit.errors import CheckpointError
+from anybit.formats.scheme import ActMode
 from anybit.quant.weights import QuantizedWeight
 
 
@@ -113,6 +114,14 @@ def load(model_dir: str) -> Iterator[LoadedLayer]:
         bias = reader.get(bias_name) if bias_name in reader else None
         scale_name = f"{prefix}.input_scale"
         input_scale = reader.get(scale_name) if scale_name in reader else None
+        act = qweight.scheme.act
+        if act.quantized and act.mode is ActMode.STATIC:
+            if input_scale is None:
+                raise CheckpointError(f"{model_dir}: {scale_name} missing; scheme {qweight.scheme} needs it")
+            if input_scale.numel() != 1:
+                raise CheckpointError(f"{scale_name} has {input_scale.numel()} values; a static scale is one number")
+            qweight.input_scale = input_scale.float().reshape(qweight.lead)
+            qweight.validate()
         yield LoadedLayer(prefix, qweight, bias, perm, input_scale)
 
 

@@ -2,7 +2,8 @@
 scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to nearest even.
 
 One program per row. Per token: a first pass finds the row's amax, a second scales and casts. Per
-group: each group's amax, scale and cast in one pass. No host synchronisation (CUDA-graph safe);
+group: each group's amax, scale and cast in one pass. Static: the calibrated scale is read from
+memory and written out per row, so the GEMM treats it as a per-token scale. No host synchronisation (CUDA-graph safe);
 the activations' finiteness is the caller's contract here (the reference path checks it).
 """
 
@@ -21,18 +22,21 @@ def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """GROUP == 0: one scale per row (s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]),
-    with BLOCK == GROUP."""
+    """GROUP == 0: one scale per row (s_ptr [M, 1]); GROUP == -1: the static scale at s_ptr[M] (read,
+    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK == GROUP."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xm
     q_row = q_ptr + row * stride_qm
-    if GROUP == 0:
-        amax = tl.zeros((BLOCK,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK):
-            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
+    if GROUP <= 0:
+        if GROUP == 0:
+            amax = tl.zeros((BLOCK,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK):
+                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(x))
+            scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
+        else:
+            scale = tl.load(s_ptr + tl.num_programs(0) * stride_sm)
         tl.store(s_ptr + row * stride_sm, scale)
         for k0 in range(0, K, BLOCK):
             x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
@@ -47,19 +51,24 @@ def _quant_act_kernel(
             tl.store(q_row + g * GROUP + offs, y.to(q_ptr.dtype.element_ty))
 
 
-def quantize_act(x: torch.Tensor, spec: ActSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_act(
+    x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
-    per-token or per-group dynamic FP8 specs only (the backend's `supports` checks)."""
+    FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device)."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
-    if spec.mode is ActMode.TOKEN:
-        group, block, cols = 0, min(triton.next_power_of_2(k), 4096), 1
-    else:
+    if spec.mode is ActMode.GROUP:
         group, block, cols = spec.group, spec.group, k // spec.group
-    scales = torch.empty((m, cols), device=x.device, dtype=torch.float32)
+    else:
+        group, block, cols = (0 if spec.mode is ActMode.TOKEN else -1), min(triton.next_power_of_2(k), 4096), 1
+    # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
+    scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
+    if group == -1:
+        scales[m] = static_scale
     if m:
         _quant_act_kernel[(m,)](
             x, xq, scales, k, x.stride(0), xq.stride(0), scales.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block,
         )  # fmt: skip
-    return xq, scales
+    return xq, scales[:m]

@@ -9,6 +9,8 @@ Tensors of a QuantizedWeight of logical shape ``(*lead, N, K)`` (lead = () for a
   e5m2, ue8m0), else a torch fp16/bf16/fp32 tensor.
 * ``zeros``    same shape as scales, or None: uint8 codes (zp-int) or scale-dtype floats (zp-float).
 * ``global_scale`` fp32 ``[*lead]`` or None (NVFP4's second-level scale).
+* ``input_scale`` fp32 ``[*lead]`` or None: the calibrated activation scale of schemes with static
+  activations (``e4m3-static``); optional when the weight is made, required when it is computed with.
 
 ``dequantize()`` computes, in fp32 and in this order, ``((q - z) * s) * g`` with q the decoded weight
 value, z the zero point (0 if none), s the decoded scale of the element's block and g the global
@@ -24,7 +26,7 @@ import torch
 
 from anybit.errors import QuantizationError
 from anybit.formats.dtypes import FloatType, IntType, TorchFloatType
-from anybit.formats.scheme import Scheme, ZeroPoint
+from anybit.formats.scheme import ActMode, Scheme, ZeroPoint
 from anybit.quant.packing import pack_bits, packed_words, unpack_bits
 
 _CLIP_RATIOS = torch.linspace(1.0, 0.75, 11).tolist()
@@ -38,6 +40,7 @@ class QuantizedWeight:
     scales: torch.Tensor
     zeros: torch.Tensor | None = None
     global_scale: torch.Tensor | None = None
+    input_scale: torch.Tensor | None = None
 
     def __post_init__(self):
         self.shape = tuple(int(d) for d in self.shape)
@@ -68,11 +71,13 @@ class QuantizedWeight:
     def validate(self) -> None:
         """Raise QuantizationError naming the first tensor whose shape or dtype does not fit."""
         expect = expected_tensors(self.scheme, self.shape)
-        for name in ("zeros", "global_scale"):
+        for name in ("zeros", "global_scale", "input_scale"):
             if name not in expect and getattr(self, name) is not None:
                 raise QuantizationError(f"{name} given, but scheme {self.scheme} has none")
         for name, (shape, dtype) in expect.items():
             t = getattr(self, name)
+            if t is None and name == "input_scale":
+                continue  # attached later (a checkpoint's calibrated scale); the backends ask for it
             if t is None:
                 raise QuantizationError(f"{name} missing: scheme {self.scheme} needs it with shape {shape}")
             if tuple(t.shape) != shape or t.dtype != dtype:
@@ -80,12 +85,26 @@ class QuantizedWeight:
                     f"{name} has shape {tuple(t.shape)} and dtype {t.dtype}; expected {shape} and {dtype} "
                     f"for a {self.shape} weight of scheme {self.scheme}"
                 )
+        if self.input_scale is not None and not bool(((self.input_scale > 0) & self.input_scale.isfinite()).all()):
+            raise QuantizationError(f"input_scale must be positive and finite, got {self.input_scale.tolist()}")
+
+    def require_input_scale(self) -> torch.Tensor:
+        """The static activation scale, or a clear error where the weight has none."""
+        if self.input_scale is None:
+            raise QuantizationError(
+                f"scheme {self.scheme} quantizes activations with a static scale, and this weight has no "
+                "input_scale: load it from a checkpoint that has one, or pass input_scale= to quantize() "
+                "(calibration: max |x| over sample inputs / the FP8 max)"
+            )
+        return self.input_scale
 
     @classmethod
     def empty(cls, scheme: Scheme | str, shape: tuple[int, ...], device=None) -> QuantizedWeight:
         """Uninitialised tensors of the right shapes and dtypes (a placeholder to load values into)."""
         scheme = Scheme.parse(scheme)
         tensors = {n: torch.empty(s, dtype=d, device=device) for n, (s, d) in expected_tensors(scheme, shape).items()}
+        if "input_scale" in tensors:
+            tensors["input_scale"].fill_(1.0)  # validated on construction: a placeholder must be a valid scale
         return cls(scheme, shape, **tensors)
 
     # ---- values --------------------------------------------------------------------------------
@@ -122,6 +141,8 @@ class QuantizedWeight:
             out["zeros"] = self.zeros
         if self.global_scale is not None:
             out["global_scale"] = self.global_scale
+        if self.input_scale is not None:
+            out["input_scale"] = self.input_scale
         return out
 
     def expert(self, e: int) -> QuantizedWeight:
@@ -152,6 +173,8 @@ def expected_tensors(scheme: Scheme, shape: tuple[int, ...]) -> dict[str, tuple[
         expect["zeros"] = scales
     if scheme.global_scale:
         expect["global_scale"] = (lead, torch.float32)
+    if scheme.act.quantized and scheme.act.mode is ActMode.STATIC:
+        expect["input_scale"] = (lead, torch.float32)
     return expect
 
 
@@ -168,13 +191,16 @@ def _expand(per_block: torch.Tensor, block: tuple[int, int], n: int) -> torch.Te
 # ================================================================================================
 # Reference quantization
 # ================================================================================================
-def quantize(w: torch.Tensor, scheme: Scheme | str, *, clip_search: bool = False) -> QuantizedWeight:
+def quantize(
+    w: torch.Tensor, scheme: Scheme | str, *, clip_search: bool = False, input_scale: torch.Tensor | float | None = None
+) -> QuantizedWeight:
     """Quantize a float weight [N, K] or [E, N, K] (fp32/bf16/fp16, any device) to `scheme`.
 
     Round to nearest (ties to even) with abs-max scales (min/max with a zero point); MX scales per the
     OCP MX spec (2**(floor(log2 amax) - emax)); NVFP4 per NVIDIA's recipe (fp32 global scale
     amax/(6*448), e4m3 block scales). `clip_search` tries shrinking each block's range and keeps the
     scale with the least squared error. All-zero blocks get zero scales (no NaN); NaN/Inf is an error.
+    `input_scale`: the calibrated activation scale of a static-activation scheme (fp32, one per expert).
     """
     scheme = Scheme.parse(scheme)
     if not w.is_floating_point() or w.dim() not in (2, 3):
@@ -208,7 +234,15 @@ def quantize(w: torch.Tensor, scheme: Scheme | str, *, clip_search: bool = False
         scales=best["scales"],
         zeros=best["zeros"],
         global_scale=best["global"],
+        input_scale=_per_expert(input_scale, w),
     )
+
+
+def _per_expert(value: torch.Tensor | float | None, w: torch.Tensor) -> torch.Tensor | None:
+    """A static activation scale as fp32 [*lead] on w's device."""
+    if value is None:
+        return None
+    return torch.as_tensor(value, dtype=torch.float32, device=w.device).expand(w.shape[:-2]).contiguous()
 
 
 def _to_blocks(w: torch.Tensor, bn: int, bk: int) -> torch.Tensor:

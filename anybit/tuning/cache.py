@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import re
 import tempfile
+import textwrap
 import warnings
 
 import anybit
@@ -60,11 +62,17 @@ def device_key(props) -> str:
 
 
 def source_hash(*objects) -> str:
-    """Hash of kernel sources (Triton JITFunctions or plain functions): a changed kernel is re-tuned."""
+    """Hash of kernel sources (Triton JITFunctions, interpreted ones, or plain functions): a changed
+    kernel is re-tuned. The text from its `def` on, as Triton keeps it, so the hash is the same with and
+    without TRITON_INTERPRET and in every process."""
     h = hashlib.sha256()
     for obj in objects:
-        src = getattr(obj, "src", None) or getattr(getattr(obj, "fn", None), "__code__", None)
-        h.update(str(src).encode())
+        src = getattr(obj, "src", None)
+        if src is None:
+            src = textwrap.dedent(inspect.getsource(getattr(obj, "fn", obj)))
+            start = re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE)
+            src = src[start.start() :] if start else src
+        h.update(src.encode())
     return h.hexdigest()[:16]
 
 

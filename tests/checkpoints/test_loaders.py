@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 import anybit
 from anybit.checkpoints import load, quantization_config
 from anybit.errors import CheckpointError
+from tests.tolerances import GEMM_REL_ERR, rel_err
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -168,6 +169,17 @@ def test_fp8_block_and_channel(tmp_path):
     )
     (layer,) = load(str(ch))
     assert torch.equal(layer.qweight.dequantize(), w8.float() * sc) and float(layer.input_scale) == 0.5
+    # the static scale travels with the weight: the layer computes with it (torch backend's _scaled_mm)
+    assert float(layer.qweight.input_scale) == 0.5
+    x = torch.randn(3, k).half()
+    y = anybit.gemm(x, anybit.prepare(layer.qweight, backend="torch"))
+    xs = (x.float() / 0.5).clamp(-448, 448).to(torch.float8_e4m3fn).float() * 0.5
+    assert rel_err(y, xs.double() @ (w8.double() * sc.double()).T) < GEMM_REL_ERR[torch.float16]
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    write(missing, {"m.weight": w8, "m.weight_scale": sc}, {"quant_method": "fp8", "activation_scheme": "static"})
+    with pytest.raises(CheckpointError, match="m.input_scale missing"):
+        list(load(str(missing)))
 
 
 # ---- ModelOpt NVFP4 ---------------------------------------------------------------------------

@@ -28,14 +28,13 @@ REFUSED = {
     "w4a8:e2m1:g16:e4m3:gs:e4m3-token": "every 16 along K",
     "w8a8:int8:ch:bf16:e4m3-token": "not exact in e4m3",
     "w4a8:int4:g128:bf16:int8-token": "int8 activations",
-    "w4a8:int4:g128:bf16:e4m3-static": "static activation scales",
     "w4a8:uint4:g64:fp16:zp-float:e4m3-token": "float zero point",
 }
 
 
 def a8_reference(x, qw):
     """float64 x_q·s_x @ dequantize(W)^T with the kernel's own quantized activations."""
-    xq, xs = quantize_act(x, qw.scheme.act)
+    xq, xs = quantize_act(x, qw.scheme.act, qw.input_scale)
     return dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
 
 
@@ -78,3 +77,39 @@ def test_inexact_fp8_schemes_are_refused_with_a_reason_and_fall_back(interpret, 
     rows = dict((name, (ok, reason)) for name, ok, reason in explain(problem))
     assert rows["triton"][0] is False and why in rows["triton"][1]
     assert choose(problem).name == "torch"
+
+
+STATIC = ["w8a8:e4m3:ch:fp32:e4m3-static", "w4a8:int4:g128:bf16:e4m3-static", "w8a8:e4m3:tensor:fp32:e4m3-static"]
+
+
+@pytest.mark.parametrize("text", STATIC)
+@pytest.mark.parametrize("m", [1, 13])
+def test_static_activation_scales(interpret, text, m):
+    """A calibrated input scale carried with the weight: the Triton kernel and the torch backend (its
+    `_scaled_mm` path for FP8 channel/tensor weights) agree with the reference; values beyond the
+    calibrated range saturate."""
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(48, 256, generator=g) * 0.05
+    x = torch.randn(m, 256, generator=g).half()
+    x[0, :3] = torch.tensor([40.0, -40.0, 0.0])  # past the calibrated range: saturates at +-448 * s
+    qw = quantize(w, text, input_scale=3.0 / 448)
+    assert qw.input_scale.shape == () and qw.input_scale.dtype == torch.float32
+    y = get_backend("triton").gemm(x, prepare(qw, backend="triton"))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+    rq, rs = quantize_activation(x, qw.scheme.act, qw.input_scale)
+    assert float(dequantize_activation(rq, rs, qw.scheme.act)[0, 0]) == 3.0  # saturated
+    ref = dequantize_activation(rq, rs, qw.scheme.act).double() @ qw.dequantize().double().T
+    assert rel_err(get_backend("torch").gemm(x, prepare(qw, backend="torch")), ref) < GEMM_REL_ERR[torch.float16]
+
+
+def test_static_scheme_without_input_scale_says_what_is_missing(interpret):
+    from anybit.errors import QuantizationError
+
+    qw = quantize(torch.randn(48, 256), "w8a8:e4m3:ch:fp32:e4m3-static")
+    for backend in ("triton", "torch"):
+        with pytest.raises(QuantizationError, match="no input_scale.*checkpoint"):
+            get_backend(backend).gemm(torch.randn(2, 256).half(), prepare(qw, backend=backend))
+    with pytest.raises(QuantizationError, match="positive and finite"):
+        quantize(torch.randn(48, 256), "w8a8:e4m3:ch:fp32:e4m3-static", input_scale=float("nan"))
+    with pytest.raises(QuantizationError, match="input_scale given"):
+        quantize(torch.randn(48, 256), "w8a8-fp8", input_scale=0.1)

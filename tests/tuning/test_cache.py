@@ -98,3 +98,21 @@ def test_triton_backend_uses_a_cached_tile(interpret, tmp_path, monkeypatch):
     y = get_backend("triton").gemm(x, p)
     assert p.data.configs[13].split_k == 3 and p.data.configs[13].block_n == 16
     assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
+
+
+def test_shipped_tables_are_for_the_current_kernels():
+    """A shipped table is found only under the kernels' source hash: after a kernel edit, re-run
+    `anybit tune` on that GPU (or, where the compiled code of every measured path is unchanged, e.g. a
+    new constexpr branch, rename the file and say so in the commit)."""
+    import glob
+    import os
+
+    from anybit.kernels.gemm import _gemm_kernel
+    from anybit.kernels.quant_act import _quant_act_kernel
+    from anybit.tuning.cache import SHIPPED_ROOT, source_hash
+
+    tables = glob.glob(os.path.join(SHIPPED_ROOT, "*", "gemm-*.json"))
+    assert tables, "no shipped tuning table"
+    want = f"gemm-{source_hash(_gemm_kernel, _quant_act_kernel)}.json"
+    stale = [t for t in tables if os.path.basename(t) != want]
+    assert not stale, f"stale shipped tables (kernel source changed): {stale}; expected {want}"
