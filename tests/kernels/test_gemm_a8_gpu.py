@@ -53,3 +53,23 @@ def test_fp8_cuda_graph_replay(m):
         static_x.copy_(torch.randn(m, 4096, device="cuda").bfloat16())
         graph.replay()
         assert rel_err(y, a8_reference(static_x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_static_scale_quantizer_and_gemm_in_a_graph():
+    """Static scales: the quantizer is bitwise the reference; the torch backend's `_scaled_mm` path
+    and the Triton kernel agree; the call captures (the scale is read on the device)."""
+    from tests.kernels.test_gemm_a8 import STATIC
+
+    qw = quantize(torch.randn(4096, 4096, device="cuda") * 0.02, STATIC[0], input_scale=4.0 / 448)
+    x = torch.randn(16, 4096, device="cuda").bfloat16()
+    xq, xs = quantize_act(x, qw.scheme.act, qw.input_scale)
+    rq, rs = quantize_activation(x, qw.scheme.act, qw.input_scale)
+    assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(xs[:, 0], rs.expand(16))
+    p, be = prepare(qw, backend="triton"), get_backend("triton")
+    y = be.gemm(x, p)
+    assert rel_err(y, get_backend("torch").gemm(x, prepare(qw, backend="torch"))) < GEMM_REL_ERR[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = be.gemm(x, p)
+    graph.replay()
+    assert torch.equal(yg, y)
