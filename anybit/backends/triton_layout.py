@@ -84,11 +84,13 @@ def fp8_as_is(scheme: Scheme) -> bool:
     return torch_float8(w) is not None and torch_float8(w) == torch_float8(act.dtype)
 
 
-def to_triton_layout(qw: QuantizedWeight) -> TritonWeight:
+def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True) -> TritonWeight:
+    """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
+    MoE kernel decodes them and casts to FP8 in registers)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
-    nk, w_bits = fp8_as_is(scheme), scheme.weight_bits
+    nk, w_bits = allow_nk and fp8_as_is(scheme), scheme.weight_bits
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
@@ -136,10 +138,8 @@ def stack_experts(qw: QuantizedWeight) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    parts = [to_triton_layout(qw.expert(e)) for e in range(qw.shape[0])]
+    parts = [to_triton_layout(qw.expert(e), allow_nk=False) for e in range(qw.shape[0])]
     first = parts[0]
-    if first.nk:
-        raise ValueError("FP8-as-is expert weights are not in the grouped kernel yet")
 
     def stack(name):
         ts = [getattr(p, name) for p in parts]

@@ -8,7 +8,7 @@ x rows are gathered by token (TOP_K > 1: the gate_up input, one row per token) o
 padded total and blocks of expert -1 (not on this rank) are skipped; padding rows are masked.
 Weights use the dense Triton layout per expert, stacked along a leading E axis. Formats and scale
 placements are the dense kernel's decode (`SCALE_AT` 0/1/2; 2/4-bit ints two per instruction, `PAIRS`);
-FP8 activations are not wired in here yet.
+FP8 activations per token (`x_scales`), the weight cast to FP8 where exact.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 # fmt: off
 @triton.jit
 def _moe_gemm_kernel(
-    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr,
+    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, xs_ptr,
     num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s,
-    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr,
+    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, FP8_X: tl.constexpr,
     W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
@@ -87,6 +87,8 @@ def _moe_gemm_kernel(
             acc = acc * s[None, :]
         if HAS_GS:
             acc = acc * tl.load(gs_ptr + e)
+        if FP8_X:  # each x row's per-token scale (x rows: tokens for gate_up, flat slots for down)
+            acc = acc * tl.load(xs_ptr + src, mask=mask_m, other=0.0)[:, None]
         if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
             acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
         if SILU_MUL:
@@ -106,10 +108,13 @@ def _pairs_format(tw) -> bool:
     return not tw.fmt["W_FLOAT"] and len(tw.plane_bits) == 1 and tw.plane_bits[0] in (2, 4) and tw.fmt["ZP"] != 2
 
 
-def moe_block_k(tw, block_k: int) -> int:
-    """The K tile the kernel runs: 2/4-bit ints with groups smaller than the tile shrink it to the
-    group, so one scale per K tile keeps the two-per-instruction decode."""
-    return tw.group_k if _pairs_format(tw) and 16 <= tw.group_k < block_k else block_k
+def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
+    """The K tile the kernel runs: groups smaller than the tile shrink it to the group (one scale per K
+    tile) for 2/4-bit ints (keeps the two-per-instruction decode) and under FP8 activations (the
+    weight must reach the FP8 MMA unscaled, so exact)."""
+    if (fp8_x or _pairs_format(tw)) and 16 <= tw.group_k < block_k:
+        return max(tw.group_k, 32) if fp8_x else tw.group_k
+    return block_k
 
 
 def moe_gemm(
@@ -125,6 +130,8 @@ def moe_gemm(
     out=None,
     silu_mul: bool = False,
     routed_weights=None,
+    x_scales=None,
+    out_dtype=None,
     block_n: int = 64,
     block_k: int = 32,
     num_warps: int = 4,
@@ -135,7 +142,10 @@ def moe_gemm(
     rows of no valid slot are left as they were).
 
     silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
-    silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row."""
+    silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
+    x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales; the weight is
+    cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
+    `out_dtype` (bf16/fp16)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
@@ -143,10 +153,11 @@ def moe_gemm(
     if silu_mul and (n % 2 or block_n % 2):
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
-    y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=x.dtype)
-    block_k = moe_block_k(tw, block_k)
+    fp8_x = x_scales is not None
+    y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
+    block_k = moe_block_k(tw, block_k, fp8_x)
     sa = scale_at(tw.group_k, k, block_k)
-    pairs = _pairs_format(tw) and sa != 2
+    pairs = _pairs_format(tw) and sa != 2 and not fp8_x
     p, w = plane_args(tw.planes, tw.plane_bits)
     # blocks past the padded total do no work: at most cdiv(rows, block_m) full blocks plus one partial
     # block per expert that has rows — a static bound, so the launch stays graph-capturable (at decode
@@ -159,10 +170,10 @@ def moe_gemm(
     _moe_gemm_kernel[grid](
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
-        routed_weights if routed_weights is not None else dummy,
+        routed_weights if routed_weights is not None else dummy, x_scales if fp8_x else dummy,
         num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
         tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, SILU_MUL=silu_mul,
-        MUL_ROUTED=routed_weights is not None, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
+        MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PAIRS=pairs, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
     )

@@ -1,10 +1,11 @@
 """`QuantMoE`: expert-stacked quantized gate/up and down projections computing
 y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) with e = ids[t, j].
 
-With the Triton backend usable (bf16/fp16 activations, bf16/fp16-activation schemes) the two
-projections are one indexed grouped GEMM launch each over `moe_align`'s sorted rows — no host
-synchronisation, CUDA-graph capturable. Otherwise (backend="torch", FP8-activation schemes) every
-expert runs through `anybit.gemm` on its rows: the exact reference. Ids of -1 contribute nothing."""
+With the Triton backend usable (bf16/fp16 activations; A16 schemes, or per-token FP8 ones it runs
+exactly) the two projections are one indexed grouped GEMM launch each over `moe_align`'s sorted rows
+— no host synchronisation, CUDA-graph capturable. Otherwise (backend="torch", static or per-group FP8
+activations) every expert runs through `anybit.gemm` on its rows: the exact reference. Ids of -1
+contribute nothing."""
 
 from __future__ import annotations
 
@@ -51,10 +52,14 @@ class QuantMoE(nn.Module):
 
     def _grouped_ok(self, x: torch.Tensor) -> bool:
         from anybit.backends.base import Problem
-        from anybit.backends.triton import TritonBackend
+        from anybit.backends.triton import TritonBackend, fp8_unsupported
+        from anybit.formats.scheme import ActMode
 
-        if self.backend not in ("auto", "triton") or self.gate_up.scheme.act.quantized:
+        act = self.gate_up.scheme.act
+        if self.backend not in ("auto", "triton"):
             return False
+        if act.quantized and (act.mode is not ActMode.TOKEN or fp8_unsupported(self.gate_up.scheme)):
+            return False  # static scales differ per expert, group scales per K tile: the exact loop runs
         ok, _ = TritonBackend().supports(Problem(self.gate_up.scheme, 0, 0, None, x.device, x.dtype))
         return ok
 
@@ -74,12 +79,16 @@ class QuantMoE(nn.Module):
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, tiles["block_m"])
         common = dict(num_rows=t * k, **tiles)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
-        act = moe_gemm(x, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, **common)
+        xin, xs = _fp8_in(x, self.gate_up.scheme)
+        act = moe_gemm(xin, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, x_scales=xs,
+                       out_dtype=x.dtype, **common)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
-        moe_gemm(act, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, **common)
+        ain, a_scales = _fp8_in(act, self.down.scheme)
+        moe_gemm(ain, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, x_scales=a_scales,
+                 **common)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -106,6 +115,15 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def _fp8_in(x: torch.Tensor, scheme) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row + its scales."""
+    if not scheme.act.quantized:
+        return x, None
+    from anybit.kernels.quant_act import quantize_act
+
+    return quantize_act(x.contiguous(), scheme.act)
 
 
 def moe_tiles(rows: int, experts: int, cuda: bool) -> dict:

@@ -32,3 +32,25 @@ def test_grouped_gemm_matches_per_slot_products(interpret, scheme, e, k, t):
             continue
         ref = x[r // k].double() @ w[ex].T
         assert rel_err(y[r], ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w4a8-mxfp4"])
+def test_grouped_gemm_with_fp8_activations(interpret, scheme):
+    """FP8 x (per-token scales) against per-slot products built from the kernel's own quantized x."""
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    g = torch.Generator().manual_seed(11)
+    e, k, t, n, kk = 5, 2, 9, 40, 256
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    x = torch.randn(t, kk, generator=g).half()
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    sorted_ids, expert_ids, total = moe_align(ids, e, 16)
+    y = moe_gemm(xq, stack_experts(qw), sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k,
+                 x_scales=xs, out_dtype=torch.float16)  # fmt: skip
+    assert y.dtype == torch.float16
+    xd = dequantize_activation(xq, xs, qw.scheme.act).double()
+    w = qw.dequantize().double()
+    ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
