@@ -130,10 +130,14 @@ def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_di
     tiles = moe_tiles(t * top_k, e, cuda=True)
     ids = torch.randint(0, e, (t, top_k))
     sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
+    x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}
+    if tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
+        x, xs = quantize_act(x, tw.scheme.act)
+        extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
     _compiled.clear()
-    moe_gemm(torch.randn(t, k, dtype=torch.bfloat16), tw, sorted_ids, expert_ids, total, num_rows=t * top_k,
-             top_k=top_k, silu_mul=True, **tiles)  # fmt: skip
-    block_k = moe_block_k(tw, tiles["block_k"])
+    moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
+             **extra)  # fmt: skip
+    block_k = moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
     return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], block_k, tiles["block_n"],
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 
