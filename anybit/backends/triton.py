@@ -148,6 +148,10 @@ class TritonBackend:
     def __init__(self):
         self._workspace = _Workspace()
 
+    def workspace(self, device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared split-K workspace (fp32) and tile counters (int32, zero between launches)."""
+        return self._workspace.get(device, floats, tiles)
+
     def supports(self, problem: Problem) -> tuple[bool, str]:
         s = problem.scheme
         if s.act.quantized:

@@ -25,8 +25,9 @@ from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 @triton.jit
 def _moe_gemm_kernel(
     x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, xs_ptr,
-    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s,
-    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, FP8_X: tl.constexpr,
+    ws_ptr, cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se,
+    stride_s, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr,
+    FP8_X: tl.constexpr,
     W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
@@ -35,6 +36,7 @@ def _moe_gemm_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     e = tl.load(expert_ptr + pid_m)
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
         pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,7 +56,9 @@ def _moe_gemm_kernel(
             magic_off = 1024.0
         if W_SIGNED:
             magic_off += 1 << (W_BITS - 1)
-        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
                         mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
@@ -91,21 +95,64 @@ def _moe_gemm_kernel(
             acc = acc * tl.load(xs_ptr + src, mask=mask_m, other=0.0)[:, None]
         if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
             acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
-        if SILU_MUL:
-            # rows of W interleave gate and up (2j, 2j+1): split the tile's columns into the two halves
-            gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-            h = gate / (1.0 + tl.exp(-gate)) * up
-            offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_h[None, :]
-            tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_h < N // 2)[None, :])
+        # every scaling above is linear, so splits may apply it to their partials; silu waits for the sum
+        if SPLIT_K == 1:
+            _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
         else:
-            y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+            grid_rows = tl.num_programs(0) * BLOCK_M
+            local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
+            mask = mask_m[:, None] & mask_n[None, :]
+            tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
+            tl.debug_barrier()
+            tile = pid_m * tl.num_programs(1) + pid_n
+            if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the last split sums
+                total = tl.zeros_like(acc)
+                for i in range(SPLIT_K):
+                    total += tl.load(ws_tile + i * grid_rows * N, mask=mask, other=0.0, cache_modifier=".cg")
+                _store_rows(total, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M,
+                            BLOCK_N)
+                tl.atomic_xchg(cnt_ptr + tile, 0)  # re-armed for the next launch (graph replay)
+
+
+@triton.jit
+def _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Write the tile's rows of y (flat slots), or silu(gate) * up of interleaved gate/up columns."""
+    if SILU_MUL:
+        # rows of W interleave gate and up (2j, 2j+1): split the tile's columns into the two halves
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_h[None, :]
+        tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_h < N // 2)[None, :])
+    else:
+        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 # fmt: on
 
 
 def _pairs_format(tw) -> bool:
     return not tw.fmt["W_FLOAT"] and len(tw.plane_bits) == 1 and tw.plane_bits[0] in (2, 4) and tw.fmt["ZP"] != 2
+
+
+def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int:
+    """Blocks the launch covers: at most cdiv(rows, block_m) full blocks plus one partial block per
+    expert that has rows — a static bound, so the launch stays graph-capturable (at decode ~10 blocks,
+    where moe_align leaves room for E * (block_m - 1) padding rows)."""
+    experts = (n_sorted - num_rows) // (block_m - 1) if block_m > 1 else 0
+    return min(n_blocks, cdiv(num_rows, block_m) + min(experts, num_rows))
+
+
+def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int) -> int:
+    """Split K at decode until the launch puts ~4 CTAs on each SM (a guess pending a GPU sweep: the
+    decode loop is latency-bound with 1–2 CTAs per SM), keeping >= 4 K tiles per split."""
+    block_m = tiles["block_m"]
+    grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
+    ctas, k_tiles, split = grid_m * cdiv(n, tiles["block_n"]), cdiv(k, tiles["block_k"]), 1
+    while ctas * split < 4 * sms and split * 2 * 4 <= k_tiles and split < 16:
+        split *= 2
+    return split
 
 
 def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
@@ -132,6 +179,9 @@ def moe_gemm(
     routed_weights=None,
     x_scales=None,
     out_dtype=None,
+    split_k: int = 1,
+    workspace=None,
+    counters=None,
     block_n: int = 64,
     block_k: int = 32,
     num_warps: int = 4,
@@ -145,7 +195,9 @@ def moe_gemm(
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
     x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales; the weight is
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
-    `out_dtype` (bf16/fp16)."""
+    `out_dtype` (bf16/fp16). split_k > 1: K is cut into that many parts reduced in the same launch
+    (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
+    * N and zeroed int32 `counters` >= grid tiles (`moe_split_k` sizes them)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
@@ -159,20 +211,21 @@ def moe_gemm(
     sa = scale_at(tw.group_k, k, block_k)
     pairs = _pairs_format(tw) and sa != 2 and not fp8_x
     p, w = plane_args(tw.planes, tw.plane_bits)
-    # blocks past the padded total do no work: at most cdiv(rows, block_m) full blocks plus one partial
-    # block per expert that has rows — a static bound, so the launch stays graph-capturable (at decode
-    # ~10 blocks, where moe_align leaves room for E * (block_m - 1) padding rows)
-    experts = (sorted_ids.numel() - num_rows) // (block_m - 1) if block_m > 1 else 0
-    busy = cdiv(num_rows, block_m) + min(experts, num_rows)
-    grid = (min(expert_ids.numel(), busy), cdiv(n, block_n))
+    grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
+    grid = (grid_m, cdiv(n, block_n), split_k)
     dummy = tw.scales
+    if split_k > 1:
+        need = split_k * grid[0] * block_m * n
+        if workspace is None or workspace.numel() < need or counters is None or counters.numel() < grid[0] * grid[1]:
+            raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {grid[0] * grid[1]} counters")
     # fmt: off
     _moe_gemm_kernel[grid](
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
         routed_weights if routed_weights is not None else dummy, x_scales if fp8_x else dummy,
-        num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
-        tw.scales.stride(0), tw.scales.stride(1), TOP_K=top_k, SILU_MUL=silu_mul,
+        workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k,
+        x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
+        tw.scales.stride(0), tw.scales.stride(1), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PAIRS=pairs, num_warps=num_warps, num_stages=num_stages, **tw.fmt,

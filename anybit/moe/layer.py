@@ -33,6 +33,7 @@ class QuantMoE(nn.Module):
         self.gate_up, self.down, self.backend = gate_up, down, backend
         self._prepared: dict[int, tuple] = {}
         self._stacked = None
+        self.split_k: int | None = None  # None: `moe_split_k` decides per call (GPU); 1 on the CPU
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -77,19 +78,34 @@ class QuantMoE(nn.Module):
         t, k = topk_ids.shape
         tiles = moe_tiles(t * k, self.num_experts, x.is_cuda)
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, tiles["block_m"])
-        common = dict(num_rows=t * k, **tiles)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         xin, xs = _fp8_in(x, self.gate_up.scheme)
         act = moe_gemm(xin, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, x_scales=xs,
-                       out_dtype=x.dtype, **common)  # fmt: skip
+                       out_dtype=x.dtype, **self._split(x, gu, t * k, tiles), **tiles)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
         ain, a_scales = _fp8_in(act, self.down.scheme)
         moe_gemm(ain, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, x_scales=a_scales,
-                 **common)  # fmt: skip
+                 **self._split(x, dn, t * k, tiles), **tiles)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
+
+    def _split(self, x: torch.Tensor, tw, rows: int, tiles: dict) -> dict:
+        """num_rows, and split-K with its workspace where the launch would leave the GPU idle (decode)."""
+        from anybit.backends.registry import get_backend
+        from anybit.backends.triton import _sm_count
+        from anybit.kernels.dequant import cdiv
+        from anybit.kernels.moe_gemm import moe_split_k
+
+        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device))
+                                 if x.is_cuda else 1)  # fmt: skip
+        if split == 1:
+            return dict(num_rows=rows)
+        grid_m = cdiv(rows, tiles["block_m"]) + min(self.num_experts, rows)
+        floats = split * grid_m * tiles["block_m"] * tw.n
+        ws, cnt = get_backend("triton").workspace(x.device, floats, grid_m * cdiv(tw.n, tiles["block_n"]))
+        return dict(num_rows=rows, split_k=split, workspace=ws, counters=cnt)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if (

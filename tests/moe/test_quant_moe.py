@@ -58,8 +58,10 @@ def _grouped_and_exact(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w8a16:e4m3:b128x128:fp32"])
-def test_grouped_triton_path_matches_the_reference_path(interpret, scheme):
+@pytest.mark.parametrize("split", [None, 2])
+def test_grouped_triton_path_matches_the_reference_path(interpret, scheme, split):
     fast, exact, x, w, ids = _grouped_and_exact(scheme)
+    fast.split_k = split  # 2: the decode path's split-K reduction, forced on the CPU
     y = fast(x, w, ids)
     assert fast._stacked is not None  # the grouped kernels ran
     assert fast._stacked[2] == ("b128" not in scheme)  # silu-and-mul fused unless scales span rows
