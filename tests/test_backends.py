@@ -191,3 +191,16 @@ def test_torch_backend_runs_fp8_channel_schemes_through_scaled_mm():
     y = gemm(x, p)
     assert y.shape == (2, 5, 48) and rel_err(y, xd @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
     assert prepare(anybit.quantize(torch.randn(48, 256), "w4a8"), backend="torch").data is None
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-zp", "nvfp4", "w8a16"])
+def test_humming_tensors_of_an_expert_stack_are_the_stacked_experts(scheme):
+    qw = anybit.quantize(torch.randn(3, 64, 256) * 0.05, scheme)
+    dtype = torch.float16 if "zp" in scheme else torch.bfloat16
+    stack = humming_tensors(qw, dtype)
+    for e in range(3):
+        one = humming_tensors(qw.expert(e), dtype)
+        for name, t in one.items():
+            got = stack[name][e].reshape(t.shape)
+            assert torch.equal(got.view(torch.uint8) if got.element_size() == 1 else got,
+                               t.view(torch.uint8) if t.element_size() == 1 else t), name  # fmt: skip

@@ -2,6 +2,7 @@
 gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--m 1,4,16,64,256,1024,4096] [--budget 200] [--out DIR]
+                              [--peers humming]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -84,6 +85,50 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict) -> dict:
     }
 
 
+def _humming_layers(moe: QuantMoE, dtype) -> tuple:
+    """Humming's indexed-MoE layers holding the same expert weights (gate rows then up rows, as the
+    checkpoint has them; Humming's gate_up does not fuse the activation)."""
+    from anybit.backends.humming import humming_moe_layer
+
+    return humming_moe_layer(moe.gate_up, dtype), humming_moe_layer(moe.down, dtype)
+
+
+def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) -> dict:
+    """Humming's indexed GEMMs over the same routings: its own heuristic tile for R = M * top_k rows
+    pinned as the only tuning interval, and its own alignment with that tile's block rows (what its
+    KernelTestRunner does); gate_up output checked against the exact per-slot product first."""
+    from humming.testing.data import generate_moe_tensors
+    from humming.tune import get_heuristics_config
+
+    e, i = moe.num_experts, moe.intermediate
+    m, top_k = routes[0][1].shape
+    r = m * top_k
+    act = torch.empty(r, i, device=x.device, dtype=x.dtype).normal_()
+    cc = json.dumps({"gemm_type": "indexed"})
+    out = {}
+    for name, layer, inp, tk in (("humming:gate_up", layers[0], x, top_k), ("humming:down", layers[1], act, 1)):
+        cfg = json.loads(json.dumps(get_heuristics_config(layer.humming_config, shape_m=r, gemm_type="indexed"),
+                                    default=lambda o: getattr(o, "value", None) or str(o)))  # fmt: skip
+        tc = json.dumps([[0, 1 << 30, cfg]])
+        bm = int(cfg["block_shape"][0])
+        aligned = [generate_moe_tensors(ids.int(), e, "indexed", block_size_config=bm)[2:] for _, ids in routes]
+
+        def call(a, layer=layer, inp=inp, tk=tk, tc=tc):
+            return lambda: layer(inp, sorted_ids=a[0], expert_ids=a[1], num_tokens_padded=a[2], top_k=tk,
+                                 compute_config=cc, tuning_config=tc)  # fmt: skip
+
+        out[name] = [call(a) for a in aligned]
+    y = out["humming:gate_up"][0]()
+    ids = routes[0][1].reshape(-1)
+    for slot in range(min(r, 4)):
+        w = moe.gate_up.expert(int(ids[slot])).dequantize()
+        ref = x[slot // top_k].float() @ w.T
+        err = float((y[slot].float() - ref).norm() / ref.norm())
+        if not err < 2e-2:
+            raise RuntimeError(f"humming gate_up slot {slot}: rel. error {err:.2e} vs the exact product")
+    return out
+
+
 def run(args) -> list[dict]:
     dev = torch.device("cuda")
     rows_out, t0 = [], time.time()
@@ -93,6 +138,13 @@ def run(args) -> list[dict]:
             scheme = Scheme.parse(text)
             moe = QuantMoE(random_weight(scheme, (e, 2 * i, h), dev), random_weight(scheme, (e, h, i), dev))
             per_expert = {"gate_up": moe.gate_up.nbytes / e, "down": moe.down.nbytes / e}
+            hum, hum_why = None, None
+            if "humming" in args.peers.split(","):
+                try:
+                    hum = _humming_layers(moe, torch.bfloat16)
+                except Exception as ex:  # noqa: BLE001 - the peer's failure is a result, not a crash
+                    hum_why = f"humming peer: {type(ex).__name__}: {ex}"[:300]
+                    print(hum_why, flush=True)
             for m in (int(v) for v in args.m.split(",")):
                 if time.time() - t0 > args.budget:
                     rows_out.append(dict(model=model, scheme=text, m=m, status="skipped: over budget"))
@@ -104,6 +156,14 @@ def run(args) -> list[dict]:
                 tiles = moe_tiles(m * top_k, e, True)
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 parts = _parts(moe, x, routes, tiles)
+                if hum is not None:
+                    try:
+                        parts |= _humming_parts(hum, moe, x, routes)
+                    except Exception as ex:  # noqa: BLE001
+                        rows_out.append(dict(model=model, scheme=text, m=m, part="humming",
+                                             status=f"error: {type(ex).__name__}: {ex}"[:300]))  # fmt: skip
+                elif hum_why:
+                    rows_out.append(dict(model=model, scheme=text, m=m, part="humming", status=hum_why))
                 r = m * top_k
                 for name, fns in parts.items():
                     row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
@@ -113,9 +173,11 @@ def run(args) -> list[dict]:
                         rows_out.append(row | dict(part=name, status=f"error: {type(ex).__name__}: {ex}"[:200]))
                         torch.cuda.synchronize()
                         continue
-                    if name == "gate_up":
+                    if name == "humming:gate_up":  # unfused: writes both halves
+                        row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 4)
+                    elif name == "gate_up":
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
-                    elif name == "down":
+                    elif name in ("down", "humming:down"):
                         row |= cell(name, us, r, h, i, touched * per_expert["down"], r * i * 2, r * h * 2)
                     elif name == "layer":
                         wb = touched * (per_expert["gate_up"] + per_expert["down"])
@@ -123,9 +185,9 @@ def run(args) -> list[dict]:
                     else:
                         row |= dict(part=name, us=round(us, 2))
                     rows_out.append(row | {"status": "ok"})
-                    print(f"{model:14s} {text:8s} M={m:<5d} {name:8s} {us:9.1f} µs  {row.get('pct_floor', '')}",
+                    print(f"{model:14s} {text:8s} M={m:<5d} {name:16s} {us:9.1f} µs  {row.get('pct_floor', '')}",
                           flush=True)  # fmt: skip
-            del moe
+            del moe, hum
             torch.cuda.empty_cache()
     return rows_out
 
@@ -136,6 +198,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
+    ap.add_argument("--peers", default="", help="humming: time its indexed MoE GEMMs on the same weights")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     rows = run(args)

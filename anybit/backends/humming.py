@@ -84,13 +84,47 @@ def humming_tensors(qw: QuantizedWeight, dtype: torch.dtype) -> dict[str, torch.
     else:
         out["weight_scale"] = qw.scales.view(_FP8_SCALES[sdt.name][1])
     if s.granularity.kind is ScaleKind.CHANNEL:
-        out["weight_scale"] = out["weight_scale"].reshape(qw.n, 1)
+        out["weight_scale"] = out["weight_scale"].reshape(*qw.lead, qw.n, 1)
     if isinstance(s.weight, IntType) and not s.weight.signed:
         zeros = qw.zeros if qw.zeros is not None else torch.zeros(qw.scales.shape, dtype=torch.uint8, device=qw.device)
-        out["zero_point"] = zeros.to(torch.int32).reshape(qw.n, -1)
+        out["zero_point"] = zeros.to(torch.int32).reshape(*qw.lead, qw.n, -1)
     if qw.global_scale is not None:
-        out["weight_scale_2"] = qw.global_scale.float().reshape(1)
+        out["weight_scale_2"] = qw.global_scale.float().reshape(qw.lead or (1,))  # [E] for expert stacks
     return out
+
+
+def packed_humming_tensors(qw: QuantizedWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`humming_tensors` with codes and integer zero points packed by Humming's own packer (zero
+    points along N, as its quantizer does)."""
+    from humming import ops
+
+    bits = qw.scheme.weight_bits
+    t = humming_tensors(qw, dtype)
+    t["weight"] = ops.pack_weight(t["weight"].contiguous(), bits)
+    if "zero_point" in t:
+        t["zero_point"] = ops.pack_weight(t["zero_point"].transpose(-1, -2).contiguous(), bits)
+        t["zero_point"] = t["zero_point"].transpose(-1, -2).contiguous()
+    return t
+
+
+def humming_moe_layer(qw: QuantizedWeight, dtype: torch.dtype, experts_per_chunk: int = 16):
+    """A transformed `HummingLayer(num_experts=E)` holding an (E, N, K) expert stack, filled a chunk of
+    experts at a time (unpacked int32 codes of all DeepSeek-V3 experts would take 30 GB)."""
+    from humming.layer import HummingLayer
+
+    wc, ic = humming_configs(qw.scheme)
+    e = qw.shape[0]
+    with torch.device(qw.device):
+        layer = HummingLayer(shape_n=qw.n, shape_k=qw.k, weight_config=dict(wc), input_config=ic and dict(ic),
+                             num_experts=e, torch_dtype=dtype)  # fmt: skip
+    for e0 in range(0, e, experts_per_chunk):
+        part = {k: v[e0 : e0 + experts_per_chunk] for k, v in qw.tensors().items()}
+        chunk = QuantizedWeight(qw.scheme, (part["qweight"].shape[0], qw.n, qw.k), **part)
+        for name, t in packed_humming_tensors(chunk, dtype).items():
+            dest = getattr(layer, name).data[e0 : e0 + t.shape[0]]
+            dest.copy_(t.reshape(dest.shape))
+    layer.transform()
+    return layer
 
 
 @functools.cache
@@ -112,15 +146,10 @@ class HummingWeight:
 
 
 def _build_layer(qw: QuantizedWeight, dtype: torch.dtype):
-    from humming import ops
     from humming.layer import HummingLayer
 
     wc, ic = humming_configs(qw.scheme)
-    bits = qw.scheme.weight_bits
-    t = humming_tensors(qw, dtype)
-    t["weight"] = ops.pack_weight(t["weight"].contiguous(), bits)
-    if "zero_point" in t:  # packed along N, as humming's quantizer does
-        t["zero_point"] = ops.pack_weight(t["zero_point"].t().contiguous(), bits).t().contiguous()
+    t = packed_humming_tensors(qw, dtype)
     with torch.cuda.device(qw.device):
         layer = HummingLayer(shape_n=qw.n, shape_k=qw.k, weight_config=dict(wc), input_config=ic and dict(ic),
                              torch_dtype=dtype).to(qw.device)  # fmt: skip
