@@ -14,7 +14,7 @@ from anybit.errors import AnybitError
 from anybit.formats.scheme import Scheme
 
 CPU_DEFAULTS = {"max_n": 256, "max_k": 512, "m": [1, 16], "repeats": 3, "calls": 2}
-PEERS = ("torch-bf16", "torch-fp8", "tinygemm", "humming")
+PEERS = ("torch-bf16", "torch-fp8", "torch-fp8-mm", "tinygemm", "humming")
 TIMING = ("eager", "graph", "both")
 _KEYS = {
     "name",

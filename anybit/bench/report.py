@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from anybit.errors import AnybitError
 
-PEER_COLUMNS = ("torch-bf16", "torch-fp8", "tinygemm", "humming")
+PEER_COLUMNS = ("torch-bf16", "torch-fp8", "torch-fp8-mm", "tinygemm", "humming")
 
 
 def best_us(row: dict) -> float | None:
@@ -64,6 +64,7 @@ HEADER = [
     "×bf16",
     "bf16",
     "fp8",
+    "fp8 mm",
     "tinygemm",
     "humming",
     "humming/anybit",
@@ -88,6 +89,7 @@ def table_rows(lines: list[dict]) -> list[list[str]]:
                 _fmt(c["vs_bf16"], ".2f"),
                 _fmt(c["torch-bf16"]),
                 _fmt(c["torch-fp8"]),
+                _fmt(c["torch-fp8-mm"]),
                 _fmt(c["tinygemm"]),
                 _fmt(c["humming"]),
                 _fmt(c["vs_humming"], ".2f"),

@@ -221,8 +221,12 @@ def _scheme_free_peers(run: Run, shape: Shape, w: torch.Tensor, l2: int) -> list
     for name in peer_lib.SCHEME_FREE:
         if name not in run.recipe.peers:
             continue
-        build = peer_lib.torch_bf16 if name == "torch-bf16" else peer_lib.torch_fp8
-        if name == "torch-fp8" and not run.cuda:
+        build = {
+            "torch-bf16": peer_lib.torch_bf16,
+            "torch-fp8": peer_lib.torch_fp8,
+            "torch-fp8-mm": lambda w: peer_lib.torch_fp8(w, quantize_x=False),
+        }[name]
+        if name.startswith("torch-fp8") and not run.cuda:
             out.append((name, "unsupported: FP8 _scaled_mm needs an sm_89+ GPU"))
             continue
         copies = _copies(w.numel() * 2, l2)
