@@ -34,6 +34,7 @@ class QuantMoE(nn.Module):
         self._prepared: dict[int, tuple] = {}
         self._stacked = None
         self.split_k: int | None = None  # None: `moe_split_k` decides per call (GPU); 1 on the CPU
+        self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -52,6 +53,12 @@ class QuantMoE(nn.Module):
         return self._prepared[e]
 
     def _grouped_ok(self, x: torch.Tensor) -> bool:
+        key = (x.device, x.dtype, "grouped")
+        if key not in self._plans:
+            self._plans[key] = self._decide_grouped(x)
+        return self._plans[key]
+
+    def _decide_grouped(self, x: torch.Tensor) -> bool:
         from anybit.backends.base import Problem
         from anybit.backends.triton import TritonBackend, fp8_unsupported
         from anybit.formats.scheme import ActMode
@@ -70,25 +77,30 @@ class QuantMoE(nn.Module):
         from anybit.moe.align import moe_align
 
         if self._stacked is None or self._stacked[0].scales.device != x.device:
+            self._plans = {k: v for k, v in self._plans.items() if k[-1] == "grouped"}  # workspaces are per device
             gate_up = self.gate_up.to(x.device)
             fused = gate_up.block[0] == 1  # rows can be interleaved when no scale spans several rows
             gate_up = interleave_gate_up(gate_up) if fused else gate_up
             self._stacked = (stack_experts(gate_up), stack_experts(self.down.to(x.device)), fused)
         gu, dn, fused = self._stacked
         t, k = topk_ids.shape
-        tiles = moe_tiles(t * k, self.num_experts, x.is_cuda)
+        key = (x.device, x.dtype, t * k, self.split_k)
+        if key not in self._plans:
+            tiles = moe_tiles(t * k, self.num_experts, x.is_cuda)
+            self._plans[key] = (tiles, self._split(x, gu, t * k, tiles), self._split(x, dn, t * k, tiles))
+        tiles, split_gu, split_dn = self._plans[key]
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, tiles["block_m"])
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         xin, xs = _fp8_in(x, self.gate_up.scheme)
         act = moe_gemm(xin, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, x_scales=xs,
-                       out_dtype=x.dtype, **self._split(x, gu, t * k, tiles), **tiles)  # fmt: skip
+                       out_dtype=x.dtype, **split_gu, **tiles)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
         ain, a_scales = _fp8_in(act, self.down.scheme)
         moe_gemm(ain, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, x_scales=a_scales,
-                 **self._split(x, dn, t * k, tiles), **tiles)  # fmt: skip
+                 **split_dn, **tiles)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def _split(self, x: torch.Tensor, tw, rows: int, tiles: dict) -> dict:
