@@ -35,6 +35,7 @@ class QuantMoE(nn.Module):
         self._stacked = None
         self.split_k: int | None = None  # None: `moe_split_k` decides per call (GPU); 1 on the CPU
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
+        self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: an async device assert)
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -131,6 +132,8 @@ class QuantMoE(nn.Module):
                 f"{tuple(topk_weights.shape)}/{tuple(topk_ids.shape)} of shape [T, k]"
             )
         if self._grouped_ok(x):
+            if self.check_ids:
+                _check_ids(topk_ids, self.num_experts)
             return self._grouped(x, topk_weights, topk_ids)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         ids = topk_ids.long()
@@ -143,6 +146,16 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Ids >= num_experts would be skipped by the alignment: a silent wrong result. CPU: a clear error;
+    GPU: `torch._assert_async` (no host synchronisation, graph-capturable; a device-side assert)."""
+    bad = topk_ids >= num_experts
+    if topk_ids.is_cuda:
+        torch._assert_async(~bad.any(), f"expert id out of range for {num_experts} experts")
+    elif bool(bad.any()):
+        raise AnybitError(f"expert id {int(topk_ids.max())} out of range for {num_experts} experts")
 
 
 def _fp8_in(x: torch.Tensor, scheme) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -99,3 +99,10 @@ def test_grouped_path_with_fp8_activations(interpret, scheme, monkeypatch):
     y = fast(x, w, ids)
     assert fast._stacked is not None
     assert rel_err(y, exact(x, w, ids).double()) < 4 * GEMM_REL_ERR[torch.float16]
+
+
+def test_out_of_range_expert_ids_are_an_error_on_the_grouped_path(interpret):
+    fast, _, x, w, ids = _grouped_and_exact("w4a16")
+    ids[0, 0] = 6  # 6 experts: ids 0..5
+    with pytest.raises(AnybitError, match="expert id 6 out of range for 6 experts"):
+        fast(x, w, ids)
