@@ -3,7 +3,7 @@
 #   bash tools/device.sh tests [pytest paths…]   GPU tests (-m gpu), JUnit XML under $OUT
 #   bash tools/device.sh tune [anybit tune args…] tune into $OUT/cache, copy the table to $OUT/tables
 #   bash tools/device.sh bench [anybit bench args…]
-#   bash tools/device.sh moe [tools/moe_bench.py args…]     bash tools/device.sh explain --scheme S --shape M,N,K
+#   bash tools/device.sh moe [tools/moe_bench.py args…]   bash tools/device.sh sweep-frag [tools/sweep_frag.py args…]     bash tools/device.sh explain --scheme S --shape M,N,K
 # Parts can be chained: bash tools/device.sh tests X -- tune --budget 200
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
 set -u
@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
     tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | tail -80 ;;
     bench) python3 -m anybit.cli bench --out "$OUT/bench" "${args[@]}" 2>&1 | tail -120 ;;
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
+    sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton import a8_config, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.kernels.gemm import gemm_dense  # noqa: E402
+from anybit.kernels.frag import frag_tile, gemm_frag  # noqa: E402
+from anybit.kernels.gemm import GemmConfig, gemm_dense  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 
 
@@ -96,7 +97,24 @@ def loop_stats(sass: str) -> dict:
     for key in keys.split():
         if short[key]:
             out[key] = short[key]
+    out["HAZARD"] = pending_operand_writes(body)
     return out
+
+
+def pending_operand_writes(body: list) -> int:
+    """Instructions in the loop that write a register a still-pending wgmma reads as its A operand
+    (issued, not yet waited for by WARPGROUP.DEPBAR): undefined behaviour. Walks the loop twice so a
+    wgmma left in flight at the back edge is seen against the next iteration."""
+    pending, hits = set(), 0
+    for _, op, rest in body + body:
+        regs = re.findall(r"\bR(\d+)\b", rest)
+        if op.startswith(("HGMMA", "QGMMA")) and len(regs) >= 2 and re.match(r"\s*R\d+\s*,\s*R\d+", rest):
+            pending.update(range(int(regs[1]), int(regs[1]) + 4))
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            pending.clear()
+        elif regs and re.match(r"\s*R\d+", rest) and not op.startswith(("ST", "BRA", "ISETP", "FSETP")):
+            hits += int(regs[0]) in pending
+    return hits // 2
 
 
 def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
@@ -109,10 +127,15 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
         cfg = a8_config(cfg, qw.scheme, m, tw.nk, interpret=False)
         x, xs = quantize_act(x, act)  # compiled, not run: xq holds garbage, which is fine here
         extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16)
-    ws = torch.empty(max(1, cfg.split_k * m * n))
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
-    gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
+    if tw.frag:
+        tile = frag_tile(m, n, k, 132, interpret=False)
+        gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt, **tile)
+        cfg = GemmConfig(tile["block_m"], tile["block_n"], 128, num_warps=tile["num_warps"])
+    else:
+        ws = torch.empty(max(1, cfg.split_k * m * n))
+        gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
     return _report(f"{fmt:28s} M={m:<4d}", _compiled[-1], cfg.block_k, cfg.block_n, cfg.num_warps, cuobjdump,
                    sass_dir and (sass_dir, f"{fmt}_m{m}"))  # fmt: skip
 
@@ -137,8 +160,9 @@ def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_di
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
              **extra)  # fmt: skip
-    block_k = moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
-    return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], block_k, tiles["block_n"],
+    block_k = 128 if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
+    block_n = max(tiles["block_n"], 16 * tiles["num_warps"]) if tw.frag else tiles["block_n"]
+    return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], block_k, block_n,
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
+from anybit.kernels.frag import dequantize_frag, frag_tile, gemm_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -25,6 +26,8 @@ from anybit.tuning.cache import TuningCache, device_key, problem_key, source_has
 # Above this many rows, dequantizing W once and calling cuBLAS beats dequantizing per M tile inside the
 # GEMM (H200, w4a16 8192x8192 M=256: 102 µs vs 180 µs, BENCHMARKS.md history).
 DEQUANT_MATMUL_MIN_M = 128
+# Fragment-layout (4-bit int A16) weights: the swap-AB kernel up to here, dequantize + cuBLAS above.
+FRAG_MAX_M = 64
 
 
 def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> GemmConfig:
@@ -197,6 +200,8 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
+        if tw.frag:
+            return self._gemm_frag(x2, tw, bias, config).reshape(*lead, tw.n)
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
@@ -228,6 +233,22 @@ class TritonBackend:
         )
         return y.reshape(*lead, tw.n)
 
+    def _gemm_frag(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, config: GemmConfig | None):
+        """Fragment-layout weights: the swap-AB kernel up to FRAG_MAX_M rows (or when a tile is given),
+        dequantize + cuBLAS above."""
+        m = x.shape[0]
+        if config is None and m > FRAG_MAX_M:
+            return self.dequant_matmul(x, tw, bias)
+        tile = frag_tile(m, tw.n, tw.k, _sm_count(x.device) if x.is_cuda else 1, not x.is_cuda)
+        if config is not None:
+            tile = dict(block_m=config.block_m, block_n=config.block_n, split_k=config.split_k,
+                        num_warps=config.num_warps, num_stages=config.num_stages)  # fmt: skip
+        ws = cnt = None
+        if tile["split_k"] > 1:
+            tiles = cdiv(m, tile["block_m"]) * cdiv(tw.n, tile["block_n"])
+            ws, cnt = self._workspace.get(x.device, tile["split_k"] * m * tw.n, tiles)
+        return gemm_frag(x, tw, bias, workspace=ws, counters=cnt, **tile)
+
     def _tuned_config(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> GemmConfig:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
@@ -255,6 +276,7 @@ class TritonBackend:
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies."""
-        wt = dequantize_a16(tw, dtype=x.dtype)
-        y = x @ wt
+        if tw.frag:
+            return torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype), bias)
+        y = x @ dequantize_a16(tw, dtype=x.dtype)
         return y + bias if bias is not None else y

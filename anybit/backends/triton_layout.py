@@ -1,7 +1,8 @@
 """The Triton backend's prepared weight: bit planes packed along K, N contiguous (see
 `anybit.kernels.dequant` for where every bit lives), scales and zeros transposed to [K groups, N].
 FP8 weights paired with FP8 activations of the same encoding stay as they are, [N, K] with K
-contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wants."""
+contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wants. 4-bit integer
+weights with bf16/fp16 activations use the MMA-fragment layout of `anybit.kernels.frag` instead."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
-from anybit.formats.scheme import Scheme, ZeroPoint
+from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
+from anybit.kernels.frag import pack_frag
 from anybit.quant.weights import QuantizedWeight
 
 # every width is a sum of planes whose widths divide 32, lowest bits first
@@ -34,6 +36,7 @@ class TritonWeight:
     group_n: int
     fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
+    frag: bool = False  # planes[0] is int32 [N, K_pad/8] in the MMA fragment order (`anybit.kernels.frag`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
@@ -84,13 +87,26 @@ def fp8_as_is(scheme: Scheme) -> bool:
     return torch_float8(w) is not None and torch_float8(w) == torch_float8(act.dtype)
 
 
-def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True) -> TritonWeight:
+def frag_format(scheme: Scheme) -> bool:
+    """4-bit integer weights (no zero point or an integer one) with bf16/fp16 activations and scales
+    per channel, per tensor or per whole 128-K blocks: they get the fragment layout
+    (`anybit.kernels.frag`), whose kernels decode two weights per instruction straight into the
+    tensor cores' registers."""
+    w, g = scheme.weight, scheme.granularity
+    if scheme.act.quantized or not isinstance(w, IntType) or w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
+        return False
+    return g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
+
+
+def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
     """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
-    MoE kernel decodes them and casts to FP8 in registers)."""
+    MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit integers
+    in bit planes (for the bit-plane kernels)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
-    nk, w_bits = allow_nk and fp8_as_is(scheme), scheme.weight_bits
+    nk = allow_nk and fp8_as_is(scheme)
+    frag = allow_frag and frag_format(scheme)
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
@@ -98,7 +114,7 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True) -> TritonWeight
         scheme=scheme,
         n=qw.n,
         k=qw.k,
-        planes=[qw.codes().view(torch_float8(scheme.weight))] if nk else pack_planes(stored_codes(qw), w_bits),
+        planes=_planes(qw, nk, frag),
         plane_bits=PLANES[scheme.weight_bits],
         scales=qw.scales.t().contiguous(),
         zeros=zeros,
@@ -107,8 +123,17 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True) -> TritonWeight
         group_n=bn,
         fmt=weight_format_constexprs(scheme),
         nk=nk,
+        frag=frag,
         input_scale=qw.input_scale,
     )
+
+
+def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
+    if nk:
+        return [qw.codes().view(torch_float8(qw.scheme.weight))]
+    if frag:
+        return [pack_frag(stored_codes(qw))]
+    return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 
 
 def weight_format_constexprs(scheme: Scheme) -> dict:
@@ -134,11 +159,11 @@ def weight_format_constexprs(scheme: Scheme) -> dict:
     }
 
 
-def stack_experts(qw: QuantizedWeight) -> TritonWeight:
+def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    parts = [to_triton_layout(qw.expert(e), allow_nk=False) for e in range(qw.shape[0])]
+    parts = [to_triton_layout(qw.expert(e), allow_nk=False, allow_frag=allow_frag) for e in range(qw.shape[0])]
     first = parts[0]
 
     def stack(name):
@@ -150,5 +175,5 @@ def stack_experts(qw: QuantizedWeight) -> TritonWeight:
     return TritonWeight(
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
         scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
-        group_k=first.group_k, group_n=first.group_n, fmt=first.fmt,
+        group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, frag=first.frag,
     )  # fmt: skip

@@ -63,6 +63,8 @@ def _dequant_a16_kernel(
 def dequantize_a16(tw, *, dtype: torch.dtype, block_k: int = 64, block_n: int = 128) -> torch.Tensor:
     """Prepared weight (`anybit.backends.triton_layout.TritonWeight`) -> Wt [K, N] in `dtype`."""
     n, k, scales, zeros, global_scale = tw.n, tw.k, tw.scales, tw.zeros, tw.global_scale
+    if tw.frag:
+        raise ValueError("this weight is in the fragment layout (anybit.kernels.frag): use dequantize_frag")
     planes, plane_bits, group_k, group_n, fmt = tw.planes, tw.plane_bits, tw.group_k, tw.group_n, tw.fmt
     out = torch.empty((k, n), device=scales.device, dtype=dtype)
     p, w = plane_args(planes, plane_bits)

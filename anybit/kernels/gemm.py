@@ -245,6 +245,8 @@ def gemm_dense(
     m, k = x.shape
     n, scales, zeros, global_scale = tw.n, tw.scales, tw.zeros, tw.global_scale
     group_k, group_n, fmt, nk = tw.group_k, tw.group_n, tw.fmt, tw.nk
+    if tw.frag:
+        raise ValueError("this weight is in the fragment layout (anybit.kernels.frag): use gemm_frag")
     planes, plane_bits = tw.planes, tw.plane_bits
     c = config
     if c.block_k < 32 or c.block_k & (c.block_k - 1):

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, plane_args
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
+from anybit.kernels.frag import PAIR_MASK, frag_group_k, frag_range
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
@@ -89,30 +90,79 @@ def _moe_gemm_kernel(
         if SCALE_AT == 0:
             s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             acc = acc * s[None, :]
-        if HAS_GS:
-            acc = acc * tl.load(gs_ptr + e)
-        if FP8_X:  # each x row's per-token scale (x rows: tokens for gate_up, flat slots for down)
-            acc = acc * tl.load(xs_ptr + src, mask=mask_m, other=0.0)[:, None]
-        if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
-            acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
-        # every scaling above is linear, so splits may apply it to their partials; silu waits for the sum
-        if SPLIT_K == 1:
-            _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
-        else:
-            grid_rows = tl.num_programs(0) * BLOCK_M
-            local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
-            mask = mask_m[:, None] & mask_n[None, :]
-            tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
-            tl.debug_barrier()
-            tile = pid_m * tl.num_programs(1) + pid_n
-            if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the last split sums
-                total = tl.zeros_like(acc)
-                for i in range(SPLIT_K):
-                    total += tl.load(ws_tile + i * grid_rows * N, mask=mask, other=0.0, cache_modifier=".cg")
-                _store_rows(total, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M,
-                            BLOCK_N)
-                tl.atomic_xchg(cnt_ptr + tile, 0)  # re-armed for the next launch (graph replay)
+        _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
+                     pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X, MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
+                 pid_n, pid_k, N, stride_ym, HAS_GS: tl.constexpr, FP8_X: tl.constexpr, MUL_ROUTED: tl.constexpr,
+                 SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The grouped kernels' epilogue for an fp32 [BLOCK_M, BLOCK_N] tile with weight scales applied:
+    global scale, per-token x scales, top-k weights, then store (silu(gate) * up when SILU_MUL), or
+    with SPLIT_K the partial to the workspace and the last split to arrive sums, stores, re-arms."""
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr + e)
+    if FP8_X:  # each x row's per-token scale (x rows: tokens for gate_up, flat slots for down)
+        acc = acc * tl.load(xs_ptr + src, mask=mask_m, other=0.0)[:, None]
+    if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
+        acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
+    # every scaling above is linear, so splits may apply it to their partials; silu waits for the sum
+    if SPLIT_K == 1:
+        _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
+    else:
+        grid_rows = tl.num_programs(0) * BLOCK_M
+        local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(1) + pid_n
+        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the last split sums
+            total = tl.zeros_like(acc)
+            for i in range(SPLIT_K):
+                total += tl.load(ws_tile + i * grid_rows * N, mask=mask, other=0.0, cache_modifier=".cg")
+            _store_rows(total, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M,
+                        BLOCK_N)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-armed for the next launch (graph replay)
+
+
+@triton.jit(do_not_specialize=["MASK"])
+def _moe_frag_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr, num_rows,
+    n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, SPLIT_K: tl.constexpr,
+    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
+    GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
+    computed transposed, its expert's weight rows decoded straight into the MMA's registers."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    e = tl.load(expert_ptr + pid_m)
+    if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
+        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
+        mask_m = rows < num_rows
+        src = rows // TOP_K
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        e64 = e.to(tl.int64)
+        k_blocks = tl.cdiv(K, 128)
+        per = tl.cdiv(k_blocks, SPLIT_K)
+        lo = pid_k * per
+        acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
+                         z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
+                         tl.minimum(lo + per, k_blocks), MASK, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K,
+                         GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES)
+        if GROUP_K >= 1 << 30:  # one scale over all of K
+            acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
+                                   S_EXP, S_MAN)[:, None]
+        _finish_rows(tl.trans(acc), e, gs_ptr, rw_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
+                     mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M,
+                     BLOCK_N)
 
 
 @triton.jit
@@ -207,17 +257,38 @@ def moe_gemm(
     n_out = n // 2 if silu_mul else n
     fp8_x = x_scales is not None
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
+    if tw.frag:
+        block_n = max(block_n, 16 * num_warps)  # the swap-AB tile puts weight rows on the MMA's M side
+    grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
+    tiles = grid_m * cdiv(n, block_n)
+    if split_k > 1:
+        need = split_k * grid_m * block_m * n
+        if workspace is None or workspace.numel() < need or counters is None or counters.numel() < tiles:
+            raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {tiles} counters")
+    dummy = tw.scales
+    if tw.frag:
+        if fp8_x:
+            raise ValueError("fragment-layout experts take bf16/fp16 activations, not FP8")
+        # fmt: off
+        _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
+            x, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+            tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
+            routed_weights if routed_weights is not None else dummy, workspace if split_k > 1 else dummy,
+            counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0),
+            tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1), PAIR_MASK,
+            SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=routed_weights is not None,
+            SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"],
+            W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
+            HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
+            num_warps=num_warps,
+        )
+        # fmt: on
+        return y
     block_k = moe_block_k(tw, block_k, fp8_x)
     sa = scale_at(tw.group_k, k, block_k)
     pairs = _pairs_format(tw) and sa != 2 and not fp8_x
     p, w = plane_args(tw.planes, tw.plane_bits)
-    grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
     grid = (grid_m, cdiv(n, block_n), split_k)
-    dummy = tw.scales
-    if split_k > 1:
-        need = split_k * grid[0] * block_m * n
-        if workspace is None or workspace.numel() < need or counters is None or counters.numel() < grid[0] * grid[1]:
-            raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {grid[0] * grid[1]} counters")
     # fmt: off
     _moe_gemm_kernel[grid](
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,

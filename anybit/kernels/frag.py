@@ -1,0 +1,271 @@
+"""4-bit integer weights in the MMA's own register order: the fast path for W4A16 at small M.
+
+Layout (written by `pack_frag`, read by every kernel here): int32 [N, K_pad/8], K padded to 128; in
+each 128-K block of a row the 16 words are numbered w = 4t + c, and code k = e + 2t + 8j + 32c sits
+in word 4t + c at nibble j + 4e. A thread of the Hopper wgmma that holds row n and k columns
+2t, 2t+1 (+8, +16, ...) as its A fragment loads its four words as one 16-byte vector, and
+``(word >> 4j) & 0x000F000F | MAGIC`` turns two codes into the bf16/fp16 pair MAGIC + code that
+the fragment wants, in place: no shared-memory staging, no layout conversion.
+
+The products are computed transposed ("swap AB"): acc[BN, BM] = W[BN, K] @ x^T[K, BM], so weight
+rows fill the MMA's 64-row M side and the few tokens its N side (>= 16). The loaded [BN, 16] word
+tile has rows spread as (register, warp, lane/4); the MMA's A operand as (register, warp, register,
+lane/4); `rows_to_mma` renames rows so both agree (a relabel, no data moves), and `rows_from_mma`
+renames the accumulator's rows back before the epilogue.
+
+Integer codes are stored biased (sign bit flipped, `triton_layout.stored_codes`): MAGIC + code minus
+(MAGIC + bias + integer zero point) is the exact integer weight, and the dot of each 128-K block is
+scaled by its group's scale in fp32 (exact; the MMA result is consumed at once, so no wgmma stays
+in flight while the next block's weight registers are written).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from anybit.kernels.dequant import cdiv, load_scale
+from anybit.kernels.splitk import store_or_reduce
+
+FRAG_K = 128  # K block of the layout (and of every kernel's main loop)
+PAIR_MASK = 0x000F000F  # passed at run time: ptxas then fuses the and/or into one LOP3
+
+
+def _frag_order() -> torch.Tensor:
+    """inv[8*w + p] = the k (0..127) stored in word w at nibble p."""
+    inv = [0] * FRAG_K
+    for k in range(FRAG_K):
+        e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
+        inv[8 * (4 * t + c) + j + 4 * e] = k
+    return torch.tensor(inv)
+
+
+def pack_frag(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 4-bit codes [..., N, K] -> int32 [..., N, K_pad/8] in the fragment order (K padded with
+    code 0 to a multiple of 128; kernels mask the activations there)."""
+    *lead, n, k = codes.shape
+    c = codes.to(torch.int64)
+    pad = -k % FRAG_K
+    if pad:
+        c = torch.cat([c, c.new_zeros(*lead, n, pad)], dim=-1)
+    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order().to(c.device)]
+    nibbles = blocks.reshape(*lead, n, -1, 16, 8) << (torch.arange(8, device=c.device) * 4)
+    words = nibbles.sum(dim=-1).reshape(*lead, n, -1)  # disjoint nibbles: the sum is the OR
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
+
+
+def unpack_frag(words: torch.Tensor, k: int) -> torch.Tensor:
+    """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]."""
+    *lead, n, kw = words.shape
+    w = words.to(torch.int64).reshape(*lead, n, -1, 16, 1) & 0xFFFFFFFF
+    nib = ((w >> (torch.arange(8, device=words.device) * 4)) & 0xF).reshape(*lead, n, -1, FRAG_K)
+    out = torch.empty_like(nib)
+    out[..., _frag_order().to(words.device)] = nib
+    return out.reshape(*lead, n, kw * 8)[..., :k].to(torch.uint8)
+
+
+# fmt: off
+@triton.jit
+def rows_to_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
+    """Rename the rows of a loaded [R, C] tile (rows spread over registers, warps, lanes/4) so they
+    sit where the wgmma A operand wants them (register, warp, register, lane/4). R >= 16 * NW."""
+    t = tl.reshape(t, (R // (16 * NW), 2, NW, 8, C))
+    return tl.reshape(tl.permute(t, (0, 2, 1, 3, 4)), (R, C))
+
+
+@triton.jit
+def rows_from_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
+    """The inverse renaming of `rows_to_mma`, for the accumulator."""
+    t = tl.reshape(t, (R // (16 * NW), NW, 2, 8, C))
+    return tl.reshape(tl.permute(t, (0, 2, 1, 3, 4)), (R, C))
+
+
+@triton.jit
+def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+    """[R, 16] words of one 128-K block -> [R, 128] DTYPE values MAGIC + code in natural K order
+    (bf16 MAGIC 128, fp16 1024), exactly; one shift and one LOP3 per two codes."""
+    if DTYPE == tl.bfloat16:
+        magic: tl.constexpr = 0x43004300
+    else:
+        magic: tl.constexpr = 0x64006400
+    r0 = (p & MASK) | magic
+    r1 = ((p >> 4) & MASK) | magic
+    r2 = ((p >> 8) & MASK) | magic
+    r3 = ((p >> 12) & MASK) | magic
+    rr = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [R, 16, 2, 2]: the last two dims are j
+    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = tl.reshape(tl.join(lo, hi), (R, 4, 4, 4, 2))  # (t, c, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 128))  # (c, j, t, e): k = 32c + 8j + 2t + e
+
+
+@triton.jit
+def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
+                   SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+    """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
+    [128, BM], scaled by the block's group scales when PER_BLOCK (else unscaled)."""
+    dtype: tl.constexpr = x_ptrs.dtype.element_ty
+    xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
+    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    g = (kt * 128) // GROUP_K
+    if ZP != 0:
+        z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
+        zo = tl.reshape(rows_to_mma(tl.reshape(z + off, (BN, 1)), BN, NW, 1), (BN,)).to(dtype)
+        w = unpack_pairs(p, BN, MASK, dtype) - zo[:, None]
+    else:
+        w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
+    part = tl.dot(w, xt)
+    if PER_BLOCK:
+        s = load_scale(s_ptr, g, offs_gn, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)
+        part = part * tl.reshape(rows_to_mma(tl.reshape(s, (BN, 1)), BN, NW, 1), (BN,))[:, None]
+    return part
+
+
+@triton.jit
+def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
+               kt_lo, kt_hi, MASK, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+               ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+               BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+    """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
+    group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
+    shorter than K)."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        off = 128.0
+    else:
+        off = 1024.0
+    if W_SIGNED:
+        off += 8.0
+    PER_BLOCK: tl.constexpr = GROUP_K < 1 << 30
+    offs_k = tl.arange(0, 128)
+    x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
+    offs_gn = offs_n // GROUP_N
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+        x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
+        acc += frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
+                              SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+    return rows_from_mma(acc, BN, NW, BM)
+
+
+@triton.jit(do_not_specialize=["MASK"])
+def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm,
+                      stride_ym, stride_wn, stride_s, MASK, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+                      S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
+                      GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    k_blocks = tl.cdiv(K, 128)
+    per = tl.cdiv(k_blocks, SPLIT_K)
+    lo = pid_k * per
+    acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
+                     lo, tl.minimum(lo + per, k_blocks), MASK, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K,
+                     GROUP_N, BN, BM, NW, STAGES)
+    if GROUP_K >= 1 << 30:  # one scale over all of K
+        acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr)
+    tile = pid_m * tl.num_programs(0) + pid_n
+    store_or_reduce(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k,
+                    HAS_BIAS, SPLIT_K)
+
+
+@triton.jit(do_not_specialize=["MASK"])
+def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
+                         SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                         W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
+                         BN: tl.constexpr):
+    """W [N, K] in out's dtype, one 128-K block per program column (large M: then cuBLAS)."""
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    kt = tl.program_id(1)
+    mask_n = offs_n < N
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * 16 + tl.arange(0, 16)[None, :],
+                mask=mask_n[:, None], other=0)
+    if dtype == tl.bfloat16:
+        off = 128.0
+    else:
+        off = 1024.0
+    if W_SIGNED:
+        off += 8.0
+    g = tl.minimum((kt * 128) // GROUP_K, K // GROUP_K - 1)
+    q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
+    if ZP != 0:
+        q = q - tl.load(z_ptr + g * stride_s + offs_n // GROUP_N, mask=mask_n, other=0).to(tl.float32)[:, None]
+    w = q * load_scale(s_ptr, g, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
+    if HAS_GS:
+        w = w * tl.load(gs_ptr)
+    offs_k = kt * 128 + tl.arange(0, 128)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
+             mask=mask_n[:, None] & (offs_k < K)[None, :])
+# fmt: on
+
+
+def frag_group_k(tw) -> int:
+    """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K"."""
+    return tw.group_k if tw.group_k < tw.k else 1 << 30
+
+
+def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool) -> dict:
+    """Tile for the dense kernel (BN weight rows x BM tokens), and split-K to fill the machine."""
+    if interpret:
+        return dict(block_m=16, block_n=64, split_k=2 if k > 128 else 1, num_warps=4, num_stages=1)
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    bn = 128 if n >= 128 * num_sms else 64
+    tiles, k_blocks, split = cdiv(n, bn) * cdiv(m, bm), cdiv(k, FRAG_K), 1
+    while tiles * split < 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
+        split *= 2
+    return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=4)
+
+
+def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
+              num_stages: int = 4, workspace=None, counters=None, out=None) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] (bf16/fp16) @ dequantize(W)^T for a prepared weight in the fragment layout
+    (`TritonWeight.frag`). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed int32
+    `counters` (>= output tiles), left ready for the next call."""
+    m, k = x.shape
+    n = tw.n
+    if block_n < 16 * num_warps:
+        raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
+    if split_k > 1 and (workspace is None or counters is None):
+        raise ValueError("split_k > 1 needs a workspace and counters")
+    dummy = tw.scales
+    # fmt: off
+    _frag_gemm_kernel[grid](
+        x, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+        tw.global_scale if tw.global_scale is not None else dummy, bias if bias is not None else dummy, y,
+        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0), y.stride(0),
+        tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK, SCALE_KIND=tw.fmt["SCALE_KIND"],
+        S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"],
+        GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None,
+        BM=block_m, BN=block_n, SPLIT_K=split_k, NW=num_warps, STAGES=num_stages, num_warps=num_warps,
+    )
+    # fmt: on
+    return y
+
+
+def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
+    """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
+    rounded once)."""
+    out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
+    dummy = tw.scales
+    # fmt: off
+    _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, FRAG_K))](
+        tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+        tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
+        tw.scales.stride(-2), PAIR_MASK, SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"],
+        S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=min(tw.group_k, tw.k),
+        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, num_warps=4,
+    )
+    # fmt: on
+    return out

@@ -1,0 +1,91 @@
+"""Sweep the fragment-layout (swap-AB) W4A16 kernel's tiles on the GPU against the bit-plane kernel
+and Humming on the same weights (CUDA-graph µs per call, weight copies beyond L2), to set `frag_tile`.
+
+    python tools/sweep_frag.py [--shapes 8192x8192,28672x4096] [--m 1,4,16,32,64] [--scheme w4a16] [--out DIR]
+
+Prints per (shape, M): the default tile's time, the best swept tile, the bit-plane kernel's default
+and humming (when installed); writes every sample to DIR/sweep_frag.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import anybit  # noqa: E402
+from anybit.backends import get_backend  # noqa: E402
+from anybit.backends.base import Prepared  # noqa: E402
+from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
+from anybit.bench.timing import median, time_graph  # noqa: E402
+from anybit.kernels.frag import frag_tile  # noqa: E402
+from anybit.kernels.gemm import GemmConfig  # noqa: E402
+
+TILES = [(64, 4, 4), (128, 4, 4), (128, 4, 6), (128, 8, 3), (256, 8, 3)]  # (block_n, warps, stages)
+COPIES = 4
+
+
+def _time(backend, x, preps, config=None) -> float:
+    """Graph µs per call of backend.gemm over the weight copies."""
+    kw = {} if config is None else {"config": config}
+    fns = [lambda p=p: backend.gemm(x, p, **kw) for p in preps]
+    return median(time_graph(fns, 20, 15, 20))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336,8192x28672", help="NxK,...")
+    ap.add_argument("--m", default="1,4,16,32,64")
+    ap.add_argument("--scheme", default="w4a16")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    tri = get_backend("triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, summary = [], []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        qw = anybit.quantize(torch.randn(n, k, device="cuda") * 0.02, args.scheme)
+        frag = [anybit.prepare(qw, backend="triton") for _ in range(COPIES)]
+        planes = [Prepared("triton", qw, to_triton_layout(qw, allow_frag=False)) for _ in range(COPIES)]
+        try:
+            hum = [anybit.prepare(qw, backend="humming") for _ in range(COPIES)]
+        except Exception as e:  # not installed or refused: say so, sweep the rest
+            print("humming:", repr(e)[:160])
+            hum = []
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            default = frag_tile(m, n, k, sms, False)
+            bm = default["block_m"]
+            res = {"default": _time(tri, x, frag)}
+            for bn, warps, stages in TILES:
+                for split in (1, 2, 4, 8):
+                    cfg = GemmConfig(bm, bn, 128, split, num_warps=warps, num_stages=stages)
+                    try:
+                        us = _time(tri, x, frag, cfg)
+                    except Exception as e:  # a tile that does not compile or fit is reported and skipped
+                        print("skip", cfg, repr(e)[:120])
+                        continue
+                    rows.append(dict(n=n, k=k, m=m, bn=bn, warps=warps, stages=stages, split=split, us=us))
+                    if us < res.get("best", (1e9,))[0]:
+                        res["best"] = (us, f"bn{bn} w{warps} s{stages} sk{split}")
+            res["planes"] = _time(tri, x, planes)
+            if hum:
+                res["humming"] = _time(get_backend("humming"), x, hum)
+            floor = (n * k / 2 + n * k / 128 * 2 + 2 * m * (n + k)) / 4.2e12 * 1e6
+            summary.append(dict(n=n, k=k, m=m, floor_us=floor, default_tile=default, **res))
+            b = res["best"]
+            print(f"{n}x{k} M={m:<3d} floor {floor:6.1f}  frag default {res['default']:6.1f} (bn{default['block_n']} "
+                  f"sk{default['split_k']})  best {b[0]:6.1f} {b[1]:20s} planes {res['planes']:6.1f}  "
+                  f"humming {res.get('humming', float('nan')):6.1f}", flush=True)  # fmt: skip
+    with open(os.path.join(args.out, "sweep_frag.json"), "w") as f:
+        json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
