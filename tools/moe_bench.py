@@ -54,22 +54,28 @@ def cell(name, us, rows, n, k, touched_bytes, x_bytes, y_bytes) -> dict:
                 pct_floor=round(100 * floor / us, 1))  # fmt: skip
 
 
-def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict) -> dict:
-    """Callables per timed part, one per routing: the two grouped GEMMs alone, the alignment, the layer."""
+def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, splits: list) -> dict:
+    """Callables per timed part, one per routing: the two grouped GEMMs alone (with the layer's own
+    split-K plan, and with each forced split in `splits`), the alignment, the layer."""
     gu, dn, fused = moe._stacked
     e, i, h = moe.num_experts, moe.intermediate, moe.hidden
     m, top_k = routes[0][1].shape
     aligned = [moe_align(ids, e, tiles["block_m"]) for _, ids in routes]
     act = torch.empty(m * top_k, i, device=x.device, dtype=x.dtype).normal_()
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
-    kw = dict(num_rows=m * top_k, **tiles)
-
-    def gate_up(a):
-        return lambda: moe_gemm(x, gu, *a, top_k=top_k, silu_mul=fused, **kw)
-
-    def down(a, w):
-        rw = w.reshape(-1).float().contiguous()
-        return lambda: moe_gemm(act, dn, *a, top_k=1, out=y, routed_weights=rw, **kw)
+    out = {}
+    for split in [None, *splits]:
+        moe.split_k = split
+        kgu, kdn = (moe._split(x, t, m * top_k, tiles) | tiles for t in (gu, dn))
+        tag = "" if split is None else f"@sk{split}"
+        out["gate_up" + tag] = [
+            (lambda a=a, kw=kgu: moe_gemm(x, gu, *a, top_k=top_k, silu_mul=fused, **kw)) for a in aligned
+        ]
+        out["down" + tag] = [
+            (lambda a=a, w=w, kw=kdn: moe_gemm(act, dn, *a, top_k=1, out=y, routed_weights=_rw(w), **kw))
+            for a, (w, _) in zip(aligned, routes, strict=True)
+        ]
+    moe.split_k = None
 
     def align(ids):
         return lambda: moe_align(ids, e, tiles["block_m"])
@@ -77,12 +83,14 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict) -> dict:
     def layer(w, ids):
         return lambda: moe(x, w, ids)
 
-    return {
-        "gate_up": [gate_up(a) for a in aligned],
-        "down": [down(a, w) for a, (w, _) in zip(aligned, routes, strict=True)],
+    return out | {
         "align": [align(ids) for _, ids in routes],
         "layer": [layer(w, ids) for w, ids in routes],
     }
+
+
+def _rw(w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(-1).float().contiguous()
 
 
 def _humming_layers(moe: QuantMoE, dtype) -> tuple:
@@ -155,7 +163,8 @@ def run(args) -> list[dict]:
                 moe(x, *routes[0])  # builds the stacked layout, compiles
                 tiles = moe_tiles(m * top_k, e, True)
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
-                parts = _parts(moe, x, routes, tiles)
+                splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
+                parts = _parts(moe, x, routes, tiles, splits)
                 if hum is not None:
                     try:
                         parts |= _humming_parts(hum, moe, x, routes)
@@ -175,9 +184,9 @@ def run(args) -> list[dict]:
                         continue
                     if name == "humming:gate_up":  # unfused: writes both halves
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 4)
-                    elif name == "gate_up":
+                    elif name.startswith("gate_up"):
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
-                    elif name in ("down", "humming:down"):
+                    elif name.startswith("down") or name == "humming:down":
                         row |= cell(name, us, r, h, i, touched * per_expert["down"], r * i * 2, r * h * 2)
                     elif name == "layer":
                         wb = touched * (per_expert["gate_up"] + per_expert["down"])
@@ -198,6 +207,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
+    ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
     ap.add_argument("--peers", default="", help="humming: time its indexed MoE GEMMs on the same weights")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()

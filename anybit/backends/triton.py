@@ -11,13 +11,13 @@ import torch
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.torch_ref import TorchBackend
-from anybit.backends.triton_layout import TritonWeight, to_triton_layout
+from anybit.backends.triton_layout import TritonWeight, frag_format, to_triton_layout
 from anybit.errors import KernelFailure
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import dequantize_frag, frag_tile, gemm_frag
+from anybit.kernels.frag import FRAG_K, dequantize_frag, frag_tile, gemm_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -93,6 +93,10 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: b
 
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
+    if frag_format(scheme):
+        t = frag_tile(m, n, k, sms, interpret)
+        return GemmConfig(t["block_m"], t["block_n"], FRAG_K, t["split_k"], num_warps=t["num_warps"],
+                          num_stages=t["num_stages"])  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
     if scheme.act.quantized:
         config = a8_config(config, scheme, m, nk, interpret)
@@ -116,12 +120,13 @@ def _triton_errors() -> tuple[type[BaseException], ...]:
 
 @functools.cache
 def _tuning_cache_at(device: torch.device, cache_dir: str) -> TuningCache:
+    from anybit.kernels.frag import _frag_gemm_kernel
     from anybit.kernels.gemm import _gemm_kernel
     from anybit.kernels.quant_act import _quant_act_kernel
 
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
     root = os.path.join(cache_dir, "tuning")
-    return TuningCache("gemm", source_hash(_gemm_kernel, _quant_act_kernel), device_key(props), root)
+    return TuningCache("gemm", source_hash(_gemm_kernel, _quant_act_kernel, _frag_gemm_kernel), device_key(props), root)
 
 
 @functools.cache
@@ -200,14 +205,16 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
-        if tw.frag:
-            return self._gemm_frag(x2, tw, bias, config).reshape(*lead, tw.n)
+        if config is None and tw.frag and m > FRAG_MAX_M:
+            return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
+        if tw.frag:
+            return self._gemm_frag(x2, tw, bias, config).reshape(*lead, tw.n)
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
@@ -233,21 +240,14 @@ class TritonBackend:
         )
         return y.reshape(*lead, tw.n)
 
-    def _gemm_frag(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, config: GemmConfig | None):
-        """Fragment-layout weights: the swap-AB kernel up to FRAG_MAX_M rows (or when a tile is given),
-        dequantize + cuBLAS above."""
-        m = x.shape[0]
-        if config is None and m > FRAG_MAX_M:
-            return self.dequant_matmul(x, tw, bias)
-        tile = frag_tile(m, tw.n, tw.k, _sm_count(x.device) if x.is_cuda else 1, not x.is_cuda)
-        if config is not None:
-            tile = dict(block_m=config.block_m, block_n=config.block_n, split_k=config.split_k,
-                        num_warps=config.num_warps, num_stages=config.num_stages)  # fmt: skip
+    def _gemm_frag(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, c: GemmConfig):
+        """Fragment-layout weights: the swap-AB kernel (block_k is the layout's 128)."""
         ws = cnt = None
-        if tile["split_k"] > 1:
-            tiles = cdiv(m, tile["block_m"]) * cdiv(tw.n, tile["block_n"])
-            ws, cnt = self._workspace.get(x.device, tile["split_k"] * m * tw.n, tiles)
-        return gemm_frag(x, tw, bias, workspace=ws, counters=cnt, **tile)
+        if c.split_k > 1:
+            tiles = cdiv(x.shape[0], c.block_m) * cdiv(tw.n, c.block_n)
+            ws, cnt = self._workspace.get(x.device, c.split_k * x.shape[0] * tw.n, tiles)
+        return gemm_frag(x, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
+                         num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt)  # fmt: skip
 
     def _tuned_config(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> GemmConfig:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not

@@ -17,6 +17,7 @@ def candidates(default: GemmConfig) -> list[GemmConfig]:
     for split in (default.split_k // 2, default.split_k * 2):
         if 1 <= split <= 32:
             out.append(dataclasses.replace(default, split_k=split))
+    out.append(dataclasses.replace(default, num_warps=12 - default.num_warps, num_stages=7 - default.num_stages))
     if default.block_k < 256:
         out.append(dataclasses.replace(default, block_k=default.block_k * 2, num_stages=max(2, default.num_stages - 1)))
     return list(dict.fromkeys(out))

@@ -20,7 +20,8 @@ import torch
 import anybit
 from anybit.backends.base import Problem
 from anybit.backends.registry import explain, get_backend
-from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, _sm_count, pick_config, tuning_cache
+from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, pick_config, tuning_cache
+from anybit.backends.triton_layout import frag_format
 from anybit.bench.recipe import Recipe
 from anybit.bench.runner import _copies, _weight
 from anybit.bench.timing import median, time_eager, time_graph
@@ -41,6 +42,8 @@ def time_us(fns: list[Callable[[], object]], m: int, recipe: Recipe) -> float:
 
 def _uses_tiles(scheme: Scheme, m: int) -> bool:
     """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS)."""
+    if frag_format(scheme):
+        return m <= FRAG_MAX_M
     return scheme.act.quantized or m <= DEQUANT_MATMUL_MIN_M
 
 
