@@ -89,7 +89,9 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
         magic: tl.constexpr = 0x43004300
     else:
         magic: tl.constexpr = 0x64006400
-    r0 = (p & MASK) | magic
+    # an opaque zero shift (MASK's sign bit): without it LLVM splits this pair into two scalar adds
+    # and two PRMTs swap its halves around the magic subtraction (sm_90a SASS: 33 PRMT per loop)
+    r0 = ((p >> (MASK >> 31)) & MASK) | magic
     r1 = ((p >> 4) & MASK) | magic
     r2 = ((p >> 8) & MASK) | magic
     r3 = ((p >> 12) & MASK) | magic
@@ -111,6 +113,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, st
     p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
     g = (kt * 128) // GROUP_K
     if ZP != 0:
+        # (ptxas re-packs the row's (z, z) pair per use: ~2 PRMT per pair; integer-domain variants
+        # of this moved the tile through shared memory instead, see docs/ARCHITECTURE.md)
         z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
         zo = tl.reshape(rows_to_mma(tl.reshape(z + off, (BN, 1)), BN, NW, 1), (BN,)).to(dtype)
         w = unpack_pairs(p, BN, MASK, dtype) - zo[:, None]

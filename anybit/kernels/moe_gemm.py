@@ -195,12 +195,14 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
 
 
 def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int) -> int:
-    """Split K at decode until the launch puts ~4 CTAs on each SM (a guess pending a GPU sweep: the
-    decode loop is latency-bound with 1–2 CTAs per SM), keeping >= 4 K tiles per split."""
+    """Split K at decode until the launch puts ~3 CTAs on each SM, keeping >= 4 K tiles per split.
+    H200 sweep (tools/moe_bench.py --splits, w4a16, BENCHMARKS.md): splitting helps only when the
+    experts see about one row each (DeepSeek-V3 / Qwen3 gate_up at M=1) and costs 5–50 % once the
+    launch already holds ~3 CTAs per SM (M >= 4), as the dense kernel's sweep found too."""
     block_m = tiles["block_m"]
     grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
     ctas, k_tiles, split = grid_m * cdiv(n, tiles["block_n"]), cdiv(k, tiles["block_k"]), 1
-    while ctas * split < 4 * sms and split * 2 * 4 <= k_tiles and split < 16:
+    while ctas * split < 3 * sms and split * 2 * 4 <= k_tiles and split < 16:
         split *= 2
     return split
 
