@@ -16,12 +16,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> str:
     """The Triton backend's path for this call: kernel, tile, split-K and where the tile comes from
     (the tuning cache or the default rule) — what `gemm` would do."""
-    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, _sm_count, pick_config, tuning_cache
-    from anybit.backends.triton_layout import fp8_as_is
+    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, pick_config, tuning_cache
+    from anybit.backends.triton_layout import fp8_as_is, frag_format
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
     cuda = device.type == "cuda"
+    frag = frag_format(scheme)
+    if frag and m > FRAG_MAX_M:
+        return f"4-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
@@ -31,8 +34,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
+    kernel = "4-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
-        f"{act}dense GEMM, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
+        f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
         f"{c.num_warps} warps, {c.num_stages} stages ({source})"
     )
 
