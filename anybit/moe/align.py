@@ -71,3 +71,41 @@ def moe_align(
     expert_ids = torch.searchsorted(padded_end, block_start, right=True)
     expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
     return sorted_ids[:max_padded], expert_ids, padded_end[-1:].to(torch.int32)
+
+
+def moe_align_contiguous(
+    offsets: torch.Tensor, num_rows: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The contiguous layout: rows already grouped by expert (expert e owns rows offsets[e] …
+    offsets[e+1] - 1 of x, e.g. after an expert-parallel all-to-all) -> the same (sorted_ids,
+    expert_ids, num_tokens_post_padded) as `moe_align`, so the indexed grouped GEMM runs it with
+    top_k=1 and `num_rows` rows: sorted_ids are row indices padded per expert with the sentinel
+    `num_rows`. offsets: integer [E+1], non-decreasing, offsets[0] = 0, offsets[E] <= num_rows (the
+    row count is the caller's static bound, so nothing waits on the device). Fixed-size torch ops:
+    capturable in CUDA graphs."""
+    if offsets.dim() != 1 or offsets.numel() < 2 or offsets.dtype.is_floating_point:
+        raise AnybitError(f"offsets must be an integer [E+1] tensor, got {offsets.dtype} {tuple(offsets.shape)}")
+    if block_m < 1 or num_rows < 0:
+        raise AnybitError(f"block_m={block_m} must be positive and num_rows={num_rows} non-negative")
+    off = offsets.long()
+    if not off.is_cuda:  # a GPU check would synchronise; the CPU one is free
+        bad = (off[0] != 0) | (off[1:] < off[:-1]).any() | (off[-1] > num_rows)
+        if bool(bad):
+            raise AnybitError(f"offsets {off.tolist()} must start at 0, not decrease and end <= {num_rows}")
+    e = off.numel() - 1
+    dev = off.device
+    counts = off[1:] - off[:-1]
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    seg_start = padded_end - padded
+    n_sorted = num_rows + e * (block_m - 1)
+    pos = torch.arange(n_sorted, device=dev)
+    expert = torch.searchsorted(padded_end, pos, right=True)
+    ec = expert.clamp(max=e - 1)
+    local = pos - seg_start[ec]
+    valid = (expert < e) & (local < counts[ec])
+    sorted_ids = torch.where(valid, off[ec] + local, num_rows).to(torch.int32)
+    n_blocks = (n_sorted + block_m - 1) // block_m
+    block_expert = torch.searchsorted(padded_end, torch.arange(n_blocks, device=dev) * block_m, right=True)
+    expert_ids = torch.where(block_expert < e, block_expert, -1).to(torch.int32)
+    return sorted_ids, expert_ids, padded_end[-1:].to(torch.int32)

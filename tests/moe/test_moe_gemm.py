@@ -78,3 +78,42 @@ def test_split_k_equals_one_launch(interpret, split, silu):
         assert torch.isnan(y[1 * k + 1]).all() and not cnt.any()
         valid = ids.view(-1) >= 0
         assert rel_err(y[valid], one[valid]) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4"])
+def test_contiguous_layout_rows_grouped_by_expert(interpret, scheme):
+    """Rows already grouped by expert (offsets [E+1], an expert with no rows, rows past offsets[E]
+    left alone): the same grouped GEMM through `moe_align_contiguous`."""
+    from anybit.moe import moe_align_contiguous
+
+    g = torch.Generator().manual_seed(3)
+    e, n, kk, rows = 5, 40, 256, 23
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    offsets = torch.tensor([0, 6, 6, 13, 20, 21])  # expert 1 has no rows; rows 21, 22 belong to none
+    x = torch.randn(rows, kk, generator=g).half()
+    aligned = moe_align_contiguous(offsets, rows, 16)
+    y = torch.full((rows, n), float("nan"), dtype=torch.float16)
+    moe_gemm(x, stack_experts(qw), *aligned, block_m=16, num_rows=rows, top_k=1, out=y)
+    w = qw.dequantize().double()
+    for ex in range(e):
+        lo, hi = int(offsets[ex]), int(offsets[ex + 1])
+        if hi > lo:
+            assert rel_err(y[lo:hi], x[lo:hi].double() @ w[ex].T) < GEMM_REL_ERR[torch.float16]
+    assert torch.isnan(y[21:]).all()
+
+
+def test_contiguous_alignment_contract_and_errors():
+    from anybit.errors import AnybitError
+    from anybit.moe import moe_align_contiguous
+
+    sorted_ids, expert_ids, total = moe_align_contiguous(torch.tensor([0, 3, 3, 8]), 10, 4)
+    assert int(total) == 4 + 0 + 8 and sorted_ids.numel() == 10 + 3 * 3
+    assert sorted_ids[:12].tolist() == [0, 1, 2, 10, 3, 4, 5, 6, 7, 10, 10, 10]
+    assert (sorted_ids[12:] == 10).all()
+    assert expert_ids.tolist() == [0, 2, 2, -1, -1]
+    with pytest.raises(AnybitError, match="must start at 0"):
+        moe_align_contiguous(torch.tensor([0, 5, 3]), 10, 4)
+    with pytest.raises(AnybitError, match="end <= 4"):
+        moe_align_contiguous(torch.tensor([0, 5]), 4, 4)
+    with pytest.raises(AnybitError, match="integer"):
+        moe_align_contiguous(torch.tensor([0.0, 1.0]), 4, 4)
