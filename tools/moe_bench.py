@@ -2,7 +2,7 @@
 gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--m 1,4,16,64,256,1024,4096] [--budget 200] [--out DIR]
-                              [--peers humming]
+                              [--peers humming,bf16] [--splits 1,2,4,8]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -93,6 +93,22 @@ def _rw(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(-1).float().contiguous()
 
 
+def _bf16_parts(weights: tuple, x: torch.Tensor, routes: list, tiles: dict) -> dict:
+    """The bf16 baseline (tools/moe_bf16.py) over the same routings and alignment, gate_up unfused."""
+    from moe_bf16 import bf16_moe_gemm
+
+    gu, dn = weights
+    e, m, top_k = gu.shape[0], *routes[0][1].shape
+    bm = tiles["block_m"]
+    aligned = [moe_align(ids, e, bm) for _, ids in routes]
+    act = torch.empty(m * top_k, dn.shape[2], device=x.device, dtype=x.dtype).normal_()
+    kw = dict(num_rows=m * top_k, block_m=bm)
+    return {
+        "bf16:gate_up": [(lambda a=a: bf16_moe_gemm(x, gu, *a, top_k=top_k, **kw)) for a in aligned],
+        "bf16:down": [(lambda a=a: bf16_moe_gemm(act, dn, *a, top_k=1, **kw)) for a in aligned],
+    }
+
+
 def _humming_layers(moe: QuantMoE, dtype) -> tuple:
     """Humming's indexed-MoE layers holding the same expert weights (gate rows then up rows, as the
     checkpoint has them; Humming's gate_up does not fuse the activation)."""
@@ -142,6 +158,11 @@ def run(args) -> list[dict]:
     rows_out, t0 = [], time.time()
     for model, c in MODELS.items():
         e, top_k, h, i = c["E"], c["top_k"], c["H"], c["I"]
+        bf16 = None
+        if "bf16" in args.peers.split(","):  # once per model, timed beside the first scheme
+            from moe_bf16 import bf16_weights
+
+            bf16 = (bf16_weights(e, 2 * i, h, dev), bf16_weights(e, h, i, dev))
         for text in args.schemes.split(","):
             scheme = Scheme.parse(text)
             moe = QuantMoE(random_weight(scheme, (e, 2 * i, h), dev), random_weight(scheme, (e, h, i), dev))
@@ -173,6 +194,8 @@ def run(args) -> list[dict]:
                                              status=f"error: {type(ex).__name__}: {ex}"[:300]))  # fmt: skip
                 elif hum_why:
                     rows_out.append(dict(model=model, scheme=text, m=m, part="humming", status=hum_why))
+                if bf16 is not None and text == args.schemes.split(",")[0]:
+                    parts |= _bf16_parts(bf16, x, routes, tiles)
                 r = m * top_k
                 for name, fns in parts.items():
                     row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
@@ -182,7 +205,12 @@ def run(args) -> list[dict]:
                         rows_out.append(row | dict(part=name, status=f"error: {type(ex).__name__}: {ex}"[:200]))
                         torch.cuda.synchronize()
                         continue
-                    if name == "humming:gate_up":  # unfused: writes both halves
+                    if name.startswith("bf16:"):  # bf16 weights: 2 bytes each, gate_up unfused
+                        up = name == "bf16:gate_up"
+                        nn, kk = (2 * i, h) if up else (h, i)
+                        x_bytes = (m * h if up else r * i) * 2
+                        row |= cell(name, us, r, nn, kk, touched * nn * kk * 2, x_bytes, r * nn * 2)
+                    elif name == "humming:gate_up":  # unfused: writes both halves
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 4)
                     elif name.startswith("gate_up"):
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
@@ -198,6 +226,7 @@ def run(args) -> list[dict]:
                           flush=True)  # fmt: skip
             del moe, hum
             torch.cuda.empty_cache()
+        del bf16
     return rows_out
 
 
@@ -208,7 +237,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
-    ap.add_argument("--peers", default="", help="humming: time its indexed MoE GEMMs on the same weights")
+    ap.add_argument("--peers", default="", help="humming: its indexed MoE GEMMs on the same weights; bf16: a "
+                    "plain Triton grouped GEMM on bf16 weights (tools/moe_bf16.py)")  # fmt: skip
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     rows = run(args)
