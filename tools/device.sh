@@ -6,6 +6,8 @@
 #   bash tools/device.sh moe [tools/moe_bench.py args…]   bash tools/device.sh sweep-frag [tools/sweep_frag.py args…]     bash tools/device.sh explain --scheme S --shape M,N,K
 # Parts can be chained: bash tools/device.sh tests X -- tune --budget 200
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
+# Provenance: start the command with ANYBIT_COMMIT=<hash of this checkout> written out literally —
+# `git rev-parse` on the device machine answered a stale commit once (its copy's git metadata lags).
 set -u
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
