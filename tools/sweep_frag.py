@@ -26,7 +26,7 @@ from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.kernels.frag import frag_tile  # noqa: E402
 from anybit.kernels.gemm import GemmConfig  # noqa: E402
 
-TILES = [(64, 4, 4), (128, 4, 4), (128, 4, 6), (128, 8, 3), (256, 8, 3)]  # (block_n, warps, stages)
+TILES = [(64, 4, 4), (128, 4, 4), (128, 4, 6), (128, 8, 3), (256, 8, 3), (256, 4, 3)]  # (block_n, warps, stages)
 COPIES = 4
 
 

@@ -13,7 +13,7 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = pytest.mark.gpu
 
-TILES = [(64, 4, 4), (128, 4, 4), (128, 8, 3), (256, 8, 3)]  # (block_n, warps, stages)
+TILES = [(64, 4, 4), (128, 4, 4), (128, 8, 3), (256, 8, 3), (256, 4, 3)]  # (block_n, warps, stages)
 
 
 def _case(text, m, n, k, seed=0):
