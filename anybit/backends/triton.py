@@ -256,6 +256,10 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
+        if tw.frag and tw.fmt["W_FLOAT"]:
+            # opt-in (ANYBIT_FRAG_FLOAT) while unmeasured: the cached tiles of these schemes were tuned
+            # for the bit-plane kernel, so they are not this kernel's
+            return default
         entry = cache.get(key)
         if entry is not None:
             try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from anybit import settings
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag import pack_frag
@@ -88,12 +89,19 @@ def fp8_as_is(scheme: Scheme) -> bool:
 
 
 def frag_format(scheme: Scheme) -> bool:
-    """4-bit integer weights (no zero point or an integer one) with bf16/fp16 activations and scales
-    per channel, per tensor or per whole 128-K blocks: they get the fragment layout
-    (`anybit.kernels.frag`), whose kernels decode two weights per instruction straight into the
-    tensor cores' registers."""
+    """Weights that get the fragment layout (`anybit.kernels.frag`), whose kernels decode two weights
+    per instruction straight into the tensor cores' registers: bf16/fp16 activations and 4-bit integer
+    weights (no or an integer zero point) with scales per channel, per tensor or per whole 128-K
+    blocks; with ANYBIT_FRAG_FLOAT=1 also e2m1 weights without zero point, scales per channel/tensor,
+    per 16/32/64 along K or per whole 128-K blocks (NVFP4, MXFP4)."""
     w, g = scheme.weight, scheme.granularity
-    if scheme.act.quantized or not isinstance(w, IntType) or w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
+    if scheme.act.quantized or w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
+        return False
+    if isinstance(w, FloatType):
+        if not (settings.load().frag_float and (w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
+            return False
+        return g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k in (16, 32, 64) or g.k % 128 == 0
+    if not isinstance(w, IntType):
         return False
     return g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
 

@@ -82,6 +82,17 @@ def rows_from_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
+def pairs_to_rows(r0, r1, r2, r3, R: tl.constexpr, DTYPE: tl.constexpr):
+    """Four [R, 16] int32 tensors, r_j holding the DTYPE pair (k of e = 0, e = 1) of nibble j of every
+    word -> [R, 128] DTYPE in natural K order (register renaming only)."""
+    rr = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [R, 16, 2, 2]: the last two dims are j
+    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = tl.reshape(tl.join(lo, hi), (R, 4, 4, 4, 2))  # (t, c, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 128))  # (c, j, t, e): k = 32c + 8j + 2t + e
+
+
+@triton.jit
 def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     """[R, 16] words of one 128-K block -> [R, 128] DTYPE values MAGIC + code in natural K order
     (bf16 MAGIC 128, fp16 1024), exactly; one shift and one LOP3 per two codes."""
@@ -95,24 +106,60 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     r1 = ((p >> 4) & MASK) | magic
     r2 = ((p >> 8) & MASK) | magic
     r3 = ((p >> 12) & MASK) | magic
-    rr = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [R, 16, 2, 2]: the last two dims are j
-    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
-    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
-    v = tl.reshape(tl.join(lo, hi), (R, 4, 4, 4, 2))  # (t, c, j, e)
-    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 128))  # (c, j, t, e): k = 32c + 8j + 2t + e
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def _e2m1_pair(t, SHIFT: tl.constexpr, EM_MASK: tl.constexpr):
+    """t holds a code at bits 12-15 of each half: its sign stays at bit 15, exponent and mantissa
+    move under DTYPE's exponent field's lowest bits (value * 2**-(DTYPE bias - 1), subnormals too)."""
+    return (t & -0x7FFF8000) | ((t >> SHIFT) & EM_MASK)  # -0x7FFF8000: the int32 of 0x80008000
+
+
+@triton.jit
+def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+    """[R, 16] words of e2m1 codes -> [R, 128] exact DTYPE values in natural K order: the fields are
+    placed into DTYPE's bits (bf16: exponent/mantissa at bits 6-8, a bf16 subnormal for the two
+    e = 0 codes; fp16: bits 9-11) and one packed multiply by 2**126 (bf16) or 2**14 (fp16) rebiases
+    them — the decode vLLM's Marlin kernels use for FP4."""
+    if DTYPE == tl.bfloat16:
+        SHIFT: tl.constexpr = 6
+        EM: tl.constexpr = 0x01C001C0
+        rebias: tl.constexpr = 2.0**126
+    else:
+        SHIFT: tl.constexpr = 3
+        EM: tl.constexpr = 0x0E000E00
+        rebias: tl.constexpr = 2.0**14
+    r0 = _e2m1_pair(p << 12, SHIFT, EM)
+    r1 = _e2m1_pair(p << 8, SHIFT, EM)
+    r2 = _e2m1_pair(p << 4, SHIFT, EM)
+    r3 = _e2m1_pair(p << (MASK >> 31), SHIFT, EM)  # the opaque zero shift, as in unpack_pairs
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE) * rebias
 
 
 @triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
-                   SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+                   W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                   ZP: tl.constexpr, GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr,
+                   NW: tl.constexpr):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
-    [128, BM], scaled by the block's group scales when PER_BLOCK (else unscaled)."""
+    [128, BM], scaled by the block's group scales when PER_BLOCK (else unscaled). Float codes with
+    groups shorter than the block get their scales in registers (exact: e2m1 times an e4m3 or
+    power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element scaling."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
     g = (kt * 128) // GROUP_K
-    if ZP != 0:
+    if W_FLOAT:
+        w = unpack_e2m1(p, BN, MASK, dtype)
+        if GROUP_K < 128:
+            G: tl.constexpr = 128 // GROUP_K
+            rows = (kt * 128) // GROUP_K + tl.arange(0, G)
+            s = load_scale(s_ptr, rows[None, :], offs_gn[:, None], mask_n[:, None], stride_s, SCALE_KIND, S_EXP,
+                           S_MAN)
+            s = rows_to_mma(s, BN, NW, G).to(dtype)
+            w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
+    elif ZP != 0:
         # (ptxas re-packs the row's (z, z) pair per use: ~2 PRMT per pair; integer-domain variants
         # of this moved the tile through shared memory instead, see docs/ARCHITECTURE.md)
         z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
@@ -129,9 +176,9 @@ def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, st
 
 @triton.jit
 def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-               kt_lo, kt_hi, MASK, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
-               ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-               BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+               kt_lo, kt_hi, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+               S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
+               GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K)."""
@@ -141,7 +188,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         off = 1024.0
     if W_SIGNED:
         off += 8.0
-    PER_BLOCK: tl.constexpr = GROUP_K < 1 << 30
+    PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
     offs_k = tl.arange(0, 128)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
@@ -150,16 +197,17 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
         x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
         acc += frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
-                              SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+                              W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
     return rows_from_mma(acc, BN, NW, BM)
 
 
 @triton.jit(do_not_specialize=["MASK"])
 def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm,
-                      stride_ym, stride_wn, stride_s, MASK, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
-                      S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-                      GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+                      stride_ym, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
+                      S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
+                      GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, NW: tl.constexpr,
+                      STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -171,8 +219,8 @@ def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_pt
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-                     lo, tl.minimum(lo + per, k_blocks), MASK, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K,
-                     GROUP_N, BN, BM, NW, STAGES)
+                     lo, tl.minimum(lo + per, k_blocks), MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -183,7 +231,7 @@ def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_pt
 
 
 @triton.jit(do_not_specialize=["MASK"])
-def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
+def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr,
                          SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                          W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
                          BN: tl.constexpr):
@@ -194,17 +242,24 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * 16 + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
-    if dtype == tl.bfloat16:
-        off = 128.0
+    G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1  # scale groups per block
+    if W_FLOAT:
+        q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
     else:
-        off = 1024.0
-    if W_SIGNED:
-        off += 8.0
-    g = tl.minimum((kt * 128) // GROUP_K, K // GROUP_K - 1)
-    q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
+        if dtype == tl.bfloat16:
+            off = 128.0
+        else:
+            off = 1024.0
+        if W_SIGNED:
+            off += 8.0
+        q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
+    rows = tl.minimum((kt * 128) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if ZP != 0:
-        q = q - tl.load(z_ptr + g * stride_s + offs_n // GROUP_N, mask=mask_n, other=0).to(tl.float32)[:, None]
-    w = q * load_scale(s_ptr, g, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
+        z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
+        q = tl.reshape(tl.reshape(q, (BN, G, 128 // G)) - z.to(tl.float32)[:, :, None], (BN, 128))
+    s = load_scale(s_ptr, rows[None, :], (offs_n // GROUP_N)[:, None], mask_n[:, None], stride_s, SCALE_KIND, S_EXP,
+                   S_MAN)
+    w = tl.reshape(tl.reshape(q, (BN, G, 128 // G)) * s[:, :, None], (BN, 128))
     if HAS_GS:
         w = w * tl.load(gs_ptr)
     offs_k = kt * 128 + tl.arange(0, 128)
@@ -251,10 +306,11 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, bias if bias is not None else dummy, y,
         workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0), y.stride(0),
-        tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK, SCALE_KIND=tw.fmt["SCALE_KIND"],
-        S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"],
-        GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None,
-        BM=block_m, BN=block_n, SPLIT_K=split_k, NW=num_warps, STAGES=num_stages, num_warps=num_warps,
+        tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK, W_FLOAT=tw.fmt["W_FLOAT"],
+        SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"],
+        W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
+        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
+        NW=num_warps, STAGES=num_stages, num_warps=num_warps,
     )
     # fmt: on
     return y
@@ -269,8 +325,9 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
     _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, FRAG_K))](
         tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
-        tw.scales.stride(-2), PAIR_MASK, SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"],
-        S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=min(tw.group_k, tw.k),
+        tw.scales.stride(-2), PAIR_MASK, W_FLOAT=tw.fmt["W_FLOAT"], SCALE_KIND=tw.fmt["SCALE_KIND"],
+        S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"],
+        GROUP_K=min(tw.group_k, tw.k),
         GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, num_warps=4,
     )
     # fmt: on

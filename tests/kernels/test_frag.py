@@ -84,3 +84,36 @@ def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
         gemm_dense(x, to_triton_layout(qw), None, config=GemmConfig(16, 32, 32))
     planes = to_triton_layout(qw, allow_frag=False)
     assert not planes.frag and torch.equal(unpack_frag(to_triton_layout(qw).planes[0], 128), stored_codes(qw))
+
+
+FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16", "w4a16:e2m1:ch:fp32"]
+
+
+@pytest.fixture
+def frag_float(monkeypatch):
+    """ANYBIT_FRAG_FLOAT=1: e2m1 weights take the fragment layout (opt-in until measured on a GPU)."""
+    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+
+
+def test_e2m1_takes_the_fragment_layout_only_when_asked(monkeypatch):
+    assert not any(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
+    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+    assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
+    assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
+    assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations
+
+
+@pytest.mark.parametrize("text", FLOAT_FORMATS)
+@pytest.mark.parametrize("m", [1, 13, 40])
+def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_float, text, m):
+    x, qw, ref = _problem(text, m, 80, 384, seed=m)
+    prepared = prepare(qw, backend="triton")
+    assert prepared.data.frag
+    y = get_backend("triton").gemm(x, prepared)
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16"])
+def test_e2m1_dequantizer_is_exact(interpret, frag_float, text):
+    _, qw, _ = _problem(text, 1, 70, 256, seed=2)
+    assert torch.equal(dequantize_frag(to_triton_layout(qw), dtype=torch.float16), qw.dequantize(torch.float16))

@@ -117,3 +117,23 @@ def test_contiguous_alignment_contract_and_errors():
         moe_align_contiguous(torch.tensor([0, 5]), 4, 4)
     with pytest.raises(AnybitError, match="integer"):
         moe_align_contiguous(torch.tensor([0.0, 1.0]), 4, 4)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
+def test_grouped_gemm_e2m1_fragment_layout(interpret, monkeypatch, scheme):
+    """ANYBIT_FRAG_FLOAT=1: e2m1 experts in the fragment layout through the grouped kernel (split-K
+    and the silu·up epilogue included)."""
+    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+    g = torch.Generator().manual_seed(9)
+    e, k, t, n, kk = 6, 2, 5, 64, 384
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    assert tw.frag
+    x = torch.randn(t, kk, generator=g).half()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    aligned = moe_align(ids, e, 16)
+    ws, cnt = torch.empty(1 << 16), torch.zeros(256, dtype=torch.int32)
+    y = moe_gemm(x, tw, *aligned, block_m=16, num_rows=t * k, top_k=k, split_k=2, workspace=ws, counters=cnt)
+    w = qw.dequantize().double()
+    ref = torch.stack([x[r // k].double() @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
