@@ -24,6 +24,14 @@ from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 # fmt: off
 @triton.jit
+def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads."""
+    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
+    return rows, rows < num_rows, rows // TOP_K
+
+
+@triton.jit
 def _moe_gemm_kernel(
     x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, xs_ptr,
     ws_ptr, cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se,
@@ -40,10 +48,7 @@ def _moe_gemm_kernel(
     pid_k = tl.program_id(2)
     e = tl.load(expert_ptr + pid_m)
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
-        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
-        mask_m = rows < num_rows
-        src = rows // TOP_K
+        rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         cols_n = offs_n // GROUP_N
@@ -132,10 +137,9 @@ def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr, num_rows,
     n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, SPLIT_K: tl.constexpr,
     TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
-    SCALE_KIND: tl.constexpr,
-    S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-    GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr,
-    STAGES: tl.constexpr,
+    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
+    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NW: tl.constexpr, STAGES: tl.constexpr,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers."""
@@ -144,10 +148,7 @@ def _moe_frag_kernel(
     pid_k = tl.program_id(2)
     e = tl.load(expert_ptr + pid_m)
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
-        pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
-        mask_m = rows < num_rows
-        src = rows // TOP_K
+        rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         e64 = e.to(tl.int64)
