@@ -23,8 +23,8 @@ class Settings:
     """ANYBIT_MULTI_BACKEND=1: where the tuning cache measured another usable backend faster for a call's
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
-    frag_float: bool
-    """ANYBIT_FRAG_FLOAT=1: e2m1 weights (NVFP4, MXFP4, FP4 with group scales) take the fragment-layout
+    frag_experimental: bool
+    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 weights (NVFP4, MXFP4, FP4 with group scales) take the fragment-layout
     kernels too. Off until measured on a GPU: CPU-tested only so far."""
 
 
@@ -41,5 +41,5 @@ def load() -> Settings:
         cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
-        frag_float=os.environ.get("ANYBIT_FRAG_FLOAT", "0") == "1",
+        frag_experimental=os.environ.get("ANYBIT_FRAG_EXPERIMENTAL", "0") == "1",
     )

@@ -131,7 +131,8 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     _compiled.clear()
     if tw.frag:
         tile = frag_tile(m, n, k, 132, interpret=False)
-        gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt, **tile)
+        gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
+                  x_scales=extra.get("x_scales"), **tile)  # fmt: skip
         cfg = GemmConfig(tile["block_m"], tile["block_n"], 128, num_warps=tile["num_warps"])
     else:
         ws = torch.empty(max(1, cfg.split_k * m * n))

@@ -205,7 +205,7 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
-        if config is None and tw.frag and m > FRAG_MAX_M:
+        if config is None and tw.frag and m > FRAG_MAX_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
@@ -213,8 +213,6 @@ class TritonBackend:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
-        if tw.frag:
-            return self._gemm_frag(x2, tw, bias, config).reshape(*lead, tw.n)
         x_scales, x_group, out_dtype = None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
@@ -227,6 +225,12 @@ class TritonBackend:
         if config.split_k > 1:
             tiles = cdiv(m, config.block_m) * cdiv(tw.n, config.block_n)
             ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
+        if tw.frag:  # the swap-AB kernel; its K block is the layout's 128
+            c = config
+            y = gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
+                          num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
+                          x_scales=x_scales, out_dtype=out_dtype)  # fmt: skip
+            return y.reshape(*lead, tw.n)
         y = gemm_dense(
             x2,
             tw,
@@ -240,15 +244,6 @@ class TritonBackend:
         )
         return y.reshape(*lead, tw.n)
 
-    def _gemm_frag(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, c: GemmConfig):
-        """Fragment-layout weights: the swap-AB kernel (block_k is the layout's 128)."""
-        ws = cnt = None
-        if c.split_k > 1:
-            tiles = cdiv(x.shape[0], c.block_m) * cdiv(tw.n, c.block_n)
-            ws, cnt = self._workspace.get(x.device, c.split_k * x.shape[0] * tw.n, tiles)
-        return gemm_frag(x, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
-                         num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt)  # fmt: skip
-
     def _tuned_config(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> GemmConfig:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
@@ -256,8 +251,8 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
-        if tw.frag and tw.fmt["W_FLOAT"]:
-            # opt-in (ANYBIT_FRAG_FLOAT) while unmeasured: the cached tiles of these schemes were tuned
+        if tw.frag and (tw.fmt["W_FLOAT"] or tw.scheme.act.quantized):
+            # opt-in (ANYBIT_FRAG_EXPERIMENTAL) while unmeasured: the cached tiles of these schemes were tuned
             # for the bit-plane kernel, so they are not this kernel's
             return default
         entry = cache.get(key)

@@ -12,7 +12,7 @@ import torch
 
 from anybit import settings
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
-from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
+from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag import pack_frag
 from anybit.quant.weights import QuantizedWeight
 
@@ -92,18 +92,22 @@ def frag_format(scheme: Scheme) -> bool:
     """Weights that get the fragment layout (`anybit.kernels.frag`), whose kernels decode two weights
     per instruction straight into the tensor cores' registers: bf16/fp16 activations and 4-bit integer
     weights (no or an integer zero point) with scales per channel, per tensor or per whole 128-K
-    blocks; with ANYBIT_FRAG_FLOAT=1 also e2m1 weights without zero point, scales per channel/tensor,
-    per 16/32/64 along K or per whole 128-K blocks (NVFP4, MXFP4)."""
-    w, g = scheme.weight, scheme.granularity
-    if scheme.act.quantized or w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
+    blocks. With ANYBIT_FRAG_EXPERIMENTAL=1 (built, not yet measured on a GPU) also: e2m1 weights
+    without zero point and scales per channel/tensor, per 16/32/64 along K or per whole 128-K blocks
+    (NVFP4, MXFP4); and those integer weights with e4m3 activations quantized per token (W4A8)."""
+    w, g, act = scheme.weight, scheme.granularity, scheme.act
+    if w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
         return False
+    experimental = settings.load().frag_experimental
+    whole_blocks = g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
+    if act.quantized:
+        token_e4m3 = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
+        return experimental and isinstance(w, IntType) and token_e4m3 and whole_blocks
     if isinstance(w, FloatType):
-        if not (settings.load().frag_float and (w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
+        if not (experimental and (w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
             return False
-        return g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k in (16, 32, 64) or g.k % 128 == 0
-    if not isinstance(w, IntType):
-        return False
-    return g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
+        return whole_blocks or g.k in (16, 32, 64)
+    return isinstance(w, IntType) and whole_blocks
 
 
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
@@ -140,7 +144,7 @@ def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
     if nk:
         return [qw.codes().view(torch_float8(qw.scheme.weight))]
     if frag:
-        return [pack_frag(stored_codes(qw))]
+        return [pack_frag(stored_codes(qw), a8=qw.scheme.act.quantized)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 
 

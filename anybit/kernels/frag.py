@@ -32,36 +32,43 @@ FRAG_K = 128  # K block of the layout (and of every kernel's main loop)
 PAIR_MASK = 0x000F000F  # passed at run time: ptxas then fuses the and/or into one LOP3
 
 
-def _frag_order() -> torch.Tensor:
-    """inv[8*w + p] = the k (0..127) stored in word w at nibble p."""
+def _frag_order(a8: bool = False) -> torch.Tensor:
+    """inv[8*w + p] = the k (0..127) stored in word w at nibble p. bf16/fp16 MMA (A fragment: pairs of
+    k): k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e. FP8 MMA (`a8`, k32 steps, four
+    consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at nibble 2i + j, so
+    ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
     inv = [0] * FRAG_K
     for k in range(FRAG_K):
-        e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
-        inv[8 * (4 * t + c) + j + 4 * e] = k
+        if a8:
+            i, t, j, c = k & 3, (k >> 2) & 3, (k >> 4) & 1, k >> 5
+            inv[8 * (4 * t + c) + 2 * i + j] = k
+        else:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
+            inv[8 * (4 * t + c) + j + 4 * e] = k
     return torch.tensor(inv)
 
 
-def pack_frag(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 4-bit codes [..., N, K] -> int32 [..., N, K_pad/8] in the fragment order (K padded with
-    code 0 to a multiple of 128; kernels mask the activations there)."""
+def pack_frag(codes: torch.Tensor, a8: bool = False) -> torch.Tensor:
+    """uint8 4-bit codes [..., N, K] -> int32 [..., N, K_pad/8] in the fragment order (`a8`: the FP8
+    MMA's; K padded with code 0 to a multiple of 128; kernels mask the activations there)."""
     *lead, n, k = codes.shape
     c = codes.to(torch.int64)
     pad = -k % FRAG_K
     if pad:
         c = torch.cat([c, c.new_zeros(*lead, n, pad)], dim=-1)
-    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order().to(c.device)]
+    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order(a8).to(c.device)]
     nibbles = blocks.reshape(*lead, n, -1, 16, 8) << (torch.arange(8, device=c.device) * 4)
     words = nibbles.sum(dim=-1).reshape(*lead, n, -1)  # disjoint nibbles: the sum is the OR
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
 
 
-def unpack_frag(words: torch.Tensor, k: int) -> torch.Tensor:
+def unpack_frag(words: torch.Tensor, k: int, a8: bool = False) -> torch.Tensor:
     """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]."""
     *lead, n, kw = words.shape
     w = words.to(torch.int64).reshape(*lead, n, -1, 16, 1) & 0xFFFFFFFF
     nib = ((w >> (torch.arange(8, device=words.device) * 4)) & 0xF).reshape(*lead, n, -1, FRAG_K)
     out = torch.empty_like(nib)
-    out[..., _frag_order().to(words.device)] = nib
+    out[..., _frag_order(a8).to(words.device)] = nib
     return out.reshape(*lead, n, kw * 8)[..., :k].to(torch.uint8)
 
 
@@ -138,6 +145,22 @@ def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def unpack_a8(p, R: tl.constexpr, MASK):
+    """[R, 16] words in the FP8 fragment order -> [R, 128] e4m3 in natural K order whose bytes are the
+    unsigned codes q themselves: e4m3 reads a byte 0..15 as q * 2**-9 exactly (subnormals and the
+    first binade). One LOP3 (and one shift) per four codes."""
+    r0 = (p >> (MASK >> 31)) & 0x0F0F0F0F  # j = 0 (the opaque zero shift keeps LLVM from splitting it)
+    r1 = (p >> 4) & 0x0F0F0F0F  # j = 1
+    rr = tl.join(r0, r1)  # [R, 16, 2]: j
+    b0 = rr.to(tl.int8)
+    b1 = (rr >> 8).to(tl.int8)
+    b2 = (rr >> 16).to(tl.int8)
+    b3 = (rr >> 24).to(tl.int8)
+    b = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, 4, 4, 2, 4))  # (t, c, j, i)
+    return tl.reshape(tl.permute(b, (0, 2, 3, 1, 4)), (R, 128)).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
                    W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                    ZP: tl.constexpr, GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr,
@@ -150,7 +173,17 @@ def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, st
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
     g = (kt * 128) // GROUP_K
-    if W_FLOAT:
+    if dtype == tl.float8e4nv:
+        # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
+        part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
+        xsum = tl.sum(xt.to(tl.float32), axis=0)
+        if ZP != 0:
+            z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
+            zb = tl.reshape(rows_to_mma(tl.reshape(z + off, (BN, 1)), BN, NW, 1), (BN,))
+            part = part - zb[:, None] * xsum[None, :]
+        else:
+            part = part - off * xsum[None, :]
+    elif W_FLOAT:
         w = unpack_e2m1(p, BN, MASK, dtype)
         if GROUP_K < 128:
             G: tl.constexpr = 128 // GROUP_K
@@ -167,7 +200,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, st
         w = unpack_pairs(p, BN, MASK, dtype) - zo[:, None]
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
-    part = tl.dot(w, xt)
+    if dtype != tl.float8e4nv:
+        part = tl.dot(w, xt)
     if PER_BLOCK:
         s = load_scale(s_ptr, g, offs_gn, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)
         part = part * tl.reshape(rows_to_mma(tl.reshape(s, (BN, 1)), BN, NW, 1), (BN,))[:, None]
@@ -183,9 +217,11 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K)."""
     if x_ptr.dtype.element_ty == tl.bfloat16:
-        off = 128.0
-    else:
+        off = 128.0  # MAGIC of the pair decode
+    elif x_ptr.dtype.element_ty == tl.float16:
         off = 1024.0
+    else:
+        off = 0.0  # FP8 x: the codes reach the MMA as they are
     if W_SIGNED:
         off += 8.0
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
@@ -202,12 +238,12 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
 
 
 @triton.jit(do_not_specialize=["MASK"])
-def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm,
-                      stride_ym, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
-                      S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
-                      GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, NW: tl.constexpr,
-                      STAGES: tl.constexpr):
+def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                      stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr,
+                      SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                      W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
+                      NW: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -225,6 +261,8 @@ def _frag_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_pt
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
+    if x_ptr.dtype.element_ty == tl.float8e4nv:  # per-token scales of the FP8 activations
+        acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)[None, :]
     tile = pid_m * tl.num_programs(0) + pid_n
     store_or_reduce(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k,
                     HAS_BIAS, SPLIT_K)
@@ -288,27 +326,35 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool) -> dict:
 
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
-              num_stages: int = 4, workspace=None, counters=None, out=None) -> torch.Tensor:  # fmt: skip
-    """y [M, N] = x [M, K] (bf16/fp16) @ dequantize(W)^T for a prepared weight in the fragment layout
-    (`TritonWeight.frag`). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed int32
-    `counters` (>= output tiles), left ready for the next call."""
+              num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None,
+              out_dtype=None) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
+    (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
+    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order); y in out_dtype
+    (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
+    int32 `counters` (>= output tiles), left ready for the next call."""
     m, k = x.shape
     n = tw.n
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
-    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    fp8 = x.dtype == torch.float8_e4m3fn
+    if fp8 != tw.scheme.act.quantized or fp8 != (x_scales is not None):
+        raise ValueError(f"{tw.scheme} was packed for {'e4m3' if tw.scheme.act.quantized else 'bf16/fp16'} "
+                         f"activations (with x_scales for e4m3); got {x.dtype}")  # fmt: skip
+    dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
     grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
     if split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
     dummy = tw.scales
     # fmt: off
     _frag_gemm_kernel[grid](
-        x, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+        x, x_scales if fp8 else dummy, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, bias if bias is not None else dummy, y,
-        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0), y.stride(0),
-        tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK, W_FLOAT=tw.fmt["W_FLOAT"],
-        SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"],
-        W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
+        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0),
+        x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK,
+        W_FLOAT=tw.fmt["W_FLOAT"], SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"],
+        ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, num_warps=num_warps,
     )
@@ -319,6 +365,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
 def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
     """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
     rounded once)."""
+    if tw.scheme.act.quantized:
+        raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: gemm_frag with FP8 activations runs it")
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
     dummy = tw.scales
     # fmt: off

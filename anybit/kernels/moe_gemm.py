@@ -134,9 +134,9 @@ def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, s
 
 @triton.jit(do_not_specialize=["MASK"])
 def _moe_frag_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr, num_rows,
-    n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, SPLIT_K: tl.constexpr,
-    TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
+    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr,
+    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
+    SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr,
@@ -162,9 +162,9 @@ def _moe_frag_kernel(
         if GROUP_K >= 1 << 30:  # one scale over all of K
             acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                    S_EXP, S_MAN)[:, None]
-        _finish_rows(tl.trans(acc), e, gs_ptr, rw_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
-                     mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M,
-                     BLOCK_N)
+        _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
+                     mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, x_ptr.dtype.element_ty == tl.float8e4nv,
+                     MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -271,11 +271,11 @@ def moe_gemm(
             raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {tiles} counters")
     dummy = tw.scales
     if tw.frag:
-        if fp8_x:
-            raise ValueError("fragment-layout experts take bf16/fp16 activations, not FP8")
+        if fp8_x != tw.scheme.act.quantized:
+            raise ValueError(f"{tw.scheme} experts were packed for {'e4m3' if fp8_x else 'bf16/fp16'} activations")
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+            x, x_scales if fp8_x else dummy, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
             tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
             routed_weights if routed_weights is not None else dummy, workspace if split_k > 1 else dummy,
             counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0),

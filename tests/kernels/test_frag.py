@@ -90,14 +90,14 @@ FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16"
 
 
 @pytest.fixture
-def frag_float(monkeypatch):
-    """ANYBIT_FRAG_FLOAT=1: e2m1 weights take the fragment layout (opt-in until measured on a GPU)."""
-    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+def frag_experimental(monkeypatch):
+    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 weights take the fragment layout (opt-in until measured on a GPU)."""
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
 
 
 def test_e2m1_takes_the_fragment_layout_only_when_asked(monkeypatch):
     assert not any(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
-    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
     assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
     assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations
@@ -105,7 +105,7 @@ def test_e2m1_takes_the_fragment_layout_only_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("text", FLOAT_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 40])
-def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_float, text, m):
+def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
     x, qw, ref = _problem(text, m, 80, 384, seed=m)
     prepared = prepare(qw, backend="triton")
     assert prepared.data.frag
@@ -114,6 +114,30 @@ def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_float, text, m):
 
 
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16"])
-def test_e2m1_dequantizer_is_exact(interpret, frag_float, text):
+def test_e2m1_dequantizer_is_exact(interpret, frag_experimental, text):
     _, qw, _ = _problem(text, 1, 70, 256, seed=2)
     assert torch.equal(dequantize_frag(to_triton_layout(qw), dtype=torch.float16), qw.dequantize(torch.float16))
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token"])
+@pytest.mark.parametrize("m", [1, 13, 70])
+def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
+    """ANYBIT_FRAG_EXPERIMENTAL=1: int4 weights in the FP8 MMA's order, e4m3 x per token; against a
+    reference from the kernel's own quantized x (the interpreter's fp32 -> fp8 drops rounding carries)."""
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    _, qw, _ = _problem(text, m, 80, 384, seed=m)
+    tw = to_triton_layout(qw)
+    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], 384, a8=True), stored_codes(qw))
+    x = torch.randn(m, 384, generator=torch.Generator().manual_seed(m)).half()
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
+    ws, cnt = torch.empty(2 * m * 80), torch.zeros(64, dtype=torch.int32)
+    y = gemm_frag(xq, tw, block_m=16, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt,
+                  x_scales=xs, out_dtype=torch.float16)  # fmt: skip
+    assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    prepared = prepare(qw, backend="triton")  # the backend path: quantize, then the same kernel
+    assert rel_err(get_backend("triton").gemm(x, prepared), ref) < 4 * GEMM_REL_ERR[torch.float16]
+    with pytest.raises(ValueError, match="packed for e4m3"):
+        gemm_frag(x, tw, block_m=16, block_n=64)

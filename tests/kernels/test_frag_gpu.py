@@ -54,15 +54,37 @@ def test_every_swept_tile(bn, warps, stages, m, split):
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16"])
 @pytest.mark.parametrize("m", [1, 13, 64, 300])
 def test_e2m1_in_bf16_bitwise_stable(monkeypatch, text, m):
-    """ANYBIT_FRAG_FLOAT=1 on the GPU in bf16: the e2m1 decode leans on bf16 subnormals (the two e=0
+    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU in bf16: the e2m1 decode leans on bf16 subnormals (the two e=0
     codes) surviving the packed multiply; M=300 runs the dequantizer + cuBLAS."""
     from anybit import prepare
     from anybit.backends import get_backend
 
-    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     p = prepare(qw, backend="triton")
     assert p.data.frag
+    be = get_backend("triton")
+    y1, y2 = be.gemm(x, p), be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
+    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU: W4A8 through the FP8 fragment kernel at every M (it has no
+    dequantize path), against the exact product of the quantizer's own x, bit-stable."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    x, qw, _ = _case(text, m, 3000, 4096, seed=m)
+    p = prepare(qw, backend="triton")
+    assert p.data.frag
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
     be = get_backend("triton")
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]

@@ -121,9 +121,9 @@ def test_contiguous_alignment_contract_and_errors():
 
 @pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
 def test_grouped_gemm_e2m1_fragment_layout(interpret, monkeypatch, scheme):
-    """ANYBIT_FRAG_FLOAT=1: e2m1 experts in the fragment layout through the grouped kernel (split-K
+    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 experts in the fragment layout through the grouped kernel (split-K
     and the silu·up epilogue included)."""
-    monkeypatch.setenv("ANYBIT_FRAG_FLOAT", "1")
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     g = torch.Generator().manual_seed(9)
     e, k, t, n, kk = 6, 2, 5, 64, 384
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
@@ -136,4 +136,24 @@ def test_grouped_gemm_e2m1_fragment_layout(interpret, monkeypatch, scheme):
     y = moe_gemm(x, tw, *aligned, block_m=16, num_rows=t * k, top_k=k, split_k=2, workspace=ws, counters=cnt)
     w = qw.dequantize().double()
     ref = torch.stack([x[r // k].double() @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+def test_grouped_gemm_w4a8_fragment_layout(interpret, monkeypatch):
+    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 experts in the FP8 fragment order, per-token x scales."""
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    g = torch.Generator().manual_seed(13)
+    e, k, t, n, kk = 5, 2, 9, 64, 256
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "w4a8")
+    tw = stack_experts(qw)
+    assert tw.frag
+    xq, xs = quantize_act(torch.randn(t, kk, generator=g).half(), qw.scheme.act)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    y = moe_gemm(xq, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
+                 out_dtype=torch.float16)  # fmt: skip
+    xd, w = dequantize_activation(xq, xs, qw.scheme.act).double(), qw.dequantize().double()
+    ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
