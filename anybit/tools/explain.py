@@ -23,7 +23,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
-    if frag and m > FRAG_MAX_M:
+    if frag and m > FRAG_MAX_M and not scheme.act.quantized:
         return f"4-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
