@@ -42,7 +42,7 @@ def time_us(fns: list[Callable[[], object]], m: int, recipe: Recipe) -> float:
 
 def _uses_tiles(scheme: Scheme, m: int) -> bool:
     """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS)."""
-    if frag_format(scheme):
+    if frag_format(scheme) and not scheme.act.quantized:  # FP8 frag weights run their kernel at every M
         return m <= FRAG_MAX_M
     return scheme.act.quantized or m <= DEQUANT_MATMUL_MIN_M
 
