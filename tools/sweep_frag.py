@@ -4,7 +4,7 @@ and Humming on the same weights (CUDA-graph µs per call, weight copies beyond L
     python tools/sweep_frag.py [--shapes 8192x8192,28672x4096] [--m 1,4,16,32,64] [--scheme w4a16] [--out DIR]
 
 Prints per (shape, M): the default tile's time, the best swept tile, the bit-plane kernel's default
-and humming (when installed); writes every sample to DIR/sweep_frag.json.
+and humming (when installed); writes every sample to DIR/sweep_frag_<scheme>.json.
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ def main() -> int:
     ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336,8192x28672", help="NxK,...")
     ap.add_argument("--m", default="1,4,16,32,64")
     ap.add_argument("--scheme", default="w4a16")
+    ap.add_argument("--tiles", default="", help="only these tiles, BNxWARPSxSTAGES,... (default: all of TILES)")
+    ap.add_argument("--splits", default="1,2,4,8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     tri = get_backend("triton")
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")] if args.tiles else TILES
+    splits = [int(v) for v in args.splits.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows, summary = [], []
     for shape in args.shapes.split(","):
@@ -62,8 +66,8 @@ def main() -> int:
             default = frag_tile(m, n, k, sms, False)
             bm = default["block_m"]
             res = {"default": _time(tri, x, frag)}
-            for bn, warps, stages in TILES:
-                for split in (1, 2, 4, 8):
+            for bn, warps, stages in tiles:
+                for split in splits:
                     cfg = GemmConfig(bm, bn, 128, split, num_warps=warps, num_stages=stages)
                     try:
                         us = _time(tri, x, frag, cfg)
@@ -78,11 +82,11 @@ def main() -> int:
                 res["humming"] = _time(get_backend("humming"), x, hum)
             floor = (n * k / 2 + n * k / 128 * 2 + 2 * m * (n + k)) / 4.2e12 * 1e6
             summary.append(dict(n=n, k=k, m=m, floor_us=floor, default_tile=default, **res))
-            b = res["best"]
+            b = res.setdefault("best", (float("nan"), "none ran"))
             print(f"{n}x{k} M={m:<3d} floor {floor:6.1f}  frag default {res['default']:6.1f} (bn{default['block_n']} "
                   f"sk{default['split_k']})  best {b[0]:6.1f} {b[1]:20s} planes {res['planes']:6.1f}  "
                   f"humming {res.get('humming', float('nan')):6.1f}", flush=True)  # fmt: skip
-    with open(os.path.join(args.out, "sweep_frag.json"), "w") as f:
+    with open(os.path.join(args.out, f"sweep_frag_{args.scheme}.json"), "w") as f:
         json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
     return 0
 
