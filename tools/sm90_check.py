@@ -215,7 +215,8 @@ def main() -> int:
                 print(run(fmt, m, n, k, cuobjdump, args.sass_dir), flush=True)
             except Exception as ex:  # report and go on: one broken kernel should not hide the others
                 failed += 1
-                print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(ex).__name__}: {str(ex)[:400]}", flush=True)
+                cause = f" <- {str(ex.__cause__)[-900:]}" if ex.__cause__ else ""
+                print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(ex).__name__}: {str(ex)[-400:]}{cause}", flush=True)
     return 1 if failed else 0
 
 

@@ -145,7 +145,12 @@ def decode_weight(
 def load_scale(ptr, rows, cols, mask, stride, KIND: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr):
     """Scales at [rows, cols] (broadcastable index tensors) -> fp32.
     KIND 0: stored as fp16/bf16/fp32; 1: 8-bit float codes (e4m3/e5m2); 2: ue8m0 codes."""
-    raw = tl.load(ptr + rows * stride + cols, mask=mask, other=0)
+    return decode_scale(tl.load(ptr + rows * stride + cols, mask=mask, other=0), KIND, EXP, MAN)
+
+
+@triton.jit
+def decode_scale(raw, KIND: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr):
+    """Stored scales (as loaded) -> fp32, KIND as in `load_scale`."""
     if KIND == 0:
         return raw.to(tl.float32)
     codes = raw.to(tl.int32)

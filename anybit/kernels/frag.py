@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import cdiv, load_scale
+from anybit.kernels.dequant import cdiv, decode_scale, load_scale
 from anybit.kernels.splitk import store_or_reduce
 
 FRAG_K = 128  # K block of the layout (and of every kernel's main loop)
@@ -161,50 +161,64 @@ def unpack_a8(p, R: tl.constexpr, MASK):
 
 
 @triton.jit
-def frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
-                   W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
-                   ZP: tl.constexpr, GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr,
-                   NW: tl.constexpr):
+def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constexpr, G: tl.constexpr,
+               NW: tl.constexpr):
+    """The stored (undecoded) per-group values (scales or zero points) of K block kt: [BN, G], G groups
+    per block (1 when groups are whole blocks). The load reads up to 3 G following groups too, until
+    every thread's share is 4 bytes: a narrower load cannot take the asynchronous copy by which the
+    pipeliner fetches it stages ahead (as the weight and x tiles), and waiting for it in the block
+    that uses it stalled every block on a global-memory round trip."""
+    BN: tl.constexpr = offs_gn.shape[0]
+    LG: tl.constexpr = min(max(G, 128 * NW // (BN * ptr.dtype.element_ty.primitive_bitwidth // 8)), 4 * G)
+    g = (kt * 128) // GROUP_K + tl.arange(0, LG)
+    t = tl.load(ptr + g[None, :] * stride_s + offs_gn[:, None], mask=mask_n[:, None] & (g < n_groups)[None, :],
+                other=0)
+    if LG > G:  # keep the first G groups: split off halves (register renaming only)
+        t = tl.permute(tl.reshape(t, (BN, 2, LG // G // 2, G)), (0, 3, 2, 1))
+        t, _ = tl.split(t)
+        if LG // G > 2:
+            t, _ = tl.split(t)
+    return tl.reshape(t, (BN, G))
+
+
+@triton.jit
+def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
+                   SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
-    [128, BM], scaled by the block's group scales when PER_BLOCK (else unscaled). Float codes with
-    groups shorter than the block get their scales in registers (exact: e2m1 times an e4m3 or
-    power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element scaling."""
+    [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
+    unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
+    e2m1 times an e4m3 or power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element
+    scaling."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
-    g = (kt * 128) // GROUP_K
+    if ZP != 0:
+        zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
     if dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
         part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
         xsum = tl.sum(xt.to(tl.float32), axis=0)
         if ZP != 0:
-            z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
-            zb = tl.reshape(rows_to_mma(tl.reshape(z + off, (BN, 1)), BN, NW, 1), (BN,))
-            part = part - zb[:, None] * xsum[None, :]
+            part = part - zo[:, None] * xsum[None, :]
         else:
             part = part - off * xsum[None, :]
     elif W_FLOAT:
         w = unpack_e2m1(p, BN, MASK, dtype)
         if GROUP_K < 128:
             G: tl.constexpr = 128 // GROUP_K
-            rows = (kt * 128) // GROUP_K + tl.arange(0, G)
-            s = load_scale(s_ptr, rows[None, :], offs_gn[:, None], mask_n[:, None], stride_s, SCALE_KIND, S_EXP,
-                           S_MAN)
-            s = rows_to_mma(s, BN, NW, G).to(dtype)
+            s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
             w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
         # (ptxas re-packs the row's (z, z) pair per use: ~2 PRMT per pair; integer-domain variants
         # of this moved the tile through shared memory instead, see docs/ARCHITECTURE.md)
-        z = tl.load(z_ptr + g * stride_s + offs_gn, mask=mask_n, other=0).to(tl.float32)
-        zo = tl.reshape(rows_to_mma(tl.reshape(z + off, (BN, 1)), BN, NW, 1), (BN,)).to(dtype)
-        w = unpack_pairs(p, BN, MASK, dtype) - zo[:, None]
+        w = unpack_pairs(p, BN, MASK, dtype) - zo.to(dtype)[:, None]
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
     if dtype != tl.float8e4nv:
         part = tl.dot(w, xt)
     if PER_BLOCK:
-        s = load_scale(s_ptr, g, offs_gn, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)
-        part = part * tl.reshape(rows_to_mma(tl.reshape(s, (BN, 1)), BN, NW, 1), (BN,))[:, None]
+        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
     return part
 
 
@@ -215,7 +229,9 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
-    shorter than K)."""
+    shorter than K).
+
+    The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`)."""
     if x_ptr.dtype.element_ty == tl.bfloat16:
         off = 128.0  # MAGIC of the pair decode
     elif x_ptr.dtype.element_ty == tl.float16:
@@ -225,15 +241,27 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     if W_SIGNED:
         off += 8.0
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
+    HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
+    G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1
     offs_k = tl.arange(0, 128)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
     offs_gn = offs_n // GROUP_N
+    n_groups = tl.cdiv(K, GROUP_K)
+    unused = tl.zeros((BN, G), dtype=tl.int8)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+        if HAS_S:
+            s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW)
+        else:
+            s_raw = unused
+        if ZP != 0:
+            z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW)
+        else:
+            z_raw = unused
         x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
-        acc += frag_block_dot(w_ptrs, x_ptrs, s_ptr, z_ptr, kt, offs_gn, mask_n, x_mask, stride_s, MASK, off,
-                              W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+        acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
+                              S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
     return rows_from_mma(acc, BN, NW, BM)
 
 
