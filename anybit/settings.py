@@ -24,8 +24,8 @@ class Settings:
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     frag_experimental: bool
-    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 weights (NVFP4, MXFP4, FP4 with group scales) take the fragment-layout
-    kernels too. Off until measured on a GPU: CPU-tested only so far."""
+    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
+    kernels too. Off until its large-M speed is measured (its layout has no dequantize-then-cuBLAS path)."""
 
 
 def _names(value: str) -> tuple[str, ...]:

@@ -118,15 +118,23 @@ def _triton_errors() -> tuple[type[BaseException], ...]:
     return tuple(e for e in names if e is not None)
 
 
-@functools.cache
-def _tuning_cache_at(device: torch.device, cache_dir: str) -> TuningCache:
-    from anybit.kernels.frag import _frag_gemm_kernel
+def gemm_source_hash() -> str:
+    """The source hash the tuning tables of the dense GEMM are filed under: its kernels, and the frag
+    kernel's helpers (its loop lives there, so a change to them re-tunes too)."""
+    from anybit.kernels import frag
     from anybit.kernels.gemm import _gemm_kernel
     from anybit.kernels.quant_act import _quant_act_kernel
 
+    kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_block_dot,
+               frag.block_meta, frag.unpack_pairs, frag.unpack_e2m1, frag.unpack_a8)  # fmt: skip
+    return source_hash(*kernels)
+
+
+@functools.cache
+def _tuning_cache_at(device: torch.device, cache_dir: str) -> TuningCache:
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
     root = os.path.join(cache_dir, "tuning")
-    return TuningCache("gemm", source_hash(_gemm_kernel, _quant_act_kernel, _frag_gemm_kernel), device_key(props), root)
+    return TuningCache("gemm", gemm_source_hash(), device_key(props), root)
 
 
 @functools.cache
@@ -251,9 +259,8 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
-        if tw.frag and (tw.fmt["W_FLOAT"] or tw.scheme.act.quantized):
-            # opt-in (ANYBIT_FRAG_EXPERIMENTAL) while unmeasured: the cached tiles of these schemes were tuned
-            # for the bit-plane kernel, so they are not this kernel's
+        if tw.frag and tw.scheme.act.quantized:
+            # opt-in (ANYBIT_FRAG_EXPERIMENTAL): the cached W4A8 tiles were tuned for the bit-plane kernel
             return default
         entry = cache.get(key)
         if entry is not None:

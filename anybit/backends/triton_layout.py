@@ -90,11 +90,11 @@ def fp8_as_is(scheme: Scheme) -> bool:
 
 def frag_format(scheme: Scheme) -> bool:
     """Weights that get the fragment layout (`anybit.kernels.frag`), whose kernels decode two weights
-    per instruction straight into the tensor cores' registers: bf16/fp16 activations and 4-bit integer
+    per instruction straight into the tensor cores' registers: bf16/fp16 activations with 4-bit integer
     weights (no or an integer zero point) with scales per channel, per tensor or per whole 128-K
-    blocks. With ANYBIT_FRAG_EXPERIMENTAL=1 (built, not yet measured on a GPU) also: e2m1 weights
-    without zero point and scales per channel/tensor, per 16/32/64 along K or per whole 128-K blocks
-    (NVFP4, MXFP4); and those integer weights with e4m3 activations quantized per token (W4A8)."""
+    blocks, or e2m1 weights without zero point and scales per channel/tensor, per 16/32/64 along K or
+    per whole 128-K blocks (NVFP4, MXFP4). With ANYBIT_FRAG_EXPERIMENTAL=1 also those integer weights
+    with e4m3 activations quantized per token (W4A8: faster at M <= 64, large M not yet measured)."""
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if w.bits != 4 or scheme.zero_point is ZeroPoint.FLOAT:
         return False
@@ -104,7 +104,7 @@ def frag_format(scheme: Scheme) -> bool:
         token_e4m3 = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
         return experimental and isinstance(w, IntType) and token_e4m3 and whole_blocks
     if isinstance(w, FloatType):
-        if not (experimental and (w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
+        if not ((w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
             return False
         return whole_blocks or g.k in (16, 32, 64)
     return isinstance(w, IntType) and whole_blocks

@@ -341,16 +341,15 @@ def frag_group_k(tw) -> int:
 
 def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool) -> dict:
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweep
-    (`tools/sweep_frag.py`, BENCHMARKS.md): up to 16 tokens 128-row tiles of 4 warps split until ~3
-    CTAs per SM; above, 8 warps and ~1.5 CTAs per SM (the MMA side grows); >= 4 K blocks per split."""
+    (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
+    launch holds ~2 CTAs per SM (int4, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > 128 else 1, num_warps=4, num_stages=1)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    warps, stages, fill = (4, 4, 3.0) if m <= 16 else (8, 3, 1.5)
     tiles, k_blocks, split = cdiv(n, 128) * cdiv(m, bm), cdiv(k, FRAG_K), 1
-    while tiles * split < fill * num_sms and split * 2 * 4 <= k_blocks and split < 16:
+    while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
         split *= 2
-    return dict(block_m=bm, block_n=128, split_k=split, num_warps=warps, num_stages=stages)
+    return dict(block_m=bm, block_n=128, split_k=split, num_warps=4, num_stages=4)
 
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,

@@ -111,7 +111,7 @@ class QuantMoE(nn.Module):
         from anybit.kernels.dequant import cdiv
         from anybit.kernels.moe_gemm import moe_split_k
 
-        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device))
+        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device), tw.frag)
                                  if x.is_cuda else 1)  # fmt: skip
         if split == 1:
             return dict(num_rows=rows)

@@ -31,7 +31,7 @@ def _problem(text, m, n, k, seed):
 
 def test_which_formats_take_the_fragment_layout():
     assert all(frag_format(Scheme.parse(t)) for t in FRAG_FORMATS)
-    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "mxfp4", "w8a16", "w3a16"]:
+    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "w8a16", "w3a16"]:
         assert not frag_format(Scheme.parse(t)), t
 
 
@@ -91,21 +91,22 @@ FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16"
 
 @pytest.fixture
 def frag_experimental(monkeypatch):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 weights take the fragment layout (opt-in until measured on a GPU)."""
+    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 takes the fragment layout (opt-in until its large M is measured)."""
     monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
 
 
-def test_e2m1_takes_the_fragment_layout_only_when_asked(monkeypatch):
-    assert not any(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+def test_fragment_layout_formats(monkeypatch):
     assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
     assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
-    assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations
+    assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations, e2m1
+    assert not frag_format(Scheme.parse("w4a8"))  # W4A8: only when asked
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    assert frag_format(Scheme.parse("w4a8"))
 
 
 @pytest.mark.parametrize("text", FLOAT_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 40])
-def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
+def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, text, m):
     x, qw, ref = _problem(text, m, 80, 384, seed=m)
     prepared = prepare(qw, backend="triton")
     assert prepared.data.frag
@@ -114,7 +115,7 @@ def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text
 
 
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16"])
-def test_e2m1_dequantizer_is_exact(interpret, frag_experimental, text):
+def test_e2m1_dequantizer_is_exact(interpret, text):
     _, qw, _ = _problem(text, 1, 70, 256, seed=2)
     assert torch.equal(dequantize_frag(to_triton_layout(qw), dtype=torch.float16), qw.dequantize(torch.float16))
 

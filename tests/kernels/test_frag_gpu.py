@@ -53,13 +53,12 @@ def test_every_swept_tile(bn, warps, stages, m, split):
 
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16"])
 @pytest.mark.parametrize("m", [1, 13, 64, 300])
-def test_e2m1_in_bf16_bitwise_stable(monkeypatch, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU in bf16: the e2m1 decode leans on bf16 subnormals (the two e=0
+def test_e2m1_in_bf16_bitwise_stable(text, m):
+    """On the GPU in bf16: the e2m1 decode leans on bf16 subnormals (the two e=0
     codes) surviving the packed multiply; M=300 runs the dequantizer + cuBLAS."""
     from anybit import prepare
     from anybit.backends import get_backend
 
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     p = prepare(qw, backend="triton")
     assert p.data.frag

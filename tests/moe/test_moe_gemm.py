@@ -120,10 +120,9 @@ def test_contiguous_alignment_contract_and_errors():
 
 
 @pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
-def test_grouped_gemm_e2m1_fragment_layout(interpret, monkeypatch, scheme):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: e2m1 experts in the fragment layout through the grouped kernel (split-K
-    and the silu·up epilogue included)."""
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+def test_grouped_gemm_e2m1_fragment_layout(interpret, scheme):
+    """e2m1 experts in the fragment layout through the grouped kernel (split-K and the silu·up
+    epilogue included)."""
     g = torch.Generator().manual_seed(9)
     e, k, t, n, kk = 6, 2, 5, 64, 384
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
