@@ -1,8 +1,9 @@
 """The Triton backend's prepared weight: bit planes packed along K, N contiguous (see
 `anybit.kernels.dequant` for where every bit lives), scales and zeros transposed to [K groups, N].
 FP8 weights paired with FP8 activations of the same encoding stay as they are, [N, K] with K
-contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wants. 4-bit integer
-weights with bf16/fp16 activations use the MMA-fragment layout of `anybit.kernels.frag` instead."""
+contiguous: the tensor cores read them without decoding, K-major as FP8 wgmma wants. 4-bit weights
+(integer or e2m1) with bf16/fp16 activations use the MMA-fragment layout of `anybit.kernels.frag`
+instead."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def frag_format(scheme: Scheme) -> bool:
 
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
     """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
-    MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit integers
+    MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit weights
     in bit planes (for the bit-plane kernels)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")

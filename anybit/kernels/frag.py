@@ -1,4 +1,4 @@
-"""4-bit integer weights in the MMA's own register order: the fast path for W4A16 at small M.
+"""4-bit weights (integer, e2m1) in the MMA's own register order: the fast path for W4A16 at small M.
 
 Layout (written by `pack_frag`, read by every kernel here): int32 [N, K_pad/8], K padded to 128; in
 each 128-K block of a row the 16 words are numbered w = 4t + c, and code k = e + 2t + 8j + 32c sits

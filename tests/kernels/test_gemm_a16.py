@@ -54,6 +54,19 @@ def test_every_format_matches_dequantize(interpret, text, m):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16"])
+def test_bit_plane_kernel_for_fragment_formats(interpret, text):
+    """4-bit formats run the frag kernel by default; the bit-plane kernel keeps them too (allow_frag=False)."""
+    from anybit.backends.base import Prepared
+    from anybit.backends.triton_layout import to_triton_layout
+
+    x, qw, ref = _problem(text, 13, 40, 256, seed=3)
+    tw = to_triton_layout(qw, allow_frag=False)
+    assert not tw.frag
+    y = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
 @pytest.mark.parametrize(
     "cfg", [GemmConfig(16, 32, 32, split_k=1), GemmConfig(16, 16, 64, split_k=3), GemmConfig(32, 32, 32, split_k=4)]
 )
@@ -85,9 +98,10 @@ def test_leading_dims_and_public_api(interpret):
     "text", ["w3a16", "nvfp4", "mxfp6", "w4a16:uint4:g32:fp16:zp-float", "w8a16:e4m3:b128x128:fp32"]
 )
 def test_dequantize_kernel_matches_reference(interpret, text):
+    from anybit.backends.triton_layout import to_triton_layout
     from anybit.kernels.dequant_a16 import dequantize_a16
 
     qw = quantize(torch.randn(70, 256), text)
-    tw = prepare(qw, backend="triton").data
+    tw = to_triton_layout(qw, allow_frag=False)  # NVFP4 is frag by default: keep the bit-plane dequantizer tested
     wt = dequantize_a16(tw, dtype=torch.float16, block_k=32, block_n=32)
     assert torch.equal(wt.t(), qw.dequantize(torch.float16))
