@@ -276,7 +276,7 @@ class TritonBackend:
             tw.configs[m] = c
             return cuda_time_us(lambda: self.gemm(x, Prepared(self.name, None, tw), bias), graph=m <= 64)
 
-        best, us = autotune(candidates(default), time_us)
+        best, us = autotune(candidates(default, tw.frag), time_us)
         cache.put(key, dataclasses.asdict(best), us)
         return best
 

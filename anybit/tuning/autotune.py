@@ -8,8 +8,10 @@ from collections.abc import Callable
 from anybit.kernels.gemm import GemmConfig
 
 
-def candidates(default: GemmConfig) -> list[GemmConfig]:
-    """The default and its neighbours: half/double the N tile and the split-K."""
+def candidates(default: GemmConfig, frag: bool = False) -> list[GemmConfig]:
+    """The default and its neighbours: half/double the N tile and the split-K, the other warp count;
+    a deeper K tile (bit-plane kernels), or half the token tile (frag kernel: its K block is fixed,
+    and at 64 tokens two 32-token tiles can beat one)."""
     out = [default]
     for bn in (default.block_n // 2, default.block_n * 2):
         if 32 <= bn <= 256:
@@ -18,7 +20,10 @@ def candidates(default: GemmConfig) -> list[GemmConfig]:
         if 1 <= split <= 32:
             out.append(dataclasses.replace(default, split_k=split))
     out.append(dataclasses.replace(default, num_warps=12 - default.num_warps, num_stages=7 - default.num_stages))
-    if default.block_k < 256:
+    if frag:
+        if default.block_m > 16:
+            out.append(dataclasses.replace(default, block_m=default.block_m // 2))
+    elif default.block_k < 256:
         out.append(dataclasses.replace(default, block_k=default.block_k * 2, num_stages=max(2, default.num_stages - 1)))
     return list(dict.fromkeys(out))
 

@@ -66,7 +66,7 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
             if name == "triton" and _uses_tiles(scheme, m):
                 default = pick_config(m, n, k, scheme, _sm_count(device), False, preps[0].data.nk)
                 best, best_us = None, float("inf")
-                for c in candidates(default):
+                for c in candidates(default, preps[0].data.frag):
                     for p in preps:
                         p.data.configs[m] = c
                     try:

@@ -75,6 +75,8 @@ def test_keys_buckets_and_autotune_picks_the_fastest():
     times[cands[2]] = 1.0
     assert autotune(cands, lambda c: times[c]) == (cands[2], 1.0)
     assert autotune([cands[0], cands[1]], lambda c: 1 / 0 if c is cands[0] else 3.0) == (cands[1], 3.0)
+    frag = candidates(GemmConfig(64, 128, 128, split_k=4), frag=True)
+    assert {c.block_k for c in frag} == {128} and any(c.block_m == 32 for c in frag)  # its K block is fixed
 
 
 def test_triton_backend_uses_a_cached_tile(interpret, tmp_path, monkeypatch):
