@@ -32,44 +32,56 @@ FRAG_K = 128  # K block of the layout (and of every kernel's main loop)
 PAIR_MASK = 0x000F000F  # passed at run time: ptxas then fuses the and/or into one LOP3
 
 
-def _frag_order(a8: bool = False) -> torch.Tensor:
-    """inv[8*w + p] = the k (0..127) stored in word w at nibble p. bf16/fp16 MMA (A fragment: pairs of
-    k): k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e. FP8 MMA (`a8`, k32 steps, four
-    consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at nibble 2i + j, so
-    ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
+def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
+    """inv[(32 // bits) * w + p] = the k (0..127) stored in word w at field p. bf16/fp16 MMA (A fragment:
+    pairs of k): 4-bit k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e; 2-bit, c = 2h + l: word
+    2t + h at field j + 4l + 8e (so each 64-K half h of the block is whole words). FP8 MMA (`a8`,
+    4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at
+    nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
     inv = [0] * FRAG_K
     for k in range(FRAG_K):
         if a8:
             i, t, j, c = k & 3, (k >> 2) & 3, (k >> 4) & 1, k >> 5
             inv[8 * (4 * t + c) + 2 * i + j] = k
+        elif bits == 2:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
+            inv[16 * (2 * t + (c >> 1)) + j + 4 * (c & 1) + 8 * e] = k
         else:
             e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
             inv[8 * (4 * t + c) + j + 4 * e] = k
     return torch.tensor(inv)
 
 
-def pack_frag(codes: torch.Tensor, a8: bool = False) -> torch.Tensor:
-    """uint8 4-bit codes [..., N, K] -> int32 [..., N, K_pad/8] in the fragment order (`a8`: the FP8
-    MMA's; K padded with code 0 to a multiple of 128; kernels mask the activations there)."""
+def frag_mask(bits: int) -> int:
+    """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
+    return {4: PAIR_MASK, 2: 0x00030003}[bits]
+
+
+def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Tensor:
+    """uint8 `bits`-bit codes (4 or 2) [..., N, K] -> int32 [..., N, K_pad * bits / 32] in the fragment
+    order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of 128; kernels mask the
+    activations there)."""
     *lead, n, k = codes.shape
     c = codes.to(torch.int64)
     pad = -k % FRAG_K
     if pad:
         c = torch.cat([c, c.new_zeros(*lead, n, pad)], dim=-1)
-    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order(a8).to(c.device)]
-    nibbles = blocks.reshape(*lead, n, -1, 16, 8) << (torch.arange(8, device=c.device) * 4)
-    words = nibbles.sum(dim=-1).reshape(*lead, n, -1)  # disjoint nibbles: the sum is the OR
+    fields = 32 // bits
+    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order(a8, bits).to(c.device)]
+    shifted = blocks.reshape(*lead, n, -1, 4 * bits, fields) << (torch.arange(fields, device=c.device) * bits)
+    words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
 
 
-def unpack_frag(words: torch.Tensor, k: int, a8: bool = False) -> torch.Tensor:
+def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4) -> torch.Tensor:
     """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]."""
     *lead, n, kw = words.shape
-    w = words.to(torch.int64).reshape(*lead, n, -1, 16, 1) & 0xFFFFFFFF
-    nib = ((w >> (torch.arange(8, device=words.device) * 4)) & 0xF).reshape(*lead, n, -1, FRAG_K)
-    out = torch.empty_like(nib)
-    out[..., _frag_order(a8).to(words.device)] = nib
-    return out.reshape(*lead, n, kw * 8)[..., :k].to(torch.uint8)
+    fields = 32 // bits
+    w = words.to(torch.int64).reshape(*lead, n, -1, 4 * bits, 1) & 0xFFFFFFFF
+    f = ((w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)).reshape(*lead, n, -1, FRAG_K)
+    out = torch.empty_like(f)
+    out[..., _frag_order(a8, bits).to(words.device)] = f
+    return out.reshape(*lead, n, kw * fields)[..., :k].to(torch.uint8)
 
 
 # fmt: off
@@ -114,6 +126,30 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     r2 = ((p >> 8) & MASK) | magic
     r3 = ((p >> 12) & MASK) | magic
     return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+    """[R, 4] words of one 64-K half block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
+    MAGIC + code in natural K order of the half; one shift and one LOP3 per two codes."""
+    if DTYPE == tl.bfloat16:
+        magic: tl.constexpr = 0x43004300
+    else:
+        magic: tl.constexpr = 0x64006400
+    r0 = ((p >> (MASK >> 31)) & MASK) | magic  # the opaque zero shift, as in unpack_pairs
+    r1 = ((p >> 2) & MASK) | magic
+    r2 = ((p >> 4) & MASK) | magic
+    r3 = ((p >> 6) & MASK) | magic
+    r4 = ((p >> 8) & MASK) | magic
+    r5 = ((p >> 10) & MASK) | magic
+    r6 = ((p >> 12) & MASK) | magic
+    r7 = ((p >> 14) & MASK) | magic
+    # field pair f = 4l + j: the nesting puts (l, j) in the last three dims, l outermost
+    rr = tl.join(tl.join(tl.join(r0, r4), tl.join(r2, r6)), tl.join(tl.join(r1, r5), tl.join(r3, r7)))
+    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = tl.reshape(tl.join(lo, hi), (R, 4, 2, 4, 2))  # (t, l, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 32l + 8j + 2t + e
 
 
 @triton.jit
@@ -223,10 +259,47 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
 
 
 @triton.jit
+def frag_half_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
+                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr,
+                   PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+    """One 128-K block of 2-bit codes as its two 64-K halves (each is whole words, [BN, 4] of the
+    block's 8): both halves decoded, then two dots with x^T [64, BM] each; groups of 64 scale each
+    half's dot by its own scale in fp32 (exact, as whole-block groups do)."""
+    dtype: tl.constexpr = x_ptrs.dtype.element_ty
+    G: tl.constexpr = 2 if GROUP_K == 64 else 1
+    xa = tl.load(x_ptrs + kt * 128, mask=mask_m[None, :] & (kt * 128 + offs_k < K)[:, None], other=0.0)
+    xb = tl.load(x_ptrs + kt * 128 + 64, mask=mask_m[None, :] & (kt * 128 + 64 + offs_k < K)[:, None], other=0.0)
+    p = rows_to_mma(tl.load(w_ptrs + kt * 8, mask=mask_n[:, None], other=0), BN, NW, 8)
+    pa, pb = tl.split(tl.reshape(p, (BN, 4, 2)))  # word 2t + h: half h
+    if ZP != 0:
+        z = rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, G).to(dtype)
+        if G == 2:
+            za, zb = tl.split(z)
+        else:
+            za = tl.reshape(z, (BN,))
+            zb = za
+        wa = unpack_pairs2(pa, BN, MASK, dtype) - za[:, None]
+        wb = unpack_pairs2(pb, BN, MASK, dtype) - zb[:, None]
+    else:
+        wa = unpack_pairs2(pa, BN, MASK, dtype) - off.to(dtype)
+        wb = unpack_pairs2(pb, BN, MASK, dtype) - off.to(dtype)
+    part_a = tl.dot(wa, xa)
+    part_b = tl.dot(wb, xb)
+    if G == 2:
+        sa, sb = tl.split(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 2))
+        return part_a * sa[:, None] + part_b * sb[:, None]
+    part = part_a + part_b
+    if PER_BLOCK:
+        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
+    return part
+
+
+@triton.jit
 def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-               kt_lo, kt_hi, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
-               S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-               GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+               kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
+               S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
+               GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
+               STAGES: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -239,13 +312,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     else:
         off = 0.0  # FP8 x: the codes reach the MMA as they are
     if W_SIGNED:
-        off += 8.0
+        off += 1 << (W_BITS - 1)  # stored codes are biased by 2**(bits-1)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
     G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1
-    offs_k = tl.arange(0, 128)
+    KX: tl.constexpr = 64 if W_BITS == 2 else 128  # x rows per dot (2-bit blocks run as two halves)
+    offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 4 * W_BITS)[None, :]
     offs_gn = offs_n // GROUP_N
     n_groups = tl.cdiv(K, GROUP_K)
     unused = tl.zeros((BN, G), dtype=tl.int8)
@@ -259,19 +333,23 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW)
         else:
             z_raw = unused
-        x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
-        acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                              S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+        if W_BITS == 2:
+            acc += frag_half_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+        else:
+            x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
+            acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
     return rows_from_mma(acc, BN, NW, BM)
 
 
 @triton.jit(do_not_specialize=["MASK"])
 def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                      stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr,
-                      SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                      W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
-                      NW: tl.constexpr, STAGES: tl.constexpr):
+                      stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
+                      W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                      ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+                      HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -283,7 +361,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-                     lo, tl.minimum(lo + per, k_blocks), MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
+                     lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BN, BM, NW, STAGES)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
@@ -297,16 +375,17 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
 
 
 @triton.jit(do_not_specialize=["MASK"])
-def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK, W_FLOAT: tl.constexpr,
-                         SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                         W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
-                         BN: tl.constexpr):
+def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
+                         W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+                         S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
+                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr):
     """W [N, K] in out's dtype, one 128-K block per program column (large M: then cuBLAS)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
     mask_n = offs_n < N
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * 16 + tl.arange(0, 16)[None, :],
+    WB: tl.constexpr = 4 * W_BITS  # words per 128-K block of a row
+    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * WB + tl.arange(0, WB)[None, :],
                 mask=mask_n[:, None], other=0)
     G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1  # scale groups per block
     if W_FLOAT:
@@ -317,8 +396,13 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
         else:
             off = 1024.0
         if W_SIGNED:
-            off += 8.0
-        q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
+            off += 1 << (W_BITS - 1)
+        if W_BITS == 2:
+            pa, pb = tl.split(tl.reshape(p, (BN, 4, 2)))  # the block's two 64-K halves
+            halves = tl.join(unpack_pairs2(pa, BN, MASK, dtype), unpack_pairs2(pb, BN, MASK, dtype))
+            q = tl.reshape(tl.permute(halves, (0, 2, 1)), (BN, 128)).to(tl.float32) - off
+        else:
+            q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
     rows = tl.minimum((kt * 128) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if ZP != 0:
         z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
@@ -332,6 +416,11 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
              mask=mask_n[:, None] & (offs_k < K)[None, :])
 # fmt: on
+
+
+def frag_constexprs(tw) -> dict:
+    """The weight-format constexprs every frag kernel takes (from the prepared weight's `fmt`)."""
+    return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
 
 
 def frag_group_k(tw) -> int:
@@ -379,9 +468,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x, x_scales if fp8 else dummy, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, bias if bias is not None else dummy, y,
         workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0),
-        x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2), PAIR_MASK,
-        W_FLOAT=tw.fmt["W_FLOAT"], SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"],
-        ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
+        x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
+        frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, num_warps=num_warps,
     )
@@ -400,9 +488,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
     _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, FRAG_K))](
         tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
-        tw.scales.stride(-2), PAIR_MASK, W_FLOAT=tw.fmt["W_FLOAT"], SCALE_KIND=tw.fmt["SCALE_KIND"],
-        S_EXP=tw.fmt["S_EXP"], S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"],
-        GROUP_K=min(tw.group_k, tw.k),
+        tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
         GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, num_warps=4,
     )
     # fmt: on

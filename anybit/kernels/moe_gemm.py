@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import PAIR_MASK, frag_group_k, frag_range
+from anybit.kernels.frag import frag_constexprs, frag_group_k, frag_mask, frag_range
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
@@ -136,7 +136,8 @@ def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, s
 def _moe_frag_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr,
     num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
-    SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
+    SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr,
+    W_FLOAT: tl.constexpr,
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr,
@@ -157,7 +158,7 @@ def _moe_frag_kernel(
         lo = pid_k * per
         acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
                          z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
-                         tl.minimum(lo + per, k_blocks), MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
+                         tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                          GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES)
         if GROUP_K >= 1 << 30:  # one scale over all of K
             acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
@@ -279,10 +280,9 @@ def moe_gemm(
             tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
             routed_weights if routed_weights is not None else dummy, workspace if split_k > 1 else dummy,
             counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0),
-            tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1), PAIR_MASK,
-            SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=routed_weights is not None,
-            W_FLOAT=tw.fmt["W_FLOAT"], SCALE_KIND=tw.fmt["SCALE_KIND"], S_EXP=tw.fmt["S_EXP"],
-            S_MAN=tw.fmt["S_MAN"], ZP=tw.fmt["ZP"], W_SIGNED=tw.fmt["W_SIGNED"], GROUP_K=frag_group_k(tw),
+            tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
+            frag_mask(tw.fmt["W_BITS"]), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
+            MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             num_warps=num_warps,

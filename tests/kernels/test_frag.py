@@ -142,3 +142,43 @@ def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
     assert rel_err(get_backend("triton").gemm(x, prepared), ref) < 4 * GEMM_REL_ERR[torch.float16]
     with pytest.raises(ValueError, match="packed for e4m3"):
         gemm_frag(x, tw, block_m=16, block_n=64)
+
+
+INT2_FORMATS = ["w2a16", "w2a16:int2:g128:bf16", "w2a16:int2:ch:fp32", "w2a16:uint2:g256:fp16:zp-int"]
+
+
+@pytest.mark.parametrize("k", [128, 200, 640])
+def test_pack_round_trip_2bit(k):
+    codes = torch.randint(0, 4, (2, 5, k), dtype=torch.uint8)
+    words = pack_frag(codes, bits=2)
+    assert words.shape == (2, 5, -(-k // 128) * 8)
+    assert torch.equal(unpack_frag(words, k, bits=2), codes)
+
+
+def test_2bit_takes_the_fragment_layout_only_when_asked(monkeypatch):
+    assert not any(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    assert all(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
+    assert not frag_format(Scheme.parse("w2a16:uint2:g32:fp16:zp-int"))  # groups shorter than 64
+    assert not frag_format(Scheme.parse("w3a16"))
+
+
+@pytest.mark.parametrize("text", INT2_FORMATS)
+@pytest.mark.parametrize("m", [1, 13, 40])
+def test_2bit_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
+    """2-bit codes: each 128-K block runs as two 64-K halves (one dot and, for g64, one scale each)."""
+    k = {"g256": 512, "g128": 384}.get(text.split(":")[2] if ":" in text else "", 320)  # 320: a half-empty block
+    x, qw, ref = _problem(text, m, 80, k, seed=m)
+    prepared = prepare(qw, backend="triton")
+    assert prepared.data.frag
+    y = get_backend("triton").gemm(x, prepared)
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("text", ["w2a16", "w2a16:int2:g128:bf16"])
+def test_2bit_dequantizer_is_exact(interpret, frag_experimental, text):
+    k = 384 if "g128" in text else 320
+    _, qw, _ = _problem(text, 1, 70, k, seed=4)
+    tw = to_triton_layout(qw)
+    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], k, bits=2), stored_codes(qw))
+    assert torch.equal(dequantize_frag(tw, dtype=torch.float16), qw.dequantize(torch.float16))

@@ -88,3 +88,21 @@ def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("text", ["w2a16", "w2a16:int2:g128:bf16"])
+@pytest.mark.parametrize("m", [1, 13, 64, 300])
+def test_2bit_fragment_layout_in_bf16(monkeypatch, text, m):
+    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU: 2-bit integers as two 64-K halves per block (g64 scales and
+    zero points per half), bit-stable; M=300 runs the dequantizer + cuBLAS."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    x, qw, ref = _case(text, m, 3000, 4096, seed=m)
+    p = prepare(qw, backend="triton")
+    assert p.data.frag
+    be = get_backend("triton")
+    y1, y2 = be.gemm(x, p), be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, y2)
