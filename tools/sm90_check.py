@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton import a8_config, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.kernels.frag import frag_tile, gemm_frag  # noqa: E402
+from anybit.kernels.frag import frag_block_k, frag_tile, gemm_frag  # noqa: E402
 from anybit.kernels.gemm import GemmConfig, gemm_dense  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 
@@ -130,10 +130,12 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
-        tile = frag_tile(m, n, k, 132, interpret=False)
+        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits)
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), **tile)  # fmt: skip
-        cfg = GemmConfig(tile["block_m"], tile["block_n"], 128, num_warps=tile["num_warps"])
+        cfg = GemmConfig(
+            tile["block_m"], tile["block_n"], frag_block_k(qw.scheme.weight_bits), num_warps=tile["num_warps"]
+        )
     else:
         ws = torch.empty(max(1, cfg.split_k * m * n))
         gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
@@ -215,8 +217,12 @@ def main() -> int:
                 print(run(fmt, m, n, k, cuobjdump, args.sass_dir), flush=True)
             except Exception as ex:  # report and go on: one broken kernel should not hide the others
                 failed += 1
-                cause = f" <- {str(ex.__cause__)[-900:]}" if ex.__cause__ else ""
-                print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(ex).__name__}: {str(ex)[-400:]}{cause}", flush=True)
+                chain = [ex]
+                while chain[-1].__cause__ is not None:  # Triton nests the failing helper's error
+                    chain.append(chain[-1].__cause__)
+                where = str(chain[-2])[-600:] if len(chain) > 1 else ""
+                print(f"{fmt:28s} M={m:<4d} COMPILE FAIL {type(chain[-1]).__name__}: {str(chain[-1])[-300:]}\n{where}",
+                      flush=True)  # fmt: skip
     return 1 if failed else 0
 
 

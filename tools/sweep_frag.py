@@ -63,7 +63,7 @@ def main() -> int:
             hum = []
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda").bfloat16()
-            default = frag_tile(m, n, k, sms, False)
+            default = frag_tile(m, n, k, sms, False, qw.scheme.weight_bits)
             bm = default["block_m"]
             res = {"default": _time(tri, x, frag)}
             for bn, warps, stages in tiles:

@@ -94,7 +94,7 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: b
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
     if frag_format(scheme):
-        t = frag_tile(m, n, k, sms, interpret)
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], FRAG_K, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"])  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
@@ -259,8 +259,8 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
-        if tw.frag and tw.scheme.act.quantized:
-            # opt-in (ANYBIT_FRAG_EXPERIMENTAL): the cached W4A8 tiles were tuned for the bit-plane kernel
+        if tw.frag and (tw.scheme.act.quantized or tw.fmt["W_BITS"] == 2):
+            # opt-in (ANYBIT_FRAG_EXPERIMENTAL): the cached W4A8 / W2A16 tiles were tuned for the bit-plane kernel
             return default
         entry = cache.get(key)
         if entry is not None:

@@ -28,24 +28,32 @@ import triton.language as tl
 from anybit.kernels.dequant import cdiv, decode_scale, load_scale
 from anybit.kernels.splitk import store_or_reduce
 
-FRAG_K = 128  # K block of the layout (and of every kernel's main loop)
+FRAG_K = 128  # K block of the 4-bit layout (and of its kernels' main loop); 2-bit blocks are 256
+FRAG_WORDS = 16  # int32 words per block of a row, every width: a thread's share is one 16-byte load
+
+
+def frag_block_k(bits: int) -> int:
+    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2)."""
+    return FRAG_WORDS * 32 // bits
+
+
 PAIR_MASK = 0x000F000F  # passed at run time: ptxas then fuses the and/or into one LOP3
 
 
 def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
-    """inv[(32 // bits) * w + p] = the k (0..127) stored in word w at field p. bf16/fp16 MMA (A fragment:
-    pairs of k): 4-bit k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e; 2-bit, c = 2h + l: word
-    2t + h at field j + 4l + 8e (so each 64-K half h of the block is whole words). FP8 MMA (`a8`,
-    4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at
-    nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
-    inv = [0] * FRAG_K
-    for k in range(FRAG_K):
+    """inv[(32 // bits) * w + p] = the k of the block stored in word w at field p. bf16/fp16 MMA (A
+    fragment: pairs of k): 4-bit k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e; 2-bit (256-K
+    blocks), c = 2q + l: word 4t + q at field j + 4l + 8e, so each 64-K quarter q is one word per
+    thread. FP8 MMA (`a8`, 4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c
+    in word 4t + c at nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
+    inv = [0] * frag_block_k(bits)
+    for k in range(frag_block_k(bits)):
         if a8:
             i, t, j, c = k & 3, (k >> 2) & 3, (k >> 4) & 1, k >> 5
             inv[8 * (4 * t + c) + 2 * i + j] = k
         elif bits == 2:
             e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
-            inv[16 * (2 * t + (c >> 1)) + j + 4 * (c & 1) + 8 * e] = k
+            inv[16 * (4 * t + (c >> 1)) + j + 4 * (c & 1) + 8 * e] = k
         else:
             e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
             inv[8 * (4 * t + c) + j + 4 * e] = k
@@ -59,16 +67,17 @@ def frag_mask(bits: int) -> int:
 
 def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Tensor:
     """uint8 `bits`-bit codes (4 or 2) [..., N, K] -> int32 [..., N, K_pad * bits / 32] in the fragment
-    order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of 128; kernels mask the
-    activations there)."""
+    order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of the block, `frag_block_k`;
+    kernels mask the activations there)."""
     *lead, n, k = codes.shape
     c = codes.to(torch.int64)
-    pad = -k % FRAG_K
+    kb = frag_block_k(bits)
+    pad = -k % kb
     if pad:
         c = torch.cat([c, c.new_zeros(*lead, n, pad)], dim=-1)
     fields = 32 // bits
-    blocks = c.reshape(*lead, n, -1, FRAG_K)[..., _frag_order(a8, bits).to(c.device)]
-    shifted = blocks.reshape(*lead, n, -1, 4 * bits, fields) << (torch.arange(fields, device=c.device) * bits)
+    blocks = c.reshape(*lead, n, -1, kb)[..., _frag_order(a8, bits).to(c.device)]
+    shifted = blocks.reshape(*lead, n, -1, FRAG_WORDS, fields) << (torch.arange(fields, device=c.device) * bits)
     words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
 
@@ -77,8 +86,9 @@ def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4) ->
     """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]."""
     *lead, n, kw = words.shape
     fields = 32 // bits
-    w = words.to(torch.int64).reshape(*lead, n, -1, 4 * bits, 1) & 0xFFFFFFFF
-    f = ((w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)).reshape(*lead, n, -1, FRAG_K)
+    w = words.to(torch.int64).reshape(*lead, n, -1, FRAG_WORDS, 1) & 0xFFFFFFFF
+    f = (w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)
+    f = f.reshape(*lead, n, -1, frag_block_k(bits))
     out = torch.empty_like(f)
     out[..., _frag_order(a8, bits).to(words.device)] = f
     return out.reshape(*lead, n, kw * fields)[..., :k].to(torch.uint8)
@@ -130,8 +140,8 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
 
 @triton.jit
 def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
-    """[R, 4] words of one 64-K half block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
-    MAGIC + code in natural K order of the half; one shift and one LOP3 per two codes."""
+    """[R, 4] words of one 64-K quarter block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
+    MAGIC + code in natural K order of the quarter; one shift and one LOP3 per two codes."""
     if DTYPE == tl.bfloat16:
         magic: tl.constexpr = 0x43004300
     else:
@@ -198,7 +208,7 @@ def unpack_a8(p, R: tl.constexpr, MASK):
 
 @triton.jit
 def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constexpr, G: tl.constexpr,
-               NW: tl.constexpr):
+               NW: tl.constexpr, KB: tl.constexpr = 128):
     """The stored (undecoded) per-group values (scales or zero points) of K block kt: [BN, G], G groups
     per block (1 when groups are whole blocks). The load reads up to 3 G following groups too, until
     every thread's share is 4 bytes: a narrower load cannot take the asynchronous copy by which the
@@ -206,7 +216,7 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
     that uses it stalled every block on a global-memory round trip."""
     BN: tl.constexpr = offs_gn.shape[0]
     LG: tl.constexpr = min(max(G, 128 * NW // (BN * ptr.dtype.element_ty.primitive_bitwidth // 8)), 4 * G)
-    g = (kt * 128) // GROUP_K + tl.arange(0, LG)
+    g = (kt * KB) // GROUP_K + tl.arange(0, LG)
     t = tl.load(ptr + g[None, :] * stride_s + offs_gn[:, None], mask=mask_n[:, None] & (g < n_groups)[None, :],
                 other=0)
     if LG > G:  # keep the first G groups: split off halves (register renaming only)
@@ -259,38 +269,67 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
 
 
 @triton.jit
-def frag_half_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
-                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr,
-                   PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
-    """One 128-K block of 2-bit codes as its two 64-K halves (each is whole words, [BN, 4] of the
-    block's 8): both halves decoded, then two dots with x^T [64, BM] each; groups of 64 scale each
-    half's dot by its own scale in fp32 (exact, as whole-block groups do)."""
-    dtype: tl.constexpr = x_ptrs.dtype.element_ty
-    G: tl.constexpr = 2 if GROUP_K == 64 else 1
-    xa = tl.load(x_ptrs + kt * 128, mask=mask_m[None, :] & (kt * 128 + offs_k < K)[:, None], other=0.0)
-    xb = tl.load(x_ptrs + kt * 128 + 64, mask=mask_m[None, :] & (kt * 128 + 64 + offs_k < K)[:, None], other=0.0)
-    p = rows_to_mma(tl.load(w_ptrs + kt * 8, mask=mask_n[:, None], other=0), BN, NW, 8)
-    pa, pb = tl.split(tl.reshape(p, (BN, 4, 2)))  # word 2t + h: half h
-    if ZP != 0:
-        z = rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, G).to(dtype)
-        if G == 2:
-            za, zb = tl.split(z)
-        else:
-            za = tl.reshape(z, (BN,))
-            zb = za
-        wa = unpack_pairs2(pa, BN, MASK, dtype) - za[:, None]
-        wb = unpack_pairs2(pb, BN, MASK, dtype) - zb[:, None]
+def quarters(t, G: tl.constexpr):
+    """[BN, G] per-group values of a 256-K block (G = 1, 2 or 4 groups) -> the value of each of its four
+    64-K quarters, four [BN] tensors (register renaming only)."""
+    if G == 1:
+        c0 = tl.reshape(t, (t.shape[0],))
+        c1 = c0
+        c2 = c0
+        c3 = c0
+    elif G == 2:
+        c0, c2 = tl.split(t)
+        c1 = c0
+        c3 = c2
     else:
-        wa = unpack_pairs2(pa, BN, MASK, dtype) - off.to(dtype)
-        wb = unpack_pairs2(pb, BN, MASK, dtype) - off.to(dtype)
-    part_a = tl.dot(wa, xa)
-    part_b = tl.dot(wb, xb)
-    if G == 2:
-        sa, sb = tl.split(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 2))
-        return part_a * sa[:, None] + part_b * sb[:, None]
-    part = part_a + part_b
-    if PER_BLOCK:
-        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
+        even, odd = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
+                      SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                      GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+    """One 256-K block of 2-bit codes: its 16 words per row are one 16-byte load per thread, as for 4
+    bits, and word 4t + q holds thread t's share of the 64-K quarter q. All four quarters are decoded,
+    then multiplied with their x^T [64, BM]; groups shorter than the block scale (and shift by their
+    zero point) their quarters, in fp32 after the dots (exact)."""
+    dtype: tl.constexpr = x_ptrs.dtype.element_ty
+    G: tl.constexpr = 256 // GROUP_K if GROUP_K < 256 else 1
+    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    ql0, ql1 = tl.split(tl.reshape(p, (BN, 4, 2, 2)))  # word 4t + 2a + b: b
+    p0, p2 = tl.split(ql0)
+    p1, p3 = tl.split(ql1)
+    if ZP != 0:
+        z0, z1, z2, z3 = quarters(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, G).to(dtype), G)
+        w0 = unpack_pairs2(p0, BN, MASK, dtype) - z0[:, None]
+        w1 = unpack_pairs2(p1, BN, MASK, dtype) - z1[:, None]
+        w2 = unpack_pairs2(p2, BN, MASK, dtype) - z2[:, None]
+        w3 = unpack_pairs2(p3, BN, MASK, dtype) - z3[:, None]
+    else:
+        w0 = unpack_pairs2(p0, BN, MASK, dtype) - off.to(dtype)
+        w1 = unpack_pairs2(p1, BN, MASK, dtype) - off.to(dtype)
+        w2 = unpack_pairs2(p2, BN, MASK, dtype) - off.to(dtype)
+        w3 = unpack_pairs2(p3, BN, MASK, dtype) - off.to(dtype)
+    base = kt * 256 + offs_k
+    x0 = tl.load(x_ptrs + kt * 256, mask=mask_m[None, :] & (base < K)[:, None], other=0.0)
+    x1 = tl.load(x_ptrs + kt * 256 + 64, mask=mask_m[None, :] & (base + 64 < K)[:, None], other=0.0)
+    x2 = tl.load(x_ptrs + kt * 256 + 128, mask=mask_m[None, :] & (base + 128 < K)[:, None], other=0.0)
+    x3 = tl.load(x_ptrs + kt * 256 + 192, mask=mask_m[None, :] & (base + 192 < K)[:, None], other=0.0)
+    d0 = tl.dot(w0, x0)
+    d1 = tl.dot(w1, x1)
+    d2 = tl.dot(w2, x2)
+    d3 = tl.dot(w3, x3)
+    if G == 1:
+        part = d0 + d1 + d2 + d3
+        if PER_BLOCK:
+            s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+            part = part * s[:, None]
+    else:
+        s0, s1, s2, s3 = quarters(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G), G)
+        part = d0 * s0[:, None] + d1 * s1[:, None] + d2 * s2[:, None] + d3 * s3[:, None]
     return part
 
 
@@ -313,29 +352,30 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         off = 0.0  # FP8 x: the codes reach the MMA as they are
     if W_SIGNED:
         off += 1 << (W_BITS - 1)  # stored codes are biased by 2**(bits-1)
-    PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
+    KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
+    PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
-    G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1
-    KX: tl.constexpr = 64 if W_BITS == 2 else 128  # x rows per dot (2-bit blocks run as two halves)
+    G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1
+    KX: tl.constexpr = 64 if W_BITS == 2 else 128  # x rows per dot (2-bit blocks run as four quarters)
     offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 4 * W_BITS)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
     offs_gn = offs_n // GROUP_N
     n_groups = tl.cdiv(K, GROUP_K)
     unused = tl.zeros((BN, G), dtype=tl.int8)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
         if HAS_S:
-            s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW)
+            s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
             s_raw = unused
         if ZP != 0:
-            z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW)
+            z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
             z_raw = unused
         if W_BITS == 2:
-            acc += frag_half_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+            acc += frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
+                                     SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
@@ -357,7 +397,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     offs_m = pid_m * BM + tl.arange(0, BM)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    k_blocks = tl.cdiv(K, 128)
+    k_blocks = tl.cdiv(K, 512 // W_BITS)
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
@@ -379,15 +419,15 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
                          W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                          S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
                          GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr):
-    """W [N, K] in out's dtype, one 128-K block per program column (large M: then cuBLAS)."""
+    """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
     mask_n = offs_n < N
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    WB: tl.constexpr = 4 * W_BITS  # words per 128-K block of a row
-    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * WB + tl.arange(0, WB)[None, :],
+    KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
+    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * 16 + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
-    G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1  # scale groups per block
+    G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
     if W_FLOAT:
         q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
     else:
@@ -398,21 +438,24 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
         if W_SIGNED:
             off += 1 << (W_BITS - 1)
         if W_BITS == 2:
-            pa, pb = tl.split(tl.reshape(p, (BN, 4, 2)))  # the block's two 64-K halves
-            halves = tl.join(unpack_pairs2(pa, BN, MASK, dtype), unpack_pairs2(pb, BN, MASK, dtype))
-            q = tl.reshape(tl.permute(halves, (0, 2, 1)), (BN, 128)).to(tl.float32) - off
+            ql0, ql1 = tl.split(tl.reshape(p, (BN, 4, 2, 2)))  # word 4t + q, q = 2a + b: split b, then a
+            p0, p2 = tl.split(ql0)
+            p1, p3 = tl.split(ql1)
+            even = tl.join(unpack_pairs2(p0, BN, MASK, dtype), unpack_pairs2(p2, BN, MASK, dtype))  # [BN, 64, a]
+            odd = tl.join(unpack_pairs2(p1, BN, MASK, dtype), unpack_pairs2(p3, BN, MASK, dtype))
+            q = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 3, 1)), (BN, 256)).to(tl.float32) - off
         else:
             q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
-    rows = tl.minimum((kt * 128) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
+    rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if ZP != 0:
         z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
-        q = tl.reshape(tl.reshape(q, (BN, G, 128 // G)) - z.to(tl.float32)[:, :, None], (BN, 128))
+        q = tl.reshape(tl.reshape(q, (BN, G, KB // G)) - z.to(tl.float32)[:, :, None], (BN, KB))
     s = load_scale(s_ptr, rows[None, :], (offs_n // GROUP_N)[:, None], mask_n[:, None], stride_s, SCALE_KIND, S_EXP,
                    S_MAN)
-    w = tl.reshape(tl.reshape(q, (BN, G, 128 // G)) * s[:, :, None], (BN, 128))
+    w = tl.reshape(tl.reshape(q, (BN, G, KB // G)) * s[:, :, None], (BN, KB))
     if HAS_GS:
         w = w * tl.load(gs_ptr)
-    offs_k = kt * 128 + tl.arange(0, 128)
+    offs_k = kt * KB + tl.arange(0, KB)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
              mask=mask_n[:, None] & (offs_k < K)[None, :])
 # fmt: on
@@ -428,17 +471,20 @@ def frag_group_k(tw) -> int:
     return tw.group_k if tw.group_k < tw.k else 1 << 30
 
 
-def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool) -> dict:
+def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4) -> dict:
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweep
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
-    launch holds ~2 CTAs per SM (int4, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split."""
+    launch holds ~2 CTAs per SM (int4, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split.
+    2-bit codes take 64-row tiles (a 256-K block decoded whole: the same registers as 128 rows of 4-bit
+    codes; not yet swept)."""
     if interpret:
-        return dict(block_m=16, block_n=64, split_k=2 if k > 128 else 1, num_warps=4, num_stages=1)
+        return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    tiles, k_blocks, split = cdiv(n, 128) * cdiv(m, bm), cdiv(k, FRAG_K), 1
+    bn = 128 if bits == 4 else 64
+    tiles, k_blocks, split = cdiv(n, bn) * cdiv(m, bm), cdiv(k, frag_block_k(bits)), 1
     while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
         split *= 2
-    return dict(block_m=bm, block_n=128, split_k=split, num_warps=4, num_stages=4)
+    return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=4)
 
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
@@ -485,7 +531,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
     dummy = tw.scales
     # fmt: off
-    _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, FRAG_K))](
+    _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, frag_block_k(tw.fmt["W_BITS"])))](
         tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
         tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),

@@ -153,7 +153,7 @@ def _moe_frag_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         e64 = e.to(tl.int64)
-        k_blocks = tl.cdiv(K, 128)
+        k_blocks = tl.cdiv(K, 512 // W_BITS)
         per = tl.cdiv(k_blocks, SPLIT_K)
         lo = pid_k * per
         acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
@@ -264,6 +264,8 @@ def moe_gemm(
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
     if tw.frag:
         block_n = max(block_n, 16 * num_warps)  # the swap-AB tile puts weight rows on the MMA's M side
+        if tw.fmt["W_BITS"] == 2:  # a 256-K block of 2-bit codes decoded whole: 64 rows (`frag_tile`)
+            block_n = 16 * num_warps
     grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
     tiles = grid_m * cdiv(n, block_n)
     if split_k > 1:
