@@ -24,17 +24,18 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
     if frag and m > FRAG_MAX_M and not scheme.act.quantized:
-        return f"4-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
+        return f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
-    entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
+    opt_in = frag and (scheme.act.quantized or scheme.weight_bits == 2)  # cached tiles are the bit-plane kernel's
+    entry = None if opt_in else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
     else:
         c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
-    kernel = "4-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
+    kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
         f"{c.num_warps} warps, {c.num_stages} stages ({source})"
