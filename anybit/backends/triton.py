@@ -17,7 +17,7 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import FRAG_K, dequantize_frag, frag_tile, gemm_frag
+from anybit.kernels.frag import dequantize_frag, frag_block_k, frag_tile, gemm_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -95,7 +95,8 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
     if frag_format(scheme):
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits)
-        return GemmConfig(t["block_m"], t["block_n"], FRAG_K, t["split_k"], num_warps=t["num_warps"],
+        block_k = frag_block_k(scheme.weight_bits)
+        return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"])  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
     if scheme.act.quantized:
