@@ -51,14 +51,19 @@ def test_every_swept_tile(bn, warps, stages, m, split):
     assert rel_err(out, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16"])
+FLOAT_AND_2BIT = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16", "w2a16", "w2a16:int2:g128:bf16"]
+
+
+@pytest.mark.parametrize("text", FLOAT_AND_2BIT)
 @pytest.mark.parametrize("m", [1, 13, 64, 300])
-def test_e2m1_in_bf16_bitwise_stable(text, m):
-    """On the GPU in bf16: the e2m1 decode leans on bf16 subnormals (the two e=0
-    codes) surviving the packed multiply; M=300 runs the dequantizer + cuBLAS."""
+def test_frag_formats_in_bf16_bitwise_stable(monkeypatch, text, m):
+    """On the GPU in bf16, bit-stable: the e2m1 decode leans on bf16 subnormals (the two e=0 codes)
+    surviving the packed multiply; 2-bit codes (opt-in: ANYBIT_FRAG_EXPERIMENTAL=1) run as four 64-K
+    quarters per block, g64 scales and zero points per quarter; M=300 runs the dequantizer + cuBLAS."""
     from anybit import prepare
     from anybit.backends import get_backend
 
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     p = prepare(qw, backend="triton")
     assert p.data.frag
@@ -84,24 +89,6 @@ def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
     assert p.data.frag
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
-    be = get_backend("triton")
-    y1, y2 = be.gemm(x, p), be.gemm(x, p)
-    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(y1, y2)
-
-
-@pytest.mark.parametrize("text", ["w2a16", "w2a16:int2:g128:bf16"])
-@pytest.mark.parametrize("m", [1, 13, 64, 300])
-def test_2bit_fragment_layout_in_bf16(monkeypatch, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU: 2-bit integers as two 64-K halves per block (g64 scales and
-    zero points per half), bit-stable; M=300 runs the dequantizer + cuBLAS."""
-    from anybit import prepare
-    from anybit.backends import get_backend
-
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
-    x, qw, ref = _case(text, m, 3000, 4096, seed=m)
-    p = prepare(qw, backend="triton")
-    assert p.data.frag
     be = get_backend("triton")
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
