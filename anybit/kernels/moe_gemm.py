@@ -210,6 +210,14 @@ def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: i
     return split
 
 
+def moe_block_n(tw, block_n: int, num_warps: int) -> int:
+    """The N tile the kernel runs: fragment-layout experts put weight rows on the MMA's 64-row side
+    (>= 16 rows per warp), and a 256-K block of 2-bit codes is decoded whole, so 16 rows per warp."""
+    if not tw.frag:
+        return block_n
+    return 16 * num_warps if tw.fmt["W_BITS"] == 2 else max(block_n, 16 * num_warps)
+
+
 def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
     """The K tile the kernel runs: groups smaller than the tile shrink it to the group (one scale per K
     tile) for 2/4-bit ints (keeps the two-per-instruction decode) and under FP8 activations (the
@@ -262,10 +270,7 @@ def moe_gemm(
     n_out = n // 2 if silu_mul else n
     fp8_x = x_scales is not None
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
-    if tw.frag:
-        block_n = max(block_n, 16 * num_warps)  # the swap-AB tile puts weight rows on the MMA's M side
-        if tw.fmt["W_BITS"] == 2:  # a 256-K block of 2-bit codes decoded whole: 64 rows (`frag_tile`)
-            block_n = 16 * num_warps
+    block_n = moe_block_n(tw, block_n, num_warps)
     grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
     tiles = grid_m * cdiv(n, block_n)
     if split_k > 1:

@@ -109,8 +109,9 @@ class QuantMoE(nn.Module):
         from anybit.backends.registry import get_backend
         from anybit.backends.triton import _sm_count
         from anybit.kernels.dequant import cdiv
-        from anybit.kernels.moe_gemm import moe_split_k
+        from anybit.kernels.moe_gemm import moe_block_n, moe_split_k
 
+        tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
         split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device), tw.frag)
                                  if x.is_cuda else 1)  # fmt: skip
         if split == 1:
