@@ -146,7 +146,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
 def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
     from anybit.backends.triton_layout import stack_experts
-    from anybit.kernels.moe_gemm import moe_block_k, moe_gemm
+    from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm
     from anybit.moe.align import moe_align
     from anybit.moe.layer import moe_tiles
 
@@ -163,8 +163,9 @@ def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_di
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
              **extra)  # fmt: skip
-    block_k = 128 if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
-    block_n = max(tiles["block_n"], 16 * tiles["num_warps"]) if tw.frag else tiles["block_n"]
+    bits = tw.fmt["W_BITS"]
+    block_k = frag_block_k(bits) if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
+    block_n = moe_block_n(tw, tiles["block_n"], tiles["num_warps"])
     return _report(f"moe {fmt:24s} rows/E={per_expert:<4d}", _compiled[-1], block_k, block_n,
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 

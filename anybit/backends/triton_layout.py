@@ -95,14 +95,16 @@ def frag_format(scheme: Scheme) -> bool:
     weights (no or an integer zero point) with scales per channel, per tensor or per whole 128-K
     blocks, or e2m1 weights without zero point and scales per channel/tensor, per 16/32/64 along K or
     per whole 128-K blocks (NVFP4, MXFP4). With ANYBIT_FRAG_EXPERIMENTAL=1 (not yet measured on a GPU)
-    also: those integer weights with e4m3 activations quantized per token (W4A8), and 2-bit integer
-    weights (no or an integer zero point) with bf16/fp16 activations and scales per channel/tensor,
-    per 64 along K or per whole 128-K blocks."""
+    also: those integer weights with e4m3 activations quantized per token (W4A8), and 2- and 8-bit
+    integer weights (no or an integer zero point) with bf16/fp16 activations and scales per
+    channel/tensor, per 64 along K or per whole 128-K blocks."""
     w, g, act = scheme.weight, scheme.granularity, scheme.act
-    if w.bits not in (2, 4) or scheme.zero_point is ZeroPoint.FLOAT:
+    if w.bits not in (2, 4, 8) or scheme.zero_point is ZeroPoint.FLOAT:
         return False
     experimental = settings.load().frag_experimental
     whole_blocks = g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
+    if w.bits == 8:  # 64-K blocks
+        return experimental and isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
     if w.bits == 2:
         return experimental and isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
     if act.quantized:

@@ -44,8 +44,9 @@ def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
     """inv[(32 // bits) * w + p] = the k of the block stored in word w at field p. bf16/fp16 MMA (A
     fragment: pairs of k): 4-bit k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e; 2-bit (256-K
     blocks), c = 2q + l: word 4t + q at field j + 4l + 8e, so each 64-K quarter q is one word per
-    thread. FP8 MMA (`a8`, 4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c
-    in word 4t + c at nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
+    thread; 8-bit (64-K blocks): k = e + 2t + 8j + 16c in word 4t + c at byte e + 2j. FP8 MMA (`a8`,
+    4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at
+    nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
     inv = [0] * frag_block_k(bits)
     for k in range(frag_block_k(bits)):
         if a8:
@@ -54,6 +55,9 @@ def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
         elif bits == 2:
             e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
             inv[16 * (4 * t + (c >> 1)) + j + 4 * (c & 1) + 8 * e] = k
+        elif bits == 8:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 1, k >> 4
+            inv[4 * (4 * t + c) + e + 2 * j] = k
         else:
             e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
             inv[8 * (4 * t + c) + j + 4 * e] = k
@@ -62,7 +66,7 @@ def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
 
 def frag_mask(bits: int) -> int:
     """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
-    return {4: PAIR_MASK, 2: 0x00030003}[bits]
+    return {4: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
 
 
 def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Tensor:
@@ -160,6 +164,19 @@ def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
     v = tl.reshape(tl.join(lo, hi), (R, 4, 2, 4, 2))  # (t, l, j, e)
     return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 32l + 8j + 2t + e
+
+
+@triton.jit
+def unpack_bytes(p, R: tl.constexpr, MASK, sub, DTYPE: tl.constexpr):
+    """[R, 16] words of one 64-K block of 8-bit codes -> [R, 64] DTYPE values code - (sub - 2**23) in
+    natural K order, exactly: a byte under the fp32 exponent of 2**23 is 2**23 + code, one subtraction
+    in fp32 (sub: 2**23 + bias (+ zero point), per row or scalar), then a packed convert per pair."""
+    f0 = (((p >> (MASK >> 31)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # byte 0: j 0, e 0
+    f1 = (((p >> 8) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 0, e 1
+    f2 = (((p >> 16) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 0
+    f3 = (((p >> 24) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 1
+    v = tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)).to(DTYPE), (R, 4, 4, 2, 2))  # (t, c, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 16c + 8j + 2t + e
 
 
 @triton.jit
@@ -334,6 +351,27 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
 
 
 @triton.jit
+def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
+                  S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, PER_BLOCK: tl.constexpr,
+                  BN: tl.constexpr, NW: tl.constexpr):
+    """One 64-K block of 8-bit codes ([BN, 16] words, one 16-byte load per thread as for 4 bits): the
+    decoded rows [BN, 64] (`unpack_bytes`) times x^T [64, BM], scaled by the block's group scales when
+    PER_BLOCK."""
+    dtype: tl.constexpr = x_ptrs.dtype.element_ty
+    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    if ZP != 0:
+        sub = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))[:, None]
+        w = unpack_bytes(p, BN, MASK, sub, dtype)
+    else:
+        w = unpack_bytes(p, BN, MASK, off, dtype)
+    xt = tl.load(x_ptrs + kt * 64, mask=mask_m[None, :] & (kt * 64 + offs_k < K)[:, None], other=0.0)
+    part = tl.dot(w, xt)
+    if PER_BLOCK:
+        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
+    return part
+
+
+@triton.jit
 def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
@@ -344,7 +382,9 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     shorter than K).
 
     The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`)."""
-    if x_ptr.dtype.element_ty == tl.bfloat16:
+    if W_BITS == 8:
+        off = 8388608.0  # 2**23: the fp32 magic of the byte decode
+    elif x_ptr.dtype.element_ty == tl.bfloat16:
         off = 128.0  # MAGIC of the pair decode
     elif x_ptr.dtype.element_ty == tl.float16:
         off = 1024.0
@@ -356,7 +396,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1
-    KX: tl.constexpr = 64 if W_BITS == 2 else 128  # x rows per dot (2-bit blocks run as four quarters)
+    KX: tl.constexpr = 128 if W_BITS == 4 else 64  # x rows per dot (2-bit blocks run as four quarters)
     offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
@@ -373,7 +413,10 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
             z_raw = unused
-        if W_BITS == 2:
+        if W_BITS == 8:
+            acc += frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
+                                 S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW)
+        elif W_BITS == 2:
             acc += frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
                                      SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
         else:
@@ -430,6 +473,8 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
     if W_FLOAT:
         q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
+    elif W_BITS == 8:
+        q = unpack_bytes(p, BN, MASK, 8388608.0 + (1 << (W_BITS - 1) if W_SIGNED else 0), tl.float32)
     else:
         if dtype == tl.bfloat16:
             off = 128.0
@@ -476,11 +521,11 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
     launch holds ~2 CTAs per SM (int4, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split.
     2-bit codes take 64-row tiles (a 256-K block decoded whole: the same registers as 128 rows of 4-bit
-    codes; not yet swept)."""
+    codes); 2- and 8-bit tiles are not yet swept."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    bn = 128 if bits == 4 else 64
+    bn = 64 if bits == 2 else 128
     tiles, k_blocks, split = cdiv(n, bn) * cdiv(m, bm), cdiv(k, frag_block_k(bits)), 1
     while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
         split *= 2

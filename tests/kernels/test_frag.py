@@ -147,20 +147,13 @@ def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
 INT2_FORMATS = ["w2a16", "w2a16:int2:g128:bf16", "w2a16:int2:ch:fp32", "w2a16:uint2:g256:fp16:zp-int"]
 
 
-@pytest.mark.parametrize("k", [128, 200, 640])
-def test_pack_round_trip_2bit(k):
-    codes = torch.randint(0, 4, (2, 5, k), dtype=torch.uint8)
-    words = pack_frag(codes, bits=2)
-    assert words.shape == (2, 5, -(-k // 256) * 16)  # 256-K blocks of 16 words
-    assert torch.equal(unpack_frag(words, k, bits=2), codes)
-
-
-def test_2bit_takes_the_fragment_layout_only_when_asked(monkeypatch):
+def test_2_and_8_bits_take_the_fragment_layout_only_when_asked(monkeypatch):
     assert not any(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
     monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     assert all(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
     assert not frag_format(Scheme.parse("w2a16:uint2:g32:fp16:zp-int"))  # groups shorter than 64
     assert not frag_format(Scheme.parse("w3a16"))
+    assert frag_format(Scheme.parse("w8a16")) and not frag_format(Scheme.parse("w8a16:int8:g32:bf16"))
 
 
 @pytest.mark.parametrize("text", INT2_FORMATS)
@@ -182,3 +175,27 @@ def test_2bit_dequantizer_is_exact(interpret, frag_experimental, text):
     tw = to_triton_layout(qw)
     assert tw.frag and torch.equal(unpack_frag(tw.planes[0], k, bits=2), stored_codes(qw))
     assert torch.equal(dequantize_frag(tw, dtype=torch.float16), qw.dequantize(torch.float16))
+
+
+INT8_FORMATS = ["w8a16", "w8a16:uint8:g128:fp16:zp-int", "w8a16:int8:g64:bf16"]
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+def test_pack_round_trip_other_widths(bits):
+    codes = torch.randint(0, 1 << bits, (2, 3, 200), dtype=torch.uint8)
+    words = pack_frag(codes, bits=bits)
+    assert words.shape == (2, 3, -(-200 // (512 // bits)) * 16)  # blocks of 16 words per row
+    assert torch.equal(unpack_frag(words, 200, bits=bits), codes)
+
+
+@pytest.mark.parametrize("text", INT8_FORMATS)
+@pytest.mark.parametrize("m", [1, 13, 40])
+def test_8bit_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
+    """8-bit codes, opt-in: 64-K blocks, each byte under the fp32 exponent of 2**23, one fp32 subtraction."""
+    k = 384 if "g128" in text else 320
+    x, qw, ref = _problem(text, m, 80, k, seed=m)
+    prepared = prepare(qw, backend="triton")
+    assert prepared.data.frag
+    y = get_backend("triton").gemm(x, prepared)
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    assert torch.equal(dequantize_frag(prepared.data, dtype=torch.float16), qw.dequantize(torch.float16))

@@ -51,15 +51,16 @@ def test_every_swept_tile(bn, warps, stages, m, split):
     assert rel_err(out, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
-FLOAT_AND_2BIT = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16", "w2a16", "w2a16:int2:g128:bf16"]
+OTHER_FRAG = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16", "w2a16", "w2a16:int2:g128:bf16",
+              "w8a16", "w8a16:uint8:g128:fp16:zp-int"]  # fmt: skip
 
 
-@pytest.mark.parametrize("text", FLOAT_AND_2BIT)
+@pytest.mark.parametrize("text", OTHER_FRAG)
 @pytest.mark.parametrize("m", [1, 13, 64, 300])
 def test_frag_formats_in_bf16_bitwise_stable(monkeypatch, text, m):
     """On the GPU in bf16, bit-stable: the e2m1 decode leans on bf16 subnormals (the two e=0 codes)
-    surviving the packed multiply; 2-bit codes (opt-in: ANYBIT_FRAG_EXPERIMENTAL=1) run as four 64-K
-    quarters per block, g64 scales and zero points per quarter; M=300 runs the dequantizer + cuBLAS."""
+    surviving the packed multiply; 2- and 8-bit codes (opt-in: ANYBIT_FRAG_EXPERIMENTAL=1): 2-bit as four
+    64-K quarters per block, g64 scales and zero points per quarter; M=300 runs the dequantizer + cuBLAS."""
     from anybit import prepare
     from anybit.backends import get_backend
 
