@@ -260,8 +260,8 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
-        if tw.frag and (tw.scheme.act.quantized or tw.fmt["W_BITS"] == 2):
-            # opt-in (ANYBIT_FRAG_EXPERIMENTAL): the cached W4A8 / W2A16 tiles were tuned for the bit-plane kernel
+        if tw.frag and (tw.scheme.act.quantized or tw.fmt["W_BITS"] != 4):
+            # opt-in (ANYBIT_FRAG_EXPERIMENTAL): cached W4A8 / 2- and 8-bit tiles were tuned for the bit-plane kernel
             return default
         entry = cache.get(key)
         if entry is not None:

@@ -27,7 +27,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         return f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
-    opt_in = frag and (scheme.act.quantized or scheme.weight_bits == 2)  # cached tiles are the bit-plane kernel's
+    opt_in = frag and (scheme.act.quantized or scheme.weight_bits != 4)  # cached tiles are the bit-plane kernel's
     entry = None if opt_in else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
