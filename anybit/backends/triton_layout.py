@@ -117,6 +117,12 @@ def frag_format(scheme: Scheme) -> bool:
     return isinstance(w, IntType) and whole_blocks
 
 
+def frag_untuned(scheme: Scheme) -> bool:
+    """A frag format that is opt-in (W4A8, 2- and 8-bit ints): the tuning table's tiles for its scheme
+    were measured on the bit-plane kernel, so the frag path takes its default rule instead."""
+    return frag_format(scheme) and (scheme.act.quantized or scheme.weight_bits != 4)
+
+
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
     """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
     MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit weights

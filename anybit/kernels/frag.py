@@ -33,7 +33,9 @@ FRAG_WORDS = 16  # int32 words per block of a row, every width: a thread's share
 
 
 def frag_block_k(bits: int) -> int:
-    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2)."""
+    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2, 64 for 8)."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"the fragment layout holds 2-, 4- or 8-bit codes, got bits={bits}")
     return FRAG_WORDS * 32 // bits
 
 
@@ -66,6 +68,7 @@ def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
 
 def frag_mask(bits: int) -> int:
     """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
+    frag_block_k(bits)  # names an unsupported width
     return {4: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
 
 

@@ -17,7 +17,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     """The Triton backend's path for this call: kernel, tile, split-K and where the tile comes from
     (the tuning cache or the default rule) — what `gemm` would do."""
     from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, pick_config, tuning_cache
-    from anybit.backends.triton_layout import fp8_as_is, frag_format
+    from anybit.backends.triton_layout import fp8_as_is, frag_format, frag_untuned
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
@@ -27,8 +27,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         return f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
-    opt_in = frag and (scheme.act.quantized or scheme.weight_bits != 4)  # cached tiles are the bit-plane kernel's
-    entry = None if opt_in else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
+    entry = None if frag_untuned(scheme) else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
     else:
