@@ -24,9 +24,8 @@ class Settings:
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     frag_experimental: bool
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) and 2- and 8-bit integer
-    weights take the fragment-layout kernels too. Off until measured on a GPU (W4A8: its large M; its layout
-    has no dequantize-then-cuBLAS path; 2- and 8-bit: not run yet)."""
+    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
+    kernel too. Off until its large M is measured (its layout has no dequantize-then-cuBLAS path)."""
 
 
 def _names(value: str) -> tuple[str, ...]:

@@ -91,25 +91,21 @@ def fp8_as_is(scheme: Scheme) -> bool:
 
 def frag_format(scheme: Scheme) -> bool:
     """Weights that get the fragment layout (`anybit.kernels.frag`), whose kernels decode two weights
-    per instruction straight into the tensor cores' registers: bf16/fp16 activations with 4-bit integer
-    weights (no or an integer zero point) with scales per channel, per tensor or per whole 128-K
-    blocks, or e2m1 weights without zero point and scales per channel/tensor, per 16/32/64 along K or
-    per whole 128-K blocks (NVFP4, MXFP4). With ANYBIT_FRAG_EXPERIMENTAL=1 (not yet measured on a GPU)
-    also: those integer weights with e4m3 activations quantized per token (W4A8), and 2- and 8-bit
-    integer weights (no or an integer zero point) with bf16/fp16 activations and scales per
-    channel/tensor, per 64 along K or per whole 128-K blocks."""
+    per instruction straight into the tensor cores' registers: bf16/fp16 activations with 2-, 4- or
+    8-bit integer weights (no or an integer zero point) with scales per channel, per tensor or per whole
+    K blocks (2-bit: also per 64 along K; 8-bit: per 64), or e2m1 weights without zero point and
+    scales per channel/tensor, per 16/32/64 along K or per whole 128-K blocks (NVFP4, MXFP4). With
+    ANYBIT_FRAG_EXPERIMENTAL=1 also 4-bit integer weights with e4m3 activations quantized per token
+    (W4A8: measured 2.2x the bit-plane A8 kernel at M <= 64, large M not yet)."""
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if w.bits not in (2, 4, 8) or scheme.zero_point is ZeroPoint.FLOAT:
         return False
-    experimental = settings.load().frag_experimental
     whole_blocks = g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
-    if w.bits == 8:  # 64-K blocks
-        return experimental and isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
-    if w.bits == 2:
-        return experimental and isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
+    if w.bits in (2, 8):  # 256-K / 64-K blocks, groups of 64 and whole 128s handled per quarter / block
+        return isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
     if act.quantized:
         token_e4m3 = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
-        return experimental and isinstance(w, IntType) and token_e4m3 and whole_blocks
+        return settings.load().frag_experimental and isinstance(w, IntType) and token_e4m3 and whole_blocks
     if isinstance(w, FloatType):
         if not ((w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
             return False
@@ -118,9 +114,9 @@ def frag_format(scheme: Scheme) -> bool:
 
 
 def frag_untuned(scheme: Scheme) -> bool:
-    """A frag format that is opt-in (W4A8, 2- and 8-bit ints): the tuning table's tiles for its scheme
-    were measured on the bit-plane kernel, so the frag path takes its default rule instead."""
-    return frag_format(scheme) and (scheme.act.quantized or scheme.weight_bits != 4)
+    """A frag format that is opt-in (W4A8): the tuning table's tiles for its scheme were measured on
+    the bit-plane kernel, so the frag path takes its default rule instead."""
+    return frag_format(scheme) and scheme.act.quantized
 
 
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:

@@ -21,8 +21,6 @@ in flight while the next block's weight registers are written).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -252,21 +250,15 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
 @triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   SCALE_W: tl.constexpr):
+                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
     e2m1 times an e4m3 or power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element
     scaling."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
-    # whole-block int groups: scale the decoded weights (one rounding, as the dequantize-then-cuBLAS path)
-    # so the MMA accumulates across blocks and runs while the next block decodes
-    SCALE_IN_W: tl.constexpr = PER_BLOCK and SCALE_W and not W_FLOAT and dtype != tl.float8e4nv
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
-    if PER_BLOCK:
-        s_row = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
     if dtype == tl.float8e4nv:
@@ -289,12 +281,10 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
         w = unpack_pairs(p, BN, MASK, dtype) - zo.to(dtype)[:, None]
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
-    if SCALE_IN_W:
-        w = w * s_row.to(dtype)[:, None]
     if dtype != tl.float8e4nv:
         part = tl.dot(w, xt)
-    if PER_BLOCK and not SCALE_IN_W:
-        part = part * s_row[:, None]
+    if PER_BLOCK:
+        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
     return part
 
 
@@ -389,7 +379,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr, SCALE_W: tl.constexpr):
+               STAGES: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -435,7 +425,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, SCALE_W)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
     return rows_from_mma(acc, BN, NW, BM)
 
 
@@ -445,7 +435,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
                       W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, SCALE_W: tl.constexpr):
+                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -458,7 +448,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, SCALE_W)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -524,30 +514,25 @@ def frag_constexprs(tw) -> dict:
     return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
 
 
-def frag_scale_w() -> bool:
-    """EXPERIMENT: scale whole-block groups' weights in registers (bf16/fp16) before the MMA."""
-    return os.environ.get("ANYBIT_FRAG_SCALE_W", "1") == "1"
-
-
 def frag_group_k(tw) -> int:
     """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K"."""
     return tw.group_k if tw.group_k < tw.k else 1 << 30
 
 
 def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4) -> dict:
-    """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweep
+    """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
-    launch holds ~2 CTAs per SM (int4, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split.
-    2-bit codes take 64-row tiles (a 256-K block decoded whole: the same registers as 128 rows of 4-bit
-    codes); 2- and 8-bit tiles are not yet swept."""
+    launch holds ~2 CTAs per SM (int4, int8, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per
+    split. 2-bit codes take 64-row tiles of 3 stages (a 256-K block decoded whole holds the registers of
+    128 rows of 4-bit codes; at M = 64, 4 stages or 128 rows ran 1.3-3x slower)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    bn = 64 if bits == 2 else 128
+    bn, stages = (64, 3) if bits == 2 else (128, 4)
     tiles, k_blocks, split = cdiv(n, bn) * cdiv(m, bm), cdiv(k, frag_block_k(bits)), 1
     while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
         split *= 2
-    return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=4)
+    return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)
 
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
@@ -580,7 +565,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, SCALE_W=frag_scale_w(), num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, num_warps=num_warps,
     )
     # fmt: on
     return y

@@ -31,7 +31,7 @@ def _problem(text, m, n, k, seed):
 
 def test_which_formats_take_the_fragment_layout():
     assert all(frag_format(Scheme.parse(t)) for t in FRAG_FORMATS)
-    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "w8a16", "w3a16"]:
+    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "w3a16"]:
         assert not frag_format(Scheme.parse(t)), t
 
 
@@ -147,9 +147,7 @@ def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
 INT2_FORMATS = ["w2a16", "w2a16:int2:g128:bf16", "w2a16:int2:ch:fp32", "w2a16:uint2:g256:fp16:zp-int"]
 
 
-def test_2_and_8_bits_take_the_fragment_layout_only_when_asked(monkeypatch):
-    assert not any(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+def test_2_and_8_bits_take_the_fragment_layout():
     assert all(frag_format(Scheme.parse(t)) for t in INT2_FORMATS)
     assert not frag_format(Scheme.parse("w2a16:uint2:g32:fp16:zp-int"))  # groups shorter than 64
     assert not frag_format(Scheme.parse("w3a16"))
@@ -158,7 +156,7 @@ def test_2_and_8_bits_take_the_fragment_layout_only_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("text", INT2_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 40])
-def test_2bit_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
+def test_2bit_swap_ab_gemm_matches_dequantize(interpret, text, m):
     """2-bit codes: each 128-K block runs as two 64-K halves (one dot and, for g64, one scale each)."""
     k = {"g256": 512, "g128": 384}.get(text.split(":")[2] if ":" in text else "", 320)  # 320: a half-empty block
     x, qw, ref = _problem(text, m, 80, k, seed=m)
@@ -169,7 +167,7 @@ def test_2bit_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text
 
 
 @pytest.mark.parametrize("text", ["w2a16", "w2a16:int2:g128:bf16"])
-def test_2bit_dequantizer_is_exact(interpret, frag_experimental, text):
+def test_2bit_dequantizer_is_exact(interpret, text):
     k = 384 if "g128" in text else 320
     _, qw, _ = _problem(text, 1, 70, k, seed=4)
     tw = to_triton_layout(qw)
@@ -190,7 +188,7 @@ def test_pack_round_trip_other_widths(bits):
 
 @pytest.mark.parametrize("text", INT8_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 40])
-def test_8bit_swap_ab_gemm_matches_dequantize(interpret, frag_experimental, text, m):
+def test_8bit_swap_ab_gemm_matches_dequantize(interpret, text, m):
     """8-bit codes, opt-in: 64-K blocks, each byte under the fp32 exponent of 2**23, one fp32 subtraction."""
     k = 384 if "g128" in text else 320
     x, qw, ref = _problem(text, m, 80, k, seed=m)

@@ -57,14 +57,13 @@ OTHER_FRAG = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16", "
 
 @pytest.mark.parametrize("text", OTHER_FRAG)
 @pytest.mark.parametrize("m", [1, 13, 64, 300])
-def test_frag_formats_in_bf16_bitwise_stable(monkeypatch, text, m):
+def test_frag_formats_in_bf16_bitwise_stable(text, m):
     """On the GPU in bf16, bit-stable: the e2m1 decode leans on bf16 subnormals (the two e=0 codes)
-    surviving the packed multiply; 2- and 8-bit codes (opt-in: ANYBIT_FRAG_EXPERIMENTAL=1): 2-bit as four
-    64-K quarters per block, g64 scales and zero points per quarter; M=300 runs the dequantizer + cuBLAS."""
+    surviving the packed multiply; 2- and 8-bit codes: 2-bit as four 64-K quarters per block, g64 scales
+    and zero points per quarter; M=300 runs the dequantizer + cuBLAS."""
     from anybit import prepare
     from anybit.backends import get_backend
 
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     p = prepare(qw, backend="triton")
     assert p.data.frag

@@ -120,10 +120,9 @@ def test_contiguous_alignment_contract_and_errors():
 
 
 @pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "w2a16", "w8a16"])
-def test_grouped_gemm_fragment_layout_experts(interpret, monkeypatch, scheme):
-    """e2m1 (and, opt-in, 2- and 8-bit integer) experts in the fragment layout through the grouped kernel
-    (split-K and the silu·up epilogue included)."""
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")  # for w2a16, w8a16
+def test_grouped_gemm_fragment_layout_experts(interpret, scheme):
+    """e2m1 and 2- and 8-bit integer experts in the fragment layout through the grouped kernel (split-K
+    and the silu·up epilogue included)."""
     g = torch.Generator().manual_seed(9)
     e, k, t, n, kk = 6, 2, 5, 64, 384
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
