@@ -21,6 +21,8 @@ in flight while the next block's weight registers are written).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -86,11 +88,37 @@ def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Ten
     blocks = c.reshape(*lead, n, -1, kb)[..., _frag_order(a8, bits).to(c.device)]
     shifted = blocks.reshape(*lead, n, -1, FRAG_WORDS, fields) << (torch.arange(fields, device=c.device) * bits)
     words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return to_panels(words, frag_panel())
 
 
-def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4) -> torch.Tensor:
-    """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]."""
+def to_panels(words: torch.Tensor, panel: int) -> torch.Tensor:
+    """[..., N, KW] words -> [..., N_pad, KW] (N padded with zero rows to a multiple of `panel`) whose
+    memory holds panels of `panel` rows, each panel block after block ([N_pad / panel, blocks, panel,
+    16]); panel 0: unchanged (contiguous)."""
+    if panel == 0:
+        return words.contiguous()
+    *lead, n, kw = words.shape
+    pad = -n % panel
+    if pad:
+        words = torch.cat([words, words.new_zeros(*lead, pad, kw)], dim=-2)
+    p = words.reshape(*lead, (n + pad) // panel, panel, kw // FRAG_WORDS, FRAG_WORDS).transpose(-2, -3)
+    return p.contiguous().reshape(*lead, n + pad, kw)
+
+
+def from_panels(words: torch.Tensor, n: int, panel: int) -> torch.Tensor:
+    """The inverse of `to_panels`: [..., N, KW] rows one after another."""
+    if panel == 0:
+        return words
+    *lead, n_pad, kw = words.shape
+    p = words.reshape(*lead, n_pad // panel, kw // FRAG_WORDS, panel, FRAG_WORDS).transpose(-2, -3)
+    return p.reshape(*lead, n_pad, kw)[..., :n, :]
+
+
+def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4, n: int | None = None) -> torch.Tensor:
+    """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]
+    (the first n rows: the packing pads N to whole panels)."""
+    words = from_panels(words, words.shape[-2] if n is None else n, frag_panel())
     *lead, n, kw = words.shape
     fields = 32 // bits
     w = words.to(torch.int64).reshape(*lead, n, -1, FRAG_WORDS, 1) & 0xFFFFFFFF
@@ -248,6 +276,17 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
 
 
 @triton.jit
+def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
+    """Word offset of the first block of each weight row: rows one after another (PANEL 0), or in
+    panels of PANEL rows whose blocks are contiguous (block kt of the panel's rows, then kt + 1)."""
+    n = offs_n.to(tl.int64)
+    if PANEL > 0:
+        return (n // PANEL) * (PANEL * stride_wn) + (n % PANEL) * 16
+    else:
+        return n * stride_wn
+
+
+@triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
@@ -258,7 +297,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     scaling."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
-    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
     if dtype == tl.float8e4nv:
@@ -318,7 +357,7 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
     zero point) their quarters, in fp32 after the dots (exact)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     G: tl.constexpr = 256 // GROUP_K if GROUP_K < 256 else 1
-    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     ql0, ql1 = tl.split(tl.reshape(p, (BN, 4, 2, 2)))  # word 4t + 2a + b: b
     p0, p2 = tl.split(ql0)
     p1, p3 = tl.split(ql1)
@@ -361,7 +400,7 @@ def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, M
     decoded rows [BN, 64] (`unpack_bytes`) times x^T [64, BM], scaled by the block's group scales when
     PER_BLOCK."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
-    p = rows_to_mma(tl.load(w_ptrs + kt * 16, mask=mask_n[:, None], other=0), BN, NW, 16)
+    p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
         sub = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))[:, None]
         w = unpack_bytes(p, BN, MASK, sub, dtype)
@@ -379,7 +418,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, PANEL: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -402,12 +441,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     KX: tl.constexpr = 128 if W_BITS == 4 else 64  # x rows per dot (2-bit blocks run as four quarters)
     offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + tl.arange(0, 16)[None, :]
+    w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
+    WSTEP: tl.constexpr = 16 * PANEL if PANEL > 0 else 16  # words from one block of a row to the next
     offs_gn = offs_n // GROUP_N
     n_groups = tl.cdiv(K, GROUP_K)
     unused = tl.zeros((BN, G), dtype=tl.int8)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+        wb = w_ptrs + kt * WSTEP  # the block's words
         if HAS_S:
             s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
@@ -417,14 +458,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             z_raw = unused
         if W_BITS == 8:
-            acc += frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
+            acc += frag_byte_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW)
         elif W_BITS == 2:
-            acc += frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
+            acc += frag_quarter_dots(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
                                      SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
-            acc += frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
+            acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                   S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
     return rows_from_mma(acc, BN, NW, BM)
 
@@ -435,7 +476,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
                       W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr):
+                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -448,7 +489,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -464,14 +505,15 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
 def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
                          W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                          S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr):
+                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr):
     """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
     mask_n = offs_n < N
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
-    p = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kt * 16 + tl.arange(0, 16)[None, :],
+    WSTEP: tl.constexpr = 16 * PANEL if PANEL > 0 else 16
+    p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
     if W_FLOAT:
@@ -512,6 +554,11 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
 def frag_constexprs(tw) -> dict:
     """The weight-format constexprs every frag kernel takes (from the prepared weight's `fmt`)."""
     return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
+
+
+def frag_panel() -> int:
+    """EXPERIMENT (ANYBIT_FRAG_PANEL=64): rows per panel of the packed weight, 0 = row after row."""
+    return int(os.environ.get("ANYBIT_FRAG_PANEL", "0"))
 
 
 def frag_group_k(tw) -> int:
@@ -565,7 +612,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, PANEL=frag_panel(), num_warps=num_warps,
     )
     # fmt: on
     return y
@@ -583,7 +630,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
         tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
         tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
-        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, num_warps=4,
+        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=frag_panel(), num_warps=4,
     )
     # fmt: on
     return out
