@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import frag_constexprs, frag_group_k, frag_mask, frag_panel, frag_range
+from anybit.kernels.frag import FRAG_PANEL, frag_constexprs, frag_group_k, frag_mask, frag_range
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
@@ -292,7 +292,7 @@ def moe_gemm(
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=frag_panel(), num_warps=num_warps,
+            PANEL=FRAG_PANEL, num_warps=num_warps,
         )
         # fmt: on
         return y
