@@ -8,7 +8,15 @@ from anybit import prepare, quantize
 from anybit.backends import get_backend
 from anybit.backends.triton_layout import frag_format, stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag import dequantize_frag, gemm_frag, pack_frag, unpack_frag
+from anybit.kernels.frag import (
+    FRAG_PANEL,
+    dequantize_frag,
+    from_panels,
+    gemm_frag,
+    pack_frag,
+    to_panels,
+    unpack_frag,
+)
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -39,8 +47,19 @@ def test_which_formats_take_the_fragment_layout():
 def test_pack_round_trip(k):
     codes = torch.randint(0, 16, (3, 5, k), dtype=torch.uint8)
     words = pack_frag(codes)
-    assert words.shape == (3, 5, -(-k // 128) * 16) and words.dtype == torch.int32
-    assert torch.equal(unpack_frag(words, k), codes)
+    assert words.shape == (3, FRAG_PANEL, -(-k // 128) * 16) and words.dtype == torch.int32  # N: whole panels
+    assert torch.equal(unpack_frag(words, k, n=5), codes)
+
+
+def test_panels_hold_each_block_of_their_rows_contiguously():
+    rows = torch.arange(130 * 48, dtype=torch.int32).reshape(130, 48)  # 130 rows of 3 blocks of 16 words
+    p = to_panels(rows, 64)
+    assert p.shape == (192, 48) and torch.equal(from_panels(p, 130, 64), rows)
+    flat = p.reshape(-1)
+    for n, kt in [(0, 0), (1, 0), (63, 2), (64, 1), (129, 2)]:  # panel n // 64: block kt of its rows in a run
+        start = ((n // 64 * 3 + kt) * 64 + n % 64) * 16
+        assert torch.equal(flat[start : start + 16], rows[n, kt * 16 : kt * 16 + 16])
+    assert not from_panels(p, 192, 64)[130:].any()  # padding rows
 
 
 @pytest.mark.parametrize("text", FRAG_FORMATS)
@@ -83,7 +102,7 @@ def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
     with pytest.raises(ValueError, match="fragment layout"):
         gemm_dense(x, to_triton_layout(qw), None, config=GemmConfig(16, 32, 32))
     planes = to_triton_layout(qw, allow_frag=False)
-    assert not planes.frag and torch.equal(unpack_frag(to_triton_layout(qw).planes[0], 128), stored_codes(qw))
+    assert not planes.frag and torch.equal(unpack_frag(to_triton_layout(qw).planes[0], 128, n=64), stored_codes(qw))
 
 
 FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16", "w4a16:e2m1:ch:fp32"]
@@ -130,7 +149,7 @@ def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
 
     _, qw, _ = _problem(text, m, 80, 384, seed=m)
     tw = to_triton_layout(qw)
-    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], 384, a8=True), stored_codes(qw))
+    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], 384, a8=True, n=80), stored_codes(qw))
     x = torch.randn(m, 384, generator=torch.Generator().manual_seed(m)).half()
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
@@ -171,7 +190,7 @@ def test_2bit_dequantizer_is_exact(interpret, text):
     k = 384 if "g128" in text else 320
     _, qw, _ = _problem(text, 1, 70, k, seed=4)
     tw = to_triton_layout(qw)
-    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], k, bits=2), stored_codes(qw))
+    assert tw.frag and torch.equal(unpack_frag(tw.planes[0], k, bits=2, n=70), stored_codes(qw))
     assert torch.equal(dequantize_frag(tw, dtype=torch.float16), qw.dequantize(torch.float16))
 
 
@@ -182,8 +201,8 @@ INT8_FORMATS = ["w8a16", "w8a16:uint8:g128:fp16:zp-int", "w8a16:int8:g64:bf16"]
 def test_pack_round_trip_other_widths(bits):
     codes = torch.randint(0, 1 << bits, (2, 3, 200), dtype=torch.uint8)
     words = pack_frag(codes, bits=bits)
-    assert words.shape == (2, 3, -(-200 // (512 // bits)) * 16)  # blocks of 16 words per row
-    assert torch.equal(unpack_frag(words, 200, bits=bits), codes)
+    assert words.shape == (2, FRAG_PANEL, -(-200 // (512 // bits)) * 16)  # blocks of 16 words per row
+    assert torch.equal(unpack_frag(words, 200, bits=bits, n=3), codes)
 
 
 @pytest.mark.parametrize("text", INT8_FORMATS)
