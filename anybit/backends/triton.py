@@ -127,8 +127,8 @@ def gemm_source_hash() -> str:
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_row_words,
-               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.unpack_pairs,
-               frag.unpack_pairs2, frag.unpack_bytes, frag.unpack_e2m1, frag.unpack_a8)  # fmt: skip
+               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.minus_rows,
+               frag.unpack_pairs, frag.unpack_pairs2, frag.unpack_bytes, frag.unpack_e2m1, frag.unpack_a8)  # fmt: skip
     return source_hash(*kernels)
 
 

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from anybit import settings
 from anybit.kernels.dequant import cdiv, decode_scale, load_scale
 from anybit.kernels.splitk import store_or_reduce
 
@@ -177,6 +178,25 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def minus_rows(v, z, ASM: tl.constexpr):
+    """v [R, C] minus z [R] (both DTYPE): the decoded codes minus MAGIC + bias + zero point, exact.
+    ASM: one packed subtraction per register pair in PTX. Written in Triton, ptxas swaps the halves of
+    every decoded pair before the packed subtraction and back after it (sm_90a: 2 PRMT per pair, 485
+    instead of 367 instructions per w4a16-zp loop); the interpreter has no inline PTX, so CPU runs
+    take the Triton form (the same arithmetic)."""
+    zb = tl.broadcast_to(z[:, None], v.shape)
+    if ASM:
+        if v.dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [v, zb], dtype=tl.bfloat16,
+                                             is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [v, zb], dtype=tl.float16,
+                                             is_pure=True, pack=2)
+    else:
+        return v - zb
+
+
+@triton.jit
 def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     """[R, 4] words of one 64-K quarter block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
     MAGIC + code in natural K order of the quarter; one shift and one LOP3 per two codes."""
@@ -292,7 +312,8 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 @triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+                   GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
+                   ZP_ASM: tl.constexpr):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -318,9 +339,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
             w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
-        # (ptxas re-packs the row's (z, z) pair per use: ~2 PRMT per pair; integer-domain variants
-        # of this moved the tile through shared memory instead, see docs/ARCHITECTURE.md)
-        w = unpack_pairs(p, BN, MASK, dtype) - zo.to(dtype)[:, None]
+        # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
+        w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), ZP_ASM)
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
     if dtype != tl.float8e4nv:
@@ -353,7 +373,8 @@ def quarters(t, G: tl.constexpr):
 @triton.jit
 def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
                       SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
-                      GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr):
+                      GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
+                      ZP_ASM: tl.constexpr):
     """One 256-K block of 2-bit codes: its 16 words per row are one 16-byte load per thread, as for 4
     bits, and word 4t + q holds thread t's share of the 64-K quarter q. All four quarters are decoded,
     then multiplied with their x^T [64, BM]; groups shorter than the block scale (and shift by their
@@ -366,10 +387,10 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
     p1, p3 = tl.split(ql1)
     if ZP != 0:
         z0, z1, z2, z3 = quarters(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, G).to(dtype), G)
-        w0 = unpack_pairs2(p0, BN, MASK, dtype) - z0[:, None]
-        w1 = unpack_pairs2(p1, BN, MASK, dtype) - z1[:, None]
-        w2 = unpack_pairs2(p2, BN, MASK, dtype) - z2[:, None]
-        w3 = unpack_pairs2(p3, BN, MASK, dtype) - z3[:, None]
+        w0 = minus_rows(unpack_pairs2(p0, BN, MASK, dtype), z0, ZP_ASM)
+        w1 = minus_rows(unpack_pairs2(p1, BN, MASK, dtype), z1, ZP_ASM)
+        w2 = minus_rows(unpack_pairs2(p2, BN, MASK, dtype), z2, ZP_ASM)
+        w3 = minus_rows(unpack_pairs2(p3, BN, MASK, dtype), z3, ZP_ASM)
     else:
         w0 = unpack_pairs2(p0, BN, MASK, dtype) - off.to(dtype)
         w1 = unpack_pairs2(p1, BN, MASK, dtype) - off.to(dtype)
@@ -421,7 +442,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr, PANEL: tl.constexpr):
+               STAGES: tl.constexpr, PANEL: tl.constexpr, ZP_ASM: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -465,11 +486,11 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                                  S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW)
         elif W_BITS == 2:
             acc += frag_quarter_dots(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
-                                     SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+                                     SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, ZP_ASM)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, ZP_ASM)
     return rows_from_mma(acc, BN, NW, BM)
 
 
@@ -479,7 +500,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
                       W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr):
+                      SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
+                      ZP_ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -492,7 +514,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, ZP_ASM)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -559,6 +581,13 @@ def frag_constexprs(tw) -> dict:
     return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
 
 
+def zp_asm() -> bool:
+    """Zero points subtracted by inline PTX (`minus_rows`): compiled code only (not the interpreter),
+    opt-in until it has run on a GPU (ANYBIT_FRAG_EXPERIMENTAL=1; sm_90a checked, H200 not yet)."""
+    s = settings.load()
+    return s.frag_experimental and not s.triton_interpret
+
+
 def frag_group_k(tw) -> int:
     """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K"."""
     return tw.group_k if tw.group_k < tw.k else 1 << 30
@@ -610,7 +639,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, ZP_ASM=zp_asm(), num_warps=num_warps,
     )
     # fmt: on
     return y
