@@ -4,6 +4,7 @@
 #   bash tools/device.sh tune [anybit tune args…] tune into $OUT/cache, copy the table to $OUT/tables
 #   bash tools/device.sh bench [anybit bench args…]
 #   bash tools/device.sh ncu [tools/ncu_frag.py args…]   Nsight Compute counters of one frag kernel launch
+#     (NCU_SCRIPT=tools/moe_bench.py NCU_KERNEL=moe_frag: the grouped kernel, DeepSeek-V3 gate_up first)
 #   bash tools/device.sh moe [tools/moe_bench.py args…]   bash tools/device.sh sweep-frag [tools/sweep_frag.py args…]     bash tools/device.sh explain --scheme S --shape M,N,K
 # Parts can be chained: bash tools/device.sh tests X -- tune --budget 200
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
@@ -28,9 +29,10 @@ while [ $# -gt 0 ]; do
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
-    ncu) ncu --clock-control none --kernel-name regex:frag --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
-           --section LaunchStats python3 tools/ncu_frag.py "${args[@]}" > "$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt" 2>&1
+    ncu) ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
+           --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+           --section Occupancy --section LaunchStats python3 "${NCU_SCRIPT:-tools/ncu_frag.py}" "${args[@]}" \
+           > "$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt" 2>&1
          tail -90 "$OUT"/ncu_*.txt ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

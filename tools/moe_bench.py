@@ -1,8 +1,8 @@
 """Time anybit's grouped MoE GEMMs on the GPU at the MoE issue's shapes (DeepSeek-V3, Qwen3-30B-A3B):
 gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
 
-    python tools/moe_bench.py [--schemes w4a16,mxfp4] [--m 1,4,16,64,256,1024,4096] [--budget 200] [--out DIR]
-                              [--peers humming,bf16] [--splits 1,2,4,8]
+    python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
+                              [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -156,7 +156,7 @@ def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) 
 def run(args) -> list[dict]:
     dev = torch.device("cuda")
     rows_out, t0 = [], time.time()
-    for model, c in MODELS.items():
+    for model, c in ((name, MODELS[name]) for name in args.models.split(",")):
         e, top_k, h, i = c["E"], c["top_k"], c["H"], c["I"]
         bf16 = None
         if "bf16" in args.peers.split(","):  # once per model, timed beside the first scheme
@@ -233,6 +233,7 @@ def run(args) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schemes", default="w4a16,mxfp4")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"some of {', '.join(MODELS)}")
     ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
