@@ -26,8 +26,9 @@ class Settings:
     frag_experimental: bool
     """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
     kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path), and the
-    frag kernels subtract integer zero points by inline PTX (`minus_rows`; sm_90a: 485 -> 367 instructions
-    per w4a16-zp loop, not yet run on a GPU)."""
+    frag kernels decode with inline PTX: integer zero points by one packed subtraction (`minus_rows`;
+    sm_90a: 485 -> 367 instructions per w4a16-zp loop), bytes by one PRMT each (`unpack_bytes`; w8a16
+    328 -> 261). Not yet run on a GPU."""
 
 
 def _names(value: str) -> tuple[str, ...]:

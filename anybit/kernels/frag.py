@@ -221,14 +221,25 @@ def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def unpack_bytes(p, R: tl.constexpr, MASK, sub, DTYPE: tl.constexpr):
+def unpack_bytes(p, R: tl.constexpr, MASK, sub, DTYPE: tl.constexpr, PTX: tl.constexpr = False):
     """[R, 16] words of one 64-K block of 8-bit codes -> [R, 64] DTYPE values code - (sub - 2**23) in
     natural K order, exactly: a byte under the fp32 exponent of 2**23 is 2**23 + code, one subtraction
-    in fp32 (sub: 2**23 + bias (+ zero point), per row or scalar), then a packed convert per pair."""
-    f0 = (((p >> (MASK >> 31)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # byte 0: j 0, e 0
-    f1 = (((p >> 8) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 0, e 1
-    f2 = (((p >> 16) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 0
-    f3 = (((p >> 24) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 1
+    in fp32 (sub: 2**23 + bias (+ zero point), per row or scalar), then a packed convert per pair.
+    PTX: each byte is placed by one PRMT (the decode vLLM's Marlin uses) instead of a shift and a LOP3."""
+    if PTX:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $4, 0x4B000000, 0x7650; prmt.b32 $1, $4, 0x4B000000, 0x7651; "
+            "prmt.b32 $2, $4, 0x4B000000, 0x7652; prmt.b32 $3, $4, 0x4B000000, 0x7653;",
+            "=r,=r,=r,=r,r", [p], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+        f0 = b0 - sub  # byte 0: j 0, e 0
+        f1 = b1 - sub  # j 0, e 1
+        f2 = b2 - sub  # j 1, e 0
+        f3 = b3 - sub  # j 1, e 1
+    else:
+        f0 = (((p >> (MASK >> 31)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # byte 0: j 0, e 0
+        f1 = (((p >> 8) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 0, e 1
+        f2 = (((p >> 16) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 0
+        f3 = (((p >> 24) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 1
     v = tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)).to(DTYPE), (R, 4, 4, 2, 2))  # (t, c, j, e)
     return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 16c + 8j + 2t + e
 
@@ -313,7 +324,7 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   ZP_ASM: tl.constexpr):
+                   PTX: tl.constexpr):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -340,7 +351,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
         # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
-        w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), ZP_ASM)
+        w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
     if dtype != tl.float8e4nv:
@@ -374,7 +385,7 @@ def quarters(t, G: tl.constexpr):
 def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
                       SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                       GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                      ZP_ASM: tl.constexpr):
+                      PTX: tl.constexpr):
     """One 256-K block of 2-bit codes: its 16 words per row are one 16-byte load per thread, as for 4
     bits, and word 4t + q holds thread t's share of the 64-K quarter q. All four quarters are decoded,
     then multiplied with their x^T [64, BM]; groups shorter than the block scale (and shift by their
@@ -387,10 +398,10 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
     p1, p3 = tl.split(ql1)
     if ZP != 0:
         z0, z1, z2, z3 = quarters(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, G).to(dtype), G)
-        w0 = minus_rows(unpack_pairs2(p0, BN, MASK, dtype), z0, ZP_ASM)
-        w1 = minus_rows(unpack_pairs2(p1, BN, MASK, dtype), z1, ZP_ASM)
-        w2 = minus_rows(unpack_pairs2(p2, BN, MASK, dtype), z2, ZP_ASM)
-        w3 = minus_rows(unpack_pairs2(p3, BN, MASK, dtype), z3, ZP_ASM)
+        w0 = minus_rows(unpack_pairs2(p0, BN, MASK, dtype), z0, PTX)
+        w1 = minus_rows(unpack_pairs2(p1, BN, MASK, dtype), z1, PTX)
+        w2 = minus_rows(unpack_pairs2(p2, BN, MASK, dtype), z2, PTX)
+        w3 = minus_rows(unpack_pairs2(p3, BN, MASK, dtype), z3, PTX)
     else:
         w0 = unpack_pairs2(p0, BN, MASK, dtype) - off.to(dtype)
         w1 = unpack_pairs2(p1, BN, MASK, dtype) - off.to(dtype)
@@ -419,7 +430,7 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
 @triton.jit
 def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, PER_BLOCK: tl.constexpr,
-                  BN: tl.constexpr, NW: tl.constexpr):
+                  BN: tl.constexpr, NW: tl.constexpr, PTX: tl.constexpr):
     """One 64-K block of 8-bit codes ([BN, 16] words, one 16-byte load per thread as for 4 bits): the
     decoded rows [BN, 64] (`unpack_bytes`) times x^T [64, BM], scaled by the block's group scales when
     PER_BLOCK."""
@@ -427,9 +438,9 @@ def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, M
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
         sub = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))[:, None]
-        w = unpack_bytes(p, BN, MASK, sub, dtype)
+        w = unpack_bytes(p, BN, MASK, sub, dtype, PTX)
     else:
-        w = unpack_bytes(p, BN, MASK, off, dtype)
+        w = unpack_bytes(p, BN, MASK, off, dtype, PTX)
     xt = tl.load(x_ptrs + kt * 64, mask=mask_m[None, :] & (kt * 64 + offs_k < K)[:, None], other=0.0)
     part = tl.dot(w, xt)
     if PER_BLOCK:
@@ -442,7 +453,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr, PANEL: tl.constexpr, ZP_ASM: tl.constexpr):
+               STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -483,14 +494,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             z_raw = unused
         if W_BITS == 8:
             acc += frag_byte_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
-                                 S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW)
+                                 S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW, PTX)
         elif W_BITS == 2:
             acc += frag_quarter_dots(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
-                                     SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, ZP_ASM)
+                                     SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, ZP_ASM)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
     return rows_from_mma(acc, BN, NW, BM)
 
 
@@ -501,7 +512,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
-                      ZP_ASM: tl.constexpr):
+                      PTX: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -514,7 +525,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, ZP_ASM)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -581,9 +592,10 @@ def frag_constexprs(tw) -> dict:
     return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
 
 
-def zp_asm() -> bool:
-    """Zero points subtracted by inline PTX (`minus_rows`): compiled code only (not the interpreter),
-    opt-in until it has run on a GPU (ANYBIT_FRAG_EXPERIMENTAL=1; sm_90a checked, H200 not yet)."""
+def frag_ptx() -> bool:
+    """Inline PTX in the frag decode (zero points by `minus_rows`, bytes by `unpack_bytes`): compiled
+    code only (not the interpreter), opt-in until it has run on a GPU (ANYBIT_FRAG_EXPERIMENTAL=1;
+    sm_90a checked, H200 not yet)."""
     s = settings.load()
     return s.frag_experimental and not s.triton_interpret
 
@@ -639,7 +651,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, ZP_ASM=zp_asm(), num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), num_warps=num_warps,
     )
     # fmt: on
     return y

@@ -95,11 +95,12 @@ def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
     assert torch.equal(y1, y2)
 
 
-@pytest.mark.parametrize("text", ["w4a16-zp", "w4a16:uint4:g128:bf16:zp-int", "w2a16"])
+@pytest.mark.parametrize("text", ["w4a16-zp", "w4a16:uint4:g128:bf16:zp-int", "w2a16", "w8a16",
+                                  "w8a16:uint8:g128:bf16:zp-int"])  # fmt: skip
 @pytest.mark.parametrize("m", [1, 16, 64])
-def test_zero_points_by_inline_ptx_match_the_triton_form(monkeypatch, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: zero points subtracted by packed PTX (`minus_rows`) give the same bits
-    as the Triton subtraction (same arithmetic), bit-stable over relaunches. Also the grouped MoE path."""
+def test_inline_ptx_decode_matches_the_triton_form(monkeypatch, text, m):
+    """ANYBIT_FRAG_EXPERIMENTAL=1: zero points subtracted by packed PTX (`minus_rows`) and bytes placed
+    by PRMT (`unpack_bytes`) give the same bits as the Triton form (same arithmetic), bit-stable."""
     from anybit import prepare
     from anybit.backends import get_backend
 
