@@ -99,9 +99,7 @@ def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Ten
 def to_panels(words: torch.Tensor, panel: int) -> torch.Tensor:
     """[..., N, KW] words -> [..., N_pad, KW] (N padded with zero rows to a multiple of `panel`) whose
     memory holds panels of `panel` rows, each panel block after block ([N_pad / panel, blocks, panel,
-    16]); panel 0: unchanged (contiguous)."""
-    if panel == 0:
-        return words.contiguous()
+    16])."""
     *lead, n, kw = words.shape
     pad = -n % panel
     if pad:
@@ -112,8 +110,6 @@ def to_panels(words: torch.Tensor, panel: int) -> torch.Tensor:
 
 def from_panels(words: torch.Tensor, n: int, panel: int) -> torch.Tensor:
     """The inverse of `to_panels`: [..., N, KW] rows one after another."""
-    if panel == 0:
-        return words
     *lead, n_pad, kw = words.shape
     p = words.reshape(*lead, n_pad // panel, kw // FRAG_WORDS, panel, FRAG_WORDS).transpose(-2, -3)
     return p.reshape(*lead, n_pad, kw)[..., :n, :]
@@ -178,14 +174,14 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def minus_rows(v, z, ASM: tl.constexpr):
+def minus_rows(v, z, PTX: tl.constexpr):
     """v [R, C] minus z [R] (both DTYPE): the decoded codes minus MAGIC + bias + zero point, exact.
-    ASM: one packed subtraction per register pair in PTX. Written in Triton, ptxas swaps the halves of
+    PTX: one packed subtraction per register pair in inline PTX. Written in Triton, ptxas swaps the halves of
     every decoded pair before the packed subtraction and back after it (sm_90a: 2 PRMT per pair, 485
     instead of 367 instructions per w4a16-zp loop); the interpreter has no inline PTX, so CPU runs
     take the Triton form (the same arithmetic)."""
     zb = tl.broadcast_to(z[:, None], v.shape)
-    if ASM:
+    if PTX:
         if v.dtype == tl.bfloat16:
             return tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [v, zb], dtype=tl.bfloat16,
                                              is_pure=True, pack=2)
@@ -311,13 +307,10 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
 
 @triton.jit
 def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
-    """Word offset of the first block of each weight row: rows one after another (PANEL 0), or in
-    panels of PANEL rows whose blocks are contiguous (block kt of the panel's rows, then kt + 1)."""
+    """Word offset of the first block of each weight row in panels of PANEL rows (`to_panels`: block kt
+    of the panel's rows, then kt + 1; stride_wn: the words of one row)."""
     n = offs_n.to(tl.int64)
-    if PANEL > 0:
-        return (n // PANEL) * (PANEL * stride_wn) + (n % PANEL) * 16
-    else:
-        return n * stride_wn
+    return (n // PANEL) * (PANEL * stride_wn) + (n % PANEL) * 16
 
 
 @triton.jit
@@ -477,7 +470,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
     w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
-    WSTEP: tl.constexpr = 16 * PANEL if PANEL > 0 else 16  # words from one block of a row to the next
+    WSTEP: tl.constexpr = 16 * PANEL  # words from one block of a row to the next
     offs_gn = offs_n // GROUP_N
     n_groups = tl.cdiv(K, GROUP_K)
     unused = tl.zeros((BN, G), dtype=tl.int8)
@@ -548,7 +541,7 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     mask_n = offs_n < N
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
-    WSTEP: tl.constexpr = 16 * PANEL if PANEL > 0 else 16
+    WSTEP: tl.constexpr = 16 * PANEL
     p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
