@@ -29,11 +29,12 @@ while [ $# -gt 0 ]; do
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
-    ncu) ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
+    ncu) f="$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt"
+         ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
            --section Occupancy --section LaunchStats python3 "${NCU_SCRIPT:-tools/ncu_frag.py}" "${args[@]}" \
-           > "$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt" 2>&1
-         tail -90 "$OUT"/ncu_*.txt ;;
+           > "$f" 2>&1
+         tail -90 "$f" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
   r=${PIPESTATUS[0]}; [ "$r" -ne 0 ] && rc=$r
