@@ -25,10 +25,12 @@ class Settings:
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     frag_experimental: bool
     """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
-    kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path), and the
-    frag kernels decode with inline PTX: integer zero points by one packed subtraction (`minus_rows`;
-    sm_90a: 485 -> 367 instructions per w4a16-zp loop), bytes by one PRMT each (`unpack_bytes`; w8a16
-    328 -> 261). Not yet run on a GPU."""
+    kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path)."""
+    frag_ptx: bool
+    """ANYBIT_FRAG_PTX=0: the frag kernels decode in plain Triton instead of inline PTX (integer zero points
+    by one packed subtraction, `minus_rows`; bytes by one PRMT each, `unpack_bytes`). Default on for
+    sm_90+ (H200: w4a16-zp 8192² M=1 20.9 -> 16.4 µs, w8a16 23.9 -> 21.1, w2a16 22.3 -> 16.6); the off
+    switch is for a toolchain whose ptxas rejects it, and for tests comparing the two forms."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -45,4 +47,5 @@ def load() -> Settings:
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
         frag_experimental=os.environ.get("ANYBIT_FRAG_EXPERIMENTAL", "0") == "1",
+        frag_ptx=os.environ.get("ANYBIT_FRAG_PTX", "1") != "0",
     )

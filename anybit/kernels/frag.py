@@ -21,6 +21,8 @@ in flight while the next block's weight registers are written).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -586,11 +588,18 @@ def frag_constexprs(tw) -> dict:
 
 
 def frag_ptx() -> bool:
-    """Inline PTX in the frag decode (zero points by `minus_rows`, bytes by `unpack_bytes`): compiled
-    code only (not the interpreter), opt-in until it has run on a GPU (ANYBIT_FRAG_EXPERIMENTAL=1;
-    sm_90a checked, H200 not yet)."""
+    """Inline PTX in the frag decode (zero points by `minus_rows`, bytes by `unpack_bytes`): compiled code
+    for sm_90+ (`sub.rn.bf16x2` needs it), unless ANYBIT_FRAG_PTX=0; the interpreter has no inline PTX."""
     s = settings.load()
-    return s.frag_experimental and not s.triton_interpret
+    return s.frag_ptx and not s.triton_interpret and _target_sm() >= 90
+
+
+@functools.cache
+def _target_sm() -> int:
+    """The compute capability Triton compiles for (the active driver's target; 0 for a non-CUDA one).
+    Read once per process: a machine mixing GPU generations gets the first one's answer."""
+    target = triton.runtime.driver.active.get_current_target()
+    return target.arch if target.backend == "cuda" and isinstance(target.arch, int) else 0
 
 
 def frag_group_k(tw) -> int:

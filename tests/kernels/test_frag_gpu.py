@@ -99,16 +99,17 @@ def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
                                   "w8a16:uint8:g128:bf16:zp-int"])  # fmt: skip
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_inline_ptx_decode_matches_the_triton_form(monkeypatch, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: zero points subtracted by packed PTX (`minus_rows`) and bytes placed
-    by PRMT (`unpack_bytes`) give the same bits as the Triton form (same arithmetic), bit-stable."""
+    """Zero points subtracted by packed PTX (`minus_rows`) and bytes placed by PRMT (`unpack_bytes`), the
+    sm_90 default, give the same bits as the Triton form (ANYBIT_FRAG_PTX=0; same arithmetic), bit-stable."""
     from anybit import prepare
     from anybit.backends import get_backend
 
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     be = get_backend("triton")
-    plain = be.gemm(x, prepare(qw, backend="triton"))
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     p = prepare(qw, backend="triton")
+    monkeypatch.setenv("ANYBIT_FRAG_PTX", "0")
+    plain = be.gemm(x, p)
+    monkeypatch.delenv("ANYBIT_FRAG_PTX")
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y1, y2) and torch.equal(y1, plain)
