@@ -3,6 +3,7 @@ gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the who
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
                               [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8]
+                              [--tiles num_stages=6,block_n=64:split_k=2]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -54,9 +55,21 @@ def cell(name, us, rows, n, k, touched_bytes, x_bytes, y_bytes) -> dict:
                 pct_floor=round(100 * floor / us, 1))  # fmt: skip
 
 
-def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, splits: list) -> dict:
+def _variants(splits: list, tiles_arg: str) -> list:
+    """(tag, forced split or None, tile overrides): the layer's plan, each forced split, each `--tiles`
+    variant ("num_stages=6:block_n=64", split_k among the keys)."""
+    out = [("", None, {})] + [(f"@sk{s}", s, {}) for s in splits]
+    for v in filter(None, tiles_arg.split(",")):
+        kv = dict(item.split("=") for item in v.split(":"))
+        split = int(kv.pop("split_k")) if "split_k" in kv else None
+        out.append(("@" + v.replace("num_stages=", "s").replace("block_n=", "bn").replace("split_k=", "sk")
+                    .replace(":", ""), split, {key: int(val) for key, val in kv.items()}))  # fmt: skip
+    return out
+
+
+def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: list) -> dict:
     """Callables per timed part, one per routing: the two grouped GEMMs alone (with the layer's own
-    split-K plan, and with each forced split in `splits`), the alignment, the layer."""
+    split-K plan and tile, and each of `variants`), the alignment, the layer."""
     gu, dn, fused = moe._stacked
     e, i, h = moe.num_experts, moe.intermediate, moe.hidden
     m, top_k = routes[0][1].shape
@@ -64,10 +77,10 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, splits: li
     act = torch.empty(m * top_k, i, device=x.device, dtype=x.dtype).normal_()
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
     out = {}
-    for split in [None, *splits]:
+    for tag, split, over in variants:
         moe.split_k = split
-        kgu, kdn = (moe._split(x, t, m * top_k, tiles) | tiles for t in (gu, dn))
-        tag = "" if split is None else f"@sk{split}"
+        t_tiles = tiles | over
+        kgu, kdn = (moe._split(x, t, m * top_k, t_tiles) | t_tiles for t in (gu, dn))
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(x, gu, *a, top_k=top_k, silu_mul=fused, **kw)) for a in aligned
         ]
@@ -185,7 +198,7 @@ def run(args) -> list[dict]:
                 tiles = moe_tiles(m * top_k, e, True)
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
-                parts = _parts(moe, x, routes, tiles, splits)
+                parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else ""))
                 if hum is not None:
                     try:
                         parts |= _humming_parts(hum, moe, x, routes)
@@ -238,6 +251,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
+    ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
+                    "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip
     ap.add_argument("--peers", default="", help="humming: its indexed MoE GEMMs on the same weights; bf16: a "
                     "plain Triton grouped GEMM on bf16 weights (tools/moe_bf16.py)")  # fmt: skip
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -197,15 +197,17 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
     return min(n_blocks, cdiv(num_rows, block_m) + min(experts, num_rows))
 
 
-def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, frag: bool = False) -> int:
-    """Split K at decode until the launch puts ~3 CTAs on each SM (fragment-layout experts: up to 2, as
-    the dense frag kernel), keeping >= 4 K tiles per split. H200 sweeps (tools/moe_bench.py --splits,
-    tools/sweep_frag.py, BENCHMARKS.md): splitting helps only when the experts see about one row each
-    (DeepSeek-V3 / Qwen3 gate_up at M=1) and costs 5–50 % once the launch already holds enough CTAs."""
+def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int) -> int:
+    """Split K at decode until the launch puts ~3 CTAs on each SM, keeping >= 4 K tiles per split. H200
+    sweeps (tools/moe_bench.py --splits, BENCHMARKS.md): splitting helps only when the experts see about
+    one row each (DeepSeek-V3 gate_up at M=1, frag layout: 58.7 µs unsplit, 44.8 split in 2, 45.3 in 4;
+    Qwen3 gate_up) and costs 5–50 % once the launch already holds enough CTAs (DeepSeek down at M=1:
+    27.1 unsplit, 29.5 in 2). ncu of the unsplit DeepSeek gate_up: 288 CTAs, the SMs busy 67 % of the
+    time at 2.09 TB/s — too few CTAs to spread evenly over 132 SMs × 3 slots."""
     block_m = tiles["block_m"]
     grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
     ctas, k_tiles, split = grid_m * cdiv(n, tiles["block_n"]), cdiv(k, tiles["block_k"]), 1
-    while split * 2 * 4 <= k_tiles and split < 16 and (ctas * split * 2 <= 2 * sms if frag else ctas * split < 3 * sms):
+    while split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:
         split *= 2
     return split
 

@@ -112,7 +112,7 @@ class QuantMoE(nn.Module):
         from anybit.kernels.moe_gemm import moe_block_n, moe_split_k
 
         tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
-        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device), tw.frag)
+        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device))
                                  if x.is_cuda else 1)  # fmt: skip
         if split == 1:
             return dict(num_rows=rows)
