@@ -80,7 +80,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     for tag, split, over in variants:
         moe.split_k = split
         t_tiles = tiles | over
-        kgu, kdn = (moe._split(x, t, m * top_k, t_tiles) | t_tiles for t in (gu, dn))
+        kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_tiles, False)
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(x, gu, *a, top_k=top_k, silu_mul=fused, **kw)) for a in aligned
         ]

@@ -197,19 +197,24 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
     return min(n_blocks, cdiv(num_rows, block_m) + min(experts, num_rows))
 
 
-def moe_split_k(num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int) -> int:
-    """Split K at decode until the launch puts ~3 CTAs on each SM, keeping >= 4 K tiles per split. H200
-    sweeps (tools/moe_bench.py --splits, BENCHMARKS.md): splitting helps only when the experts see about
-    one row each (DeepSeek-V3 gate_up at M=1, frag layout: 58.7 µs unsplit, 44.8 split in 2, 45.3 in 4;
-    Qwen3 gate_up) and costs 5–50 % once the launch already holds enough CTAs (DeepSeek down at M=1:
-    27.1 unsplit, 29.5 in 2). ncu of the unsplit DeepSeek gate_up: 288 CTAs, the SMs busy 67 % of the
-    time at 2.09 TB/s — too few CTAs to spread evenly over 132 SMs × 3 slots."""
-    block_m = tiles["block_m"]
+def moe_decode_plan(
+    num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, narrow: bool = False
+) -> tuple[int, int]:
+    """(block_n, split_k) for a launch that would leave the GPU idle (decode). `narrow` (frag-layout
+    weights, no fused silu): a launch of < 6 CTAs per SM takes 64-row tiles first — H200, one token:
+    DeepSeek-V3 down 26.9 -> 24.4 µs, Qwen3-30B-A3B down 7.5 -> 6.7 (the fused gate_up ran slower
+    so: 45.2 -> 53.9 unsplit). Then K is split until the launch puts ~3 CTAs on each SM, keeping >= 4
+    K tiles per split: DeepSeek-V3 gate_up 58.7 -> 44.8 µs split in 2 (45.3 in 4; ncu unsplit: 288
+    CTAs, SMs busy 67 % of the time at 2.09 TB/s), while splitting a launch that already holds enough
+    CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles)."""
+    block_m, block_n = tiles["block_m"], tiles["block_n"]
     grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
-    ctas, k_tiles, split = grid_m * cdiv(n, tiles["block_n"]), cdiv(k, tiles["block_k"]), 1
+    if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 6 * sms:
+        block_n = 64
+    ctas, k_tiles, split = grid_m * cdiv(n, block_n), cdiv(k, tiles["block_k"]), 1
     while split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:
         split *= 2
-    return split
+    return block_n, split
 
 
 def moe_block_n(tw, block_n: int, num_warps: int) -> int:
@@ -262,7 +267,7 @@ def moe_gemm(
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
     `out_dtype` (bf16/fp16). split_k > 1: K is cut into that many parts reduced in the same launch
     (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
-    * N and zeroed int32 `counters` >= grid tiles (`moe_split_k` sizes them)."""
+    * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")

@@ -33,7 +33,7 @@ class QuantMoE(nn.Module):
         self.gate_up, self.down, self.backend = gate_up, down, backend
         self._prepared: dict[int, tuple] = {}
         self._stacked = None
-        self.split_k: int | None = None  # None: `moe_split_k` decides per call (GPU); 1 on the CPU
+        self.split_k: int | None = None  # None: `moe_decode_plan` decides per call (GPU); 1 on the CPU
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
         self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: an async device assert)
 
@@ -88,38 +88,43 @@ class QuantMoE(nn.Module):
         key = (x.device, x.dtype, t * k, self.split_k)
         if key not in self._plans:
             tiles = moe_tiles(t * k, self.num_experts, x.is_cuda)
-            self._plans[key] = (tiles, self._split(x, gu, t * k, tiles), self._split(x, dn, t * k, tiles))
-        tiles, split_gu, split_dn = self._plans[key]
-        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, tiles["block_m"])
+            self._plans[key] = (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
+                                self._launch(x, dn, t * k, tiles, False))  # fmt: skip
+        block_m, launch_gu, launch_dn = self._plans[key]
+        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         xin, xs = _fp8_in(x, self.gate_up.scheme)
         act = moe_gemm(xin, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, x_scales=xs,
-                       out_dtype=x.dtype, **split_gu, **tiles)  # fmt: skip
+                       out_dtype=x.dtype, **launch_gu)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
         ain, a_scales = _fp8_in(act, self.down.scheme)
         moe_gemm(ain, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, x_scales=a_scales,
-                 **split_dn, **tiles)  # fmt: skip
+                 **launch_dn)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
-    def _split(self, x: torch.Tensor, tw, rows: int, tiles: dict) -> dict:
-        """num_rows, and split-K with its workspace where the launch would leave the GPU idle (decode)."""
+    def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
+        """The grouped GEMM's tile, num_rows, and split-K with its workspace where the launch would leave
+        the GPU idle (decode; `moe_decode_plan`)."""
         from anybit.backends.registry import get_backend
         from anybit.backends.triton import _sm_count
         from anybit.kernels.dequant import cdiv
-        from anybit.kernels.moe_gemm import moe_block_n, moe_split_k
+        from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan
 
         tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
-        split = self.split_k or (moe_split_k(rows, self.num_experts, tw.n, tw.k, tiles, _sm_count(x.device))
-                                 if x.is_cuda else 1)  # fmt: skip
+        split = self.split_k or 1
+        if self.split_k is None and x.is_cuda:
+            narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
+            tiles["block_n"], split = moe_decode_plan(rows, self.num_experts, tw.n, tw.k, tiles,
+                                                      _sm_count(x.device), narrow)  # fmt: skip
         if split == 1:
-            return dict(num_rows=rows)
+            return dict(tiles, num_rows=rows)
         grid_m = cdiv(rows, tiles["block_m"]) + min(self.num_experts, rows)
         floats = split * grid_m * tiles["block_m"] * tw.n
         ws, cnt = get_backend("triton").workspace(x.device, floats, grid_m * cdiv(tw.n, tiles["block_n"]))
-        return dict(num_rows=rows, split_k=split, workspace=ws, counters=cnt)
+        return dict(tiles, num_rows=rows, split_k=split, workspace=ws, counters=cnt)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if (

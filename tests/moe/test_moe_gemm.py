@@ -6,7 +6,7 @@ import torch
 
 import anybit
 from anybit.backends.triton_layout import stack_experts
-from anybit.kernels.moe_gemm import moe_gemm, moe_split_k
+from anybit.kernels.moe_gemm import moe_decode_plan, moe_gemm
 from anybit.moe import moe_align
 from anybit.moe.layer import moe_tiles
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -159,10 +159,13 @@ def test_grouped_gemm_w4a8_fragment_layout(interpret, monkeypatch):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-def test_decode_split_plan_at_deepseek_shapes():
-    """The split-K plan (pure host arithmetic, H200's 132 SMs): DeepSeek-V3 gate_up at one token splits
-    in two (measured 58.7 -> 44.8 µs), its down and any M >= 4 do not (splitting measured slower)."""
+def test_decode_plan_at_the_measured_shapes():
+    """The decode launch plan (host arithmetic, H200's 132 SMs), as measured: DeepSeek-V3 gate_up at one
+    token splits K in two; its down (frag layout, no fused silu) and Qwen3's take 64-row tiles
+    unsplit; at 4 tokens the launches are big enough as they are."""
     tiles = moe_tiles(8, 256, True)
-    assert moe_split_k(8, 256, 4096, 7168, tiles, 132) == 2
-    assert moe_split_k(8, 256, 7168, 2048, tiles, 132) == 1
-    assert moe_split_k(32, 256, 4096, 7168, moe_tiles(32, 256, True), 132) == 1
+    assert moe_decode_plan(8, 256, 4096, 7168, tiles, 132) == (128, 2)
+    assert moe_decode_plan(8, 256, 7168, 2048, tiles, 132, narrow=True) == (64, 1)
+    assert moe_decode_plan(8, 128, 2048, 768, moe_tiles(8, 128, True), 132, narrow=True) == (64, 1)
+    assert moe_decode_plan(32, 256, 4096, 7168, moe_tiles(32, 256, True), 132) == (128, 1)
+    assert moe_decode_plan(128, 256, 7168, 2048, moe_tiles(128, 256, True), 132, narrow=True) == (128, 1)
