@@ -122,13 +122,14 @@ def _triton_errors() -> tuple[type[BaseException], ...]:
 def gemm_source_hash() -> str:
     """The source hash the tuning tables of the dense GEMM are filed under: its kernels, and the frag
     kernel's helpers (its loop lives there, so a change to them re-tunes too)."""
-    from anybit.kernels import frag
+    from anybit.kernels import dequant, frag
     from anybit.kernels.gemm import _gemm_kernel
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_row_words,
                frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.minus_rows,
-               frag.unpack_pairs, frag.unpack_pairs2, frag.unpack_bytes, frag.unpack_e2m1, frag.unpack_a8)  # fmt: skip
+               frag.times_groups, frag.unpack_pairs, frag.unpack_pairs2, frag.unpack_bytes, frag.unpack_e2m1,
+               frag.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
     return source_hash(*kernels)
 
 

@@ -40,6 +40,7 @@ class TritonWeight:
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
     frag: bool = False  # planes[0] is int32 [N, K_pad/8] in the MMA fragment order (`anybit.kernels.frag`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
+    fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
     @property
@@ -146,7 +147,25 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         nk=nk,
         frag=frag,
         input_scale=qw.input_scale,
+        fold=_foldable(qw) if frag else frozenset(),
     )
+
+
+def _foldable(qw: QuantizedWeight) -> frozenset:
+    """The activation dtypes for which the frag kernel may fold the e2m1 rebias into the group scales
+    (`frag_fold`) exactly: e2m1 codes in groups shorter than the frag block, every |scale| < 2**9 (so
+    scale * 2**118 is a finite bf16, * 2**6 a finite fp16: e4m3 scales always, ue8m0 up to 2**8); for
+    fp16, products scale * code * 2**-8 must also keep their last bit above fp16's 2**-24: e4m3
+    scales always, ue8m0 from 2**-15 (other float scales keep the plain decode there)."""
+    if not isinstance(qw.scheme.weight, FloatType) or qw.block[1] >= 128:
+        return frozenset()
+    s = qw.scale_values().abs()
+    if not bool(s.amax() < 2.0**9):
+        return frozenset()
+    name = qw.scheme.scale_dtype.name
+    tiny = name == "ue8m0" and bool(s[s > 0].amin() < 2.0**-15) if bool((s > 0).any()) else False
+    fp16 = name == "e4m3" or (name == "ue8m0" and not tiny)
+    return frozenset({torch.bfloat16, torch.float16} if fp16 else {torch.bfloat16})
 
 
 def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
@@ -197,4 +216,5 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
         scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
         group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, frag=first.frag,
+        fold=frozenset.intersection(*(p.fold for p in parts)),
     )  # fmt: skip

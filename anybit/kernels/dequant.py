@@ -107,9 +107,9 @@ def decode_int(codes, BITS: tl.constexpr, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constexpr):
-    """int32 codes of an eXmY float -> fp32 values, exactly (finite codes; no inf/NaN handling:
-    the quantizer never emits them).
+def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constexpr, POW2: tl.constexpr = 0):
+    """int32 codes of an eXmY float -> fp32 values times 2**POW2, exactly (finite codes; no inf/NaN
+    handling: the quantizer never emits them).
     EXP <= 4: the fields are placed into fp16 bits (sign at bit 15, exponent and mantissa ending at
     fp16's mantissa top), which hold value * 2**(bias - 15) exactly, subnormals included; one
     conversion and one multiply by a power of two give the value.
@@ -120,7 +120,7 @@ def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constex
         h = (codes & ((1 << (EXP + MAN)) - 1)) << (10 - MAN)
         if SIGNED:
             h |= (codes << (15 - EXP - MAN)) & 0x8000
-        v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (2.0 ** (15 - bias))
+        v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (2.0 ** (15 - bias + POW2))
     else:
         e = (codes >> MAN) & ((1 << EXP) - 1)
         m = codes & ((1 << MAN) - 1)
@@ -129,6 +129,8 @@ def decode_float(codes, EXP: tl.constexpr, MAN: tl.constexpr, SIGNED: tl.constex
         v = tl.where(e == 0, sub, normal)
         if SIGNED:
             v = tl.where(((codes >> (EXP + MAN)) & 1) != 0, -v, v)
+        if POW2 != 0:
+            v = v * (2.0**POW2)
     return v
 
 
@@ -149,12 +151,21 @@ def load_scale(ptr, rows, cols, mask, stride, KIND: tl.constexpr, EXP: tl.conste
 
 
 @triton.jit
-def decode_scale(raw, KIND: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr):
-    """Stored scales (as loaded) -> fp32, KIND as in `load_scale`."""
+def decode_scale(raw, KIND: tl.constexpr, EXP: tl.constexpr, MAN: tl.constexpr, POW2: tl.constexpr = 0):
+    """Stored scales (as loaded) -> fp32 times 2**POW2 (POW2 > 0 folded into the decode; the caller
+    makes sure the product is finite), KIND as in `load_scale`."""
     if KIND == 0:
+        if POW2 != 0:
+            return raw.to(tl.float32) * (2.0**POW2)
         return raw.to(tl.float32)
+    if KIND == 1 and EXP == 4 and MAN == 3 and POW2 != 0:
+        # e4m3 by the hardware conversion (sm_89+: two codes per cvt to f16x2; the folded frag decode
+        # decodes every scale in each of the 4 lanes sharing its row, so this is its hot path)
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * (2.0**POW2)
     codes = raw.to(tl.int32)
     if KIND == 1:
-        return decode_float(codes, EXP, MAN, True)
+        return decode_float(codes, EXP, MAN, True, POW2)
+    if POW2 > 0:  # ue8m0 times 2**POW2: exponent field code + POW2 (code 0 included)
+        return ((codes + POW2) << 23).to(tl.float32, bitcast=True)
     # ue8m0: 2**(code - 127); code 0 is 2**-127, an fp32 subnormal (bit 22 set)
     return tl.where(codes == 0, 0x00400000, codes << 23).to(tl.float32, bitcast=True)

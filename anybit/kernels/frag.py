@@ -195,6 +195,27 @@ def minus_rows(v, z, PTX: tl.constexpr):
 
 
 @triton.jit
+def times_groups(w, s, G: tl.constexpr, PTX: tl.constexpr):
+    """w [R, 128] times s [R, G] (each scale over 128 // G consecutive K), both DTYPE. PTX: one packed
+    multiply per register pair in inline PTX — written in Triton, ptxas swaps the halves of every
+    decoded pair around the multiply when nothing else touches the pair first (the folded e2m1 decode,
+    `frag_fold`: 2 PRMT per pair); the interpreter takes the Triton form (the same arithmetic)."""
+    R: tl.constexpr = w.shape[0]
+    w3 = tl.reshape(w, (R, G, 128 // G))
+    sb = tl.broadcast_to(s[:, :, None], (R, G, 128 // G))
+    if PTX:
+        if w.dtype == tl.bfloat16:
+            r = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [w3, sb], dtype=tl.bfloat16,
+                                          is_pure=True, pack=2)
+        else:
+            r = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [w3, sb], dtype=tl.float16,
+                                          is_pure=True, pack=2)
+    else:
+        r = w3 * sb
+    return tl.reshape(r, (R, 128))
+
+
+@triton.jit
 def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     """[R, 4] words of one 64-K quarter block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
     MAGIC + code in natural K order of the quarter; one shift and one LOP3 per two codes."""
@@ -250,11 +271,12 @@ def _e2m1_pair(t, SHIFT: tl.constexpr, EM_MASK: tl.constexpr):
 
 
 @triton.jit
-def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr, FOLD: tl.constexpr = False):
     """[R, 16] words of e2m1 codes -> [R, 128] exact DTYPE values in natural K order: the fields are
     placed into DTYPE's bits (bf16: exponent/mantissa at bits 6-8, a bf16 subnormal for the two
     e = 0 codes; fp16: bits 9-11) and one packed multiply by 2**126 (bf16) or 2**14 (fp16) rebiases
-    them — the decode vLLM's Marlin kernels use for FP4."""
+    them — the decode vLLM's Marlin kernels use for FP4. FOLD: without that multiply (the caller's
+    group scales carry 2**118 / 2**6 instead, `frag_fold`)."""
     if DTYPE == tl.bfloat16:
         SHIFT: tl.constexpr = 6
         EM: tl.constexpr = 0x01C001C0
@@ -267,6 +289,8 @@ def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     r1 = _e2m1_pair(p << 8, SHIFT, EM)
     r2 = _e2m1_pair(p << 4, SHIFT, EM)
     r3 = _e2m1_pair(p << (MASK >> 31), SHIFT, EM)  # the opaque zero shift, as in unpack_pairs
+    if FOLD:
+        return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
     return pairs_to_rows(r0, r1, r2, r3, R, DTYPE) * rebias
 
 
@@ -319,7 +343,7 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   PTX: tl.constexpr):
+                   PTX: tl.constexpr, FOLD: tl.constexpr = False):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -339,11 +363,18 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
         else:
             part = part - off * xsum[None, :]
     elif W_FLOAT:
-        w = unpack_e2m1(p, BN, MASK, dtype)
+        w = unpack_e2m1(p, BN, MASK, dtype, FOLD)
         if GROUP_K < 128:
             G: tl.constexpr = 128 // GROUP_K
-            s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
-            w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
+            if FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 118), BN, NW, G).to(dtype)
+                w = times_groups(w, s, G, PTX)
+            elif FOLD:
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 6), BN, NW, G).to(dtype)
+                w = times_groups(w, s, G, PTX)
+            else:
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
+                w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
         # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
         w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
@@ -448,7 +479,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr):
+               STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
@@ -496,7 +527,9 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD)
+    if FOLD:
+        acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
     return rows_from_mma(acc, BN, NW, BM)
 
 
@@ -507,7 +540,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
-                      PTX: tl.constexpr):
+                      PTX: tl.constexpr, FOLD: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -520,7 +553,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -594,6 +627,15 @@ def frag_ptx() -> bool:
     return s.frag_ptx and not s.triton_interpret and _target_sm() >= 90
 
 
+def frag_fold(tw, x_dtype: torch.dtype) -> bool:
+    """e2m1 codes decode to value * 2**-126 in bf16 (2**-14 in fp16) and need a packed multiply by
+    2**126 (2**14) per pair; with group scales shorter than the block (NVFP4, MXFP4) that rebias rides
+    on the scales instead: scale * 2**118 (fp16: * 2**6) in registers, the last 2**8 on the fp32 sum.
+    Exact where `TritonWeight.fold` says so (scales small enough to stay finite, and in fp16 large
+    enough that every product keeps its last bit)."""
+    return x_dtype in tw.fold
+
+
 @functools.cache
 def _target_sm() -> int:
     """The compute capability Triton compiles for (the active driver's target; 0 for a non-CUDA one).
@@ -653,7 +695,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype),
+        num_warps=num_warps,
     )
     # fmt: on
     return y

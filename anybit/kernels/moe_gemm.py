@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import FRAG_PANEL, frag_constexprs, frag_group_k, frag_mask, frag_ptx, frag_range
+from anybit.kernels.frag import FRAG_PANEL, frag_constexprs, frag_fold, frag_group_k, frag_mask, frag_ptx, frag_range
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 
@@ -140,7 +140,7 @@ def _moe_frag_kernel(
     W_FLOAT: tl.constexpr,
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr,
+    NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers."""
@@ -159,7 +159,7 @@ def _moe_frag_kernel(
         acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
                          z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                          tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                         GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX)
+                         GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX, FOLD)
         if GROUP_K >= 1 << 30:  # one scale over all of K
             acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                    S_EXP, S_MAN)[:, None]
@@ -299,7 +299,7 @@ def moe_gemm(
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=FRAG_PANEL, PTX=frag_ptx(), num_warps=num_warps,
+            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), num_warps=num_warps,
         )
         # fmt: on
         return y

@@ -133,6 +133,32 @@ def test_e2m1_swap_ab_gemm_matches_dequantize(interpret, text, m):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 13])
+def test_e2m1_rebias_folded_into_the_scales_gives_the_same_bits(interpret, text, m):
+    """NVFP4/MXFP4 codes decoded without their packed rebias multiply, the scales carrying it
+    (`frag_fold`): the same products, scaled by a power of two, so the same bits as the plain decode."""
+    x, qw, ref = _problem(text, m, 80, 384, seed=m)
+    prepared = prepare(qw, backend="triton")
+    assert torch.float16 in prepared.data.fold and torch.bfloat16 in prepared.data.fold
+    be = get_backend("triton")
+    folded = be.gemm(x, prepared)
+    prepared.data.fold = frozenset()
+    assert torch.equal(folded, be.gemm(x, prepared))
+    assert rel_err(folded, ref) < GEMM_REL_ERR[torch.float16]
+
+
+def test_which_e2m1_weights_fold_their_rebias():
+    """Folding needs every |scale| < 2**9 (finite scale * 2**118 in bf16), and for fp16 products that keep
+    their last bit: e4m3 scales, ue8m0 from 2**-15; bf16 scales only for bf16 activations."""
+    w = torch.randn(64, 256) * 0.05
+    assert to_triton_layout(quantize(w, "nvfp4")).fold == {torch.bfloat16, torch.float16}
+    assert to_triton_layout(quantize(w, "w4a16:e2m1:g64:bf16")).fold == {torch.bfloat16}
+    assert to_triton_layout(quantize(w * 2.0**-20, "mxfp4")).fold == {torch.bfloat16}  # scales below 2**-15
+    assert to_triton_layout(quantize(w * 2.0**16, "mxfp4")).fold == frozenset()  # scales of 2**9 and more
+    assert to_triton_layout(quantize(w, "w4a16:e2m1:ch:bf16")).fold == frozenset()  # scaled after the dot
+
+
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16"])
 def test_e2m1_dequantizer_is_exact(interpret, text):
     _, qw, _ = _problem(text, 1, 70, 256, seed=2)
