@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import re
 import subprocess
@@ -143,7 +144,9 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
                    sass_dir and (sass_dir, f"{fmt}_m{m}"))  # fmt: skip
 
 
-def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
+def check_moe(
+    fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, maxnreg: int | None = None
+) -> str:
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm
@@ -162,7 +165,7 @@ def check_moe(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_di
         extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
-             **extra)  # fmt: skip
+             maxnreg=maxnreg, **extra)  # fmt: skip
     bits = tw.fmt["W_BITS"]
     block_k = frag_block_k(bits) if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
     block_n = moe_block_n(tw, tiles["block_n"], tiles["num_warps"])
@@ -203,6 +206,7 @@ def main() -> int:
     ap.add_argument("--shape", default="8192,8192", help="N,K")
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
+    ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
@@ -211,7 +215,7 @@ def main() -> int:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
-    run = check_moe if args.moe else check
+    run = functools.partial(check_moe, maxnreg=args.maxnreg) if args.moe else check
     for fmt in args.formats.split(","):
         for m in (int(v) for v in (args.moe or args.m).split(",")):
             try:

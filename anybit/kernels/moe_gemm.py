@@ -256,6 +256,7 @@ def moe_gemm(
     block_k: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
+    maxnreg: int | None = None,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -267,7 +268,8 @@ def moe_gemm(
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
     `out_dtype` (bf16/fp16). split_k > 1: K is cut into that many parts reduced in the same launch
     (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
-    * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them)."""
+    * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them). maxnreg: cap the
+    registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
@@ -299,7 +301,7 @@ def moe_gemm(
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), num_warps=num_warps,
+            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), num_warps=num_warps, maxnreg=maxnreg,
         )
         # fmt: on
         return y
