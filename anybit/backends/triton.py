@@ -128,8 +128,9 @@ def gemm_source_hash() -> str:
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_row_words,
                frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.minus_rows,
-               frag.times_groups, frag.unpack_pairs, frag.unpack_pairs2, frag.unpack_bytes, frag.unpack_e2m1,
-               frag.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
+               frag.times_groups, frag.unpack_pairs, frag.unpack_pairs_minus,
+               frag.unpack_pairs_minus_rows, frag.unpack_pairs2, frag.unpack_bytes,
+               frag.unpack_e2m1, frag.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
     return source_hash(*kernels)
 
 

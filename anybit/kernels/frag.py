@@ -131,6 +131,42 @@ def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4, n:
     return out.reshape(*lead, n, kw * fields)[..., :k].to(torch.uint8)
 
 
+# word -> four pairs (MAGIC + nibble j of each half) - OFF, j = 0..3 (`unpack_pairs_minus`)
+_PAIRS_MINUS = """{
+.reg .b32 t, m, g, c;
+mov.b32 m, 0x000F000F;
+mov.b32 g, MAGIC;
+mov.b32 c, OFF;
+lop3.b32 $0, $4, m, g, 0xea;
+sub.rn.OP $0, $0, c;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, m, g, 0xea;
+sub.rn.OP $1, $1, c;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, m, g, 0xea;
+sub.rn.OP $2, $2, c;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, m, g, 0xea;
+sub.rn.OP $3, $3, c;
+}"""
+
+
+# the same, minus a per-row DTYPE value $5 (MAGIC + bias + zero point) in both halves (`unpack_pairs_minus_rows`)
+_PAIRS_MINUS_ROWS = _PAIRS_MINUS.replace("mov.b32 c, OFF;", "mov.b32 c, {$5, $5};")
+
+
+def _pairs_minus(op: str, magic: str, off: str, template: str = _PAIRS_MINUS) -> tl.constexpr:
+    return tl.constexpr(template.replace("OP", op).replace("MAGIC", magic).replace("OFF", off))
+
+
+_PAIRS_MINUS_BF16_SIGNED = _pairs_minus("bf16x2", "0x43004300", "0x43084308")  # MAGIC 128, minus 128 + 8
+_PAIRS_MINUS_BF16 = _pairs_minus("bf16x2", "0x43004300", "0x43004300")
+_PAIRS_MINUS_F16_SIGNED = _pairs_minus("f16x2", "0x64006400", "0x64086408")  # MAGIC 1024, minus 1024 + 8
+_PAIRS_MINUS_F16 = _pairs_minus("f16x2", "0x64006400", "0x64006400")
+_PAIRS_MINUS_ROWS_BF16 = _pairs_minus("bf16x2", "0x43004300", "", _PAIRS_MINUS_ROWS)
+_PAIRS_MINUS_ROWS_F16 = _pairs_minus("f16x2", "0x64006400", "", _PAIRS_MINUS_ROWS)
+
+
 # fmt: off
 @triton.jit
 def rows_to_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
@@ -172,6 +208,41 @@ def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
     r1 = ((p >> 4) & MASK) | magic
     r2 = ((p >> 8) & MASK) | magic
     r3 = ((p >> 12) & MASK) | magic
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def unpack_pairs_minus(p, R: tl.constexpr, DTYPE: tl.constexpr, SIGNED: tl.constexpr):
+    """`unpack_pairs` minus MAGIC (+ 8 for signed codes) in one inline-PTX block per word (compiled code
+    only): per pair one shift, one LOP3 and one packed subtraction — Marlin's int4 decode. Written in
+    Triton the first pair needs an opaque zero shift to stay packed (`unpack_pairs`), one more
+    instruction per word."""
+    if DTYPE == tl.bfloat16:
+        if SIGNED:
+            asm: tl.constexpr = _PAIRS_MINUS_BF16_SIGNED
+        else:
+            asm: tl.constexpr = _PAIRS_MINUS_BF16
+    else:
+        if SIGNED:
+            asm: tl.constexpr = _PAIRS_MINUS_F16_SIGNED
+        else:
+            asm: tl.constexpr = _PAIRS_MINUS_F16
+    r0, r1, r2, r3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [p], dtype=(tl.int32, tl.int32, tl.int32,
+                                               tl.int32), is_pure=True, pack=1)  # fmt: skip
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def unpack_pairs_minus_rows(p, z, R: tl.constexpr, DTYPE: tl.constexpr):
+    """`unpack_pairs_minus` with a per-row value z [R] (DTYPE: MAGIC + bias + zero point) subtracted
+    instead of a constant (compiled code only; `minus_rows` is the Triton form)."""
+    zb = tl.broadcast_to(z[:, None], p.shape)
+    if DTYPE == tl.bfloat16:
+        asm: tl.constexpr = _PAIRS_MINUS_ROWS_BF16
+    else:
+        asm: tl.constexpr = _PAIRS_MINUS_ROWS_F16
+    r0, r1, r2, r3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,h", [p, zb], dtype=(tl.int32, tl.int32, tl.int32,
+                                               tl.int32), is_pure=True, pack=1)  # fmt: skip
     return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
 
 
@@ -343,7 +414,7 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   PTX: tl.constexpr, FOLD: tl.constexpr = False):
+                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -377,7 +448,12 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                 w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
         # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
-        w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
+        if PTX:
+            w = unpack_pairs_minus_rows(p, zo.to(dtype), BN, dtype)
+        else:
+            w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
+    elif PTX:
+        w = unpack_pairs_minus(p, BN, dtype, W_SIGNED)
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
     if dtype != tl.float8e4nv:
@@ -527,7 +603,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
     return rows_from_mma(acc, BN, NW, BM)

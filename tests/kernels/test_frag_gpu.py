@@ -95,12 +95,16 @@ def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
     assert torch.equal(y1, y2)
 
 
-@pytest.mark.parametrize("text", ["w4a16-zp", "w4a16:uint4:g128:bf16:zp-int", "w2a16", "w8a16",
-                                  "w8a16:uint8:g128:bf16:zp-int"])  # fmt: skip
+PTX_FORMATS = ["w4a16", "w4a16:uint4:g128:bf16", "w4a16:int4:ch:bf16", "w4a16-zp", "w4a16:uint4:g128:bf16:zp-int",
+               "w2a16", "w8a16", "w8a16:uint8:g128:bf16:zp-int"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", PTX_FORMATS)
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_inline_ptx_decode_matches_the_triton_form(monkeypatch, text, m):
-    """Zero points subtracted by packed PTX (`minus_rows`) and bytes placed by PRMT (`unpack_bytes`), the
-    sm_90 default, give the same bits as the Triton form (ANYBIT_FRAG_PTX=0; same arithmetic), bit-stable."""
+    """Nibble pairs decoded in one PTX block per word (`unpack_pairs_minus`), zero points subtracted by
+    packed PTX (`minus_rows`) and bytes placed by PRMT (`unpack_bytes`), the sm_90 default, give the same
+    bits as the Triton form (ANYBIT_FRAG_PTX=0; same arithmetic), bit-stable."""
     from anybit import prepare
     from anybit.backends import get_backend
 
