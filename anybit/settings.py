@@ -25,11 +25,13 @@ class Settings:
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     frag_experimental: bool
     """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
-    kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path)."""
+    kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path), and
+    4-bit integer words decode in one inline-PTX block each (`unpack_pairs_minus`; sm_90a w4a16 loop
+    340 -> 325 instructions, w4a16-zp 367 -> 353; not yet run on a GPU)."""
     frag_ptx: bool
-    """ANYBIT_FRAG_PTX=0: the frag kernels decode in plain Triton instead of inline PTX (nibble pairs by one
-    block per word, `unpack_pairs_minus`; integer zero points by one packed subtraction, `minus_rows`;
-    bytes by one PRMT each, `unpack_bytes`; e2m1 pairs times folded scales, `times_groups`). Default on for
+    """ANYBIT_FRAG_PTX=0: the frag kernels decode in plain Triton instead of inline PTX (integer zero points
+    by one packed subtraction, `minus_rows`; bytes by one PRMT each, `unpack_bytes`; e2m1 pairs times
+    folded scales, `times_groups`; `frag_ptx`). Default on for
     sm_90+ (H200: w4a16-zp 8192² M=1 20.9 -> 16.4 µs, w8a16 23.9 -> 21.1, w2a16 22.3 -> 16.6); the off
     switch is for a toolchain whose ptxas rejects it, and for tests comparing the two forms."""
 

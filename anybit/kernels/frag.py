@@ -448,11 +448,11 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                 w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
     elif ZP != 0:
         # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
-        if PTX:
+        if PTX >= 2:
             w = unpack_pairs_minus_rows(p, zo.to(dtype), BN, dtype)
         else:
             w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
-    elif PTX:
+    elif PTX >= 2:
         w = unpack_pairs_minus(p, BN, dtype, W_SIGNED)
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
@@ -696,11 +696,15 @@ def frag_constexprs(tw) -> dict:
     return {name: tw.fmt[name] for name in ("W_BITS", "W_FLOAT", "SCALE_KIND", "S_EXP", "S_MAN", "ZP", "W_SIGNED")}
 
 
-def frag_ptx() -> bool:
-    """Inline PTX in the frag decode (zero points by `minus_rows`, bytes by `unpack_bytes`): compiled code
-    for sm_90+ (`sub.rn.bf16x2` needs it), unless ANYBIT_FRAG_PTX=0; the interpreter has no inline PTX."""
+def frag_ptx() -> int:
+    """Inline PTX in the frag decode, the kernels' PTX level: 1 — zero points by `minus_rows`, bytes by
+    `unpack_bytes`, folded e2m1 scales by `times_groups` (GPU-tested); 2 — also nibble words by
+    `unpack_pairs_minus(_rows)`, sm_90a-checked but not yet run on a GPU, with ANYBIT_FRAG_EXPERIMENTAL=1.
+    0 for the interpreter (no inline PTX), ANYBIT_FRAG_PTX=0, or before sm_90 (`sub.rn.bf16x2`)."""
     s = settings.load()
-    return s.frag_ptx and not s.triton_interpret and _target_sm() >= 90
+    if not s.frag_ptx or s.triton_interpret or _target_sm() < 90:
+        return 0
+    return 2 if s.frag_experimental else 1
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:
