@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton import a8_config, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.kernels.frag import frag_block_k, frag_tile, gemm_frag  # noqa: E402
+from anybit.kernels.frag import frag_tile, gemm_frag  # noqa: E402
+from anybit.kernels.frag_layout import frag_block_k  # noqa: E402
 from anybit.kernels.gemm import GemmConfig, gemm_dense  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 

@@ -17,7 +17,8 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import dequantize_frag, frag_block_k, frag_tile, gemm_frag
+from anybit.kernels.frag import dequantize_frag, frag_tile, gemm_frag
+from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -122,15 +123,15 @@ def _triton_errors() -> tuple[type[BaseException], ...]:
 def gemm_source_hash() -> str:
     """The source hash the tuning tables of the dense GEMM are filed under: its kernels, and the frag
     kernel's helpers (its loop lives there, so a change to them re-tunes too)."""
-    from anybit.kernels import dequant, frag
+    from anybit.kernels import dequant, frag, frag_decode
     from anybit.kernels.gemm import _gemm_kernel
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_row_words,
-               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.minus_rows,
-               frag.times_groups, frag.unpack_pairs, frag.unpack_pairs_minus,
-               frag.unpack_pairs_minus_rows, frag.unpack_pairs2, frag.unpack_bytes,
-               frag.unpack_e2m1, frag.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
+               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag_decode.minus_rows,
+               frag_decode.times_groups, frag_decode.unpack_pairs, frag_decode.unpack_pairs_minus,
+               frag_decode.unpack_pairs_minus_rows, frag_decode.unpack_pairs2, frag_decode.unpack_bytes,
+               frag_decode.unpack_e2m1, frag_decode.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
     return source_hash(*kernels)
 
 

@@ -14,7 +14,7 @@ import torch
 from anybit import settings
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
-from anybit.kernels.frag import pack_frag
+from anybit.kernels.frag_layout import pack_frag
 from anybit.quant.weights import QuantizedWeight
 
 # every width is a sum of planes whose widths divide 32, lowest bits first

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import FRAG_PANEL, frag_constexprs, frag_fold, frag_group_k, frag_mask, frag_ptx, frag_range
+from anybit.kernels.frag import frag_constexprs, frag_fold, frag_group_k, frag_ptx, frag_range
+from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 

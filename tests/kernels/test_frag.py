@@ -8,15 +8,8 @@ from anybit import prepare, quantize
 from anybit.backends import get_backend
 from anybit.backends.triton_layout import frag_format, stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag import (
-    FRAG_PANEL,
-    dequantize_frag,
-    from_panels,
-    gemm_frag,
-    pack_frag,
-    to_panels,
-    unpack_frag,
-)
+from anybit.kernels.frag import dequantize_frag, gemm_frag
+from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag, to_panels, unpack_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from tests.tolerances import GEMM_REL_ERR, rel_err
 

@@ -1,0 +1,261 @@
+"""Decoders of the fragment layout (`anybit.kernels.frag_layout`), for the kernels in
+`anybit.kernels.frag`: a loaded [R, 16] word tile -> the [R, K block] bf16/fp16 (or e4m3) values of
+the MMA's A operand, in registers. Two codes per instruction where the format allows (MAGIC + code
+pairs, e2m1 placed under the exponent, bytes under the fp32 exponent); the inline-PTX forms (`PTX`)
+are for compiled code only and give the same bits as their Triton forms, which the interpreter runs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# word -> four pairs (MAGIC + nibble j of each half) - OFF, j = 0..3 (`unpack_pairs_minus`)
+_PAIRS_MINUS = """{
+.reg .b32 t, m, g, c;
+mov.b32 m, 0x000F000F;
+mov.b32 g, MAGIC;
+mov.b32 c, OFF;
+lop3.b32 $0, $4, m, g, 0xea;
+sub.rn.OP $0, $0, c;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, m, g, 0xea;
+sub.rn.OP $1, $1, c;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, m, g, 0xea;
+sub.rn.OP $2, $2, c;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, m, g, 0xea;
+sub.rn.OP $3, $3, c;
+}"""
+
+
+# the same, minus a per-row DTYPE value $5 (MAGIC + bias + zero point) in both halves (`unpack_pairs_minus_rows`)
+_PAIRS_MINUS_ROWS = _PAIRS_MINUS.replace("mov.b32 c, OFF;", "mov.b32 c, {$5, $5};")
+
+
+def _pairs_minus(op: str, magic: str, off: str, template: str = _PAIRS_MINUS) -> tl.constexpr:
+    return tl.constexpr(template.replace("OP", op).replace("MAGIC", magic).replace("OFF", off))
+
+
+_PAIRS_MINUS_BF16_SIGNED = _pairs_minus("bf16x2", "0x43004300", "0x43084308")  # MAGIC 128, minus 128 + 8
+_PAIRS_MINUS_BF16 = _pairs_minus("bf16x2", "0x43004300", "0x43004300")
+_PAIRS_MINUS_F16_SIGNED = _pairs_minus("f16x2", "0x64006400", "0x64086408")  # MAGIC 1024, minus 1024 + 8
+_PAIRS_MINUS_F16 = _pairs_minus("f16x2", "0x64006400", "0x64006400")
+_PAIRS_MINUS_ROWS_BF16 = _pairs_minus("bf16x2", "0x43004300", "", _PAIRS_MINUS_ROWS)
+_PAIRS_MINUS_ROWS_F16 = _pairs_minus("f16x2", "0x64006400", "", _PAIRS_MINUS_ROWS)
+
+
+# fmt: off
+@triton.jit
+def rows_to_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
+    """Rename the rows of a loaded [R, C] tile (rows spread over registers, warps, lanes/4) so they
+    sit where the wgmma A operand wants them (register, warp, register, lane/4). R >= 16 * NW."""
+    t = tl.reshape(t, (R // (16 * NW), 2, NW, 8, C))
+    return tl.reshape(tl.permute(t, (0, 2, 1, 3, 4)), (R, C))
+
+
+@triton.jit
+def rows_from_mma(t, R: tl.constexpr, NW: tl.constexpr, C: tl.constexpr):
+    """The inverse renaming of `rows_to_mma`, for the accumulator."""
+    t = tl.reshape(t, (R // (16 * NW), NW, 2, 8, C))
+    return tl.reshape(tl.permute(t, (0, 2, 1, 3, 4)), (R, C))
+
+
+@triton.jit
+def pairs_to_rows(r0, r1, r2, r3, R: tl.constexpr, DTYPE: tl.constexpr):
+    """Four [R, 16] int32 tensors, r_j holding the DTYPE pair (k of e = 0, e = 1) of nibble j of every
+    word -> [R, 128] DTYPE in natural K order (register renaming only)."""
+    rr = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [R, 16, 2, 2]: the last two dims are j
+    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = tl.reshape(tl.join(lo, hi), (R, 4, 4, 4, 2))  # (t, c, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 128))  # (c, j, t, e): k = 32c + 8j + 2t + e
+
+
+@triton.jit
+def unpack_pairs(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+    """[R, 16] words of one 128-K block -> [R, 128] DTYPE values MAGIC + code in natural K order
+    (bf16 MAGIC 128, fp16 1024), exactly; one shift and one LOP3 per two codes."""
+    if DTYPE == tl.bfloat16:
+        magic: tl.constexpr = 0x43004300
+    else:
+        magic: tl.constexpr = 0x64006400
+    # an opaque zero shift (MASK's sign bit): without it LLVM splits this pair into two scalar adds
+    # and two PRMTs swap its halves around the magic subtraction (sm_90a SASS: 33 PRMT per loop)
+    r0 = ((p >> (MASK >> 31)) & MASK) | magic
+    r1 = ((p >> 4) & MASK) | magic
+    r2 = ((p >> 8) & MASK) | magic
+    r3 = ((p >> 12) & MASK) | magic
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def unpack_pairs_minus(p, R: tl.constexpr, DTYPE: tl.constexpr, SIGNED: tl.constexpr):
+    """`unpack_pairs` minus MAGIC (+ 8 for signed codes) in one inline-PTX block per word (compiled code
+    only): per pair one shift, one LOP3 and one packed subtraction — Marlin's int4 decode. Written in
+    Triton the first pair needs an opaque zero shift to stay packed (`unpack_pairs`), one more
+    instruction per word."""
+    if DTYPE == tl.bfloat16:
+        if SIGNED:
+            asm: tl.constexpr = _PAIRS_MINUS_BF16_SIGNED
+        else:
+            asm: tl.constexpr = _PAIRS_MINUS_BF16
+    else:
+        if SIGNED:
+            asm: tl.constexpr = _PAIRS_MINUS_F16_SIGNED
+        else:
+            asm: tl.constexpr = _PAIRS_MINUS_F16
+    r0, r1, r2, r3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [p], dtype=(tl.int32, tl.int32, tl.int32,
+                                               tl.int32), is_pure=True, pack=1)  # fmt: skip
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def unpack_pairs_minus_rows(p, z, R: tl.constexpr, DTYPE: tl.constexpr):
+    """`unpack_pairs_minus` with a per-row value z [R] (DTYPE: MAGIC + bias + zero point) subtracted
+    instead of a constant (compiled code only; `minus_rows` is the Triton form)."""
+    zb = tl.broadcast_to(z[:, None], p.shape)
+    if DTYPE == tl.bfloat16:
+        asm: tl.constexpr = _PAIRS_MINUS_ROWS_BF16
+    else:
+        asm: tl.constexpr = _PAIRS_MINUS_ROWS_F16
+    r0, r1, r2, r3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,h", [p, zb], dtype=(tl.int32, tl.int32, tl.int32,
+                                               tl.int32), is_pure=True, pack=1)  # fmt: skip
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+
+
+@triton.jit
+def minus_rows(v, z, PTX: tl.constexpr):
+    """v [R, C] minus z [R] (both DTYPE): the decoded codes minus MAGIC + bias + zero point, exact.
+    PTX: one packed subtraction per register pair in inline PTX. Written in Triton, ptxas swaps the halves of
+    every decoded pair before the packed subtraction and back after it (sm_90a: 2 PRMT per pair, 485
+    instead of 367 instructions per w4a16-zp loop); the interpreter has no inline PTX, so CPU runs
+    take the Triton form (the same arithmetic)."""
+    zb = tl.broadcast_to(z[:, None], v.shape)
+    if PTX:
+        if v.dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise("sub.rn.bf16x2 $0, $1, $2;", "=r,r,r", [v, zb], dtype=tl.bfloat16,
+                                             is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", [v, zb], dtype=tl.float16,
+                                             is_pure=True, pack=2)
+    else:
+        return v - zb
+
+
+@triton.jit
+def times_groups(w, s, G: tl.constexpr, PTX: tl.constexpr):
+    """w [R, 128] times s [R, G] (each scale over 128 // G consecutive K), both DTYPE. PTX: one packed
+    multiply per register pair in inline PTX — written in Triton, ptxas swaps the halves of every
+    decoded pair around the multiply when nothing else touches the pair first (the folded e2m1 decode,
+    `frag_fold`: 2 PRMT per pair); the interpreter takes the Triton form (the same arithmetic)."""
+    R: tl.constexpr = w.shape[0]
+    w3 = tl.reshape(w, (R, G, 128 // G))
+    sb = tl.broadcast_to(s[:, :, None], (R, G, 128 // G))
+    if PTX:
+        if w.dtype == tl.bfloat16:
+            r = tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [w3, sb], dtype=tl.bfloat16,
+                                          is_pure=True, pack=2)
+        else:
+            r = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [w3, sb], dtype=tl.float16,
+                                          is_pure=True, pack=2)
+    else:
+        r = w3 * sb
+    return tl.reshape(r, (R, 128))
+
+
+@triton.jit
+def unpack_pairs2(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr):
+    """[R, 4] words of one 64-K quarter block of 2-bit codes (MASK 0x00030003) -> [R, 64] DTYPE values
+    MAGIC + code in natural K order of the quarter; one shift and one LOP3 per two codes."""
+    if DTYPE == tl.bfloat16:
+        magic: tl.constexpr = 0x43004300
+    else:
+        magic: tl.constexpr = 0x64006400
+    r0 = ((p >> (MASK >> 31)) & MASK) | magic  # the opaque zero shift, as in unpack_pairs
+    r1 = ((p >> 2) & MASK) | magic
+    r2 = ((p >> 4) & MASK) | magic
+    r3 = ((p >> 6) & MASK) | magic
+    r4 = ((p >> 8) & MASK) | magic
+    r5 = ((p >> 10) & MASK) | magic
+    r6 = ((p >> 12) & MASK) | magic
+    r7 = ((p >> 14) & MASK) | magic
+    # field pair f = 4l + j: the nesting puts (l, j) in the last three dims, l outermost
+    rr = tl.join(tl.join(tl.join(r0, r4), tl.join(r2, r6)), tl.join(tl.join(r1, r5), tl.join(r3, r7)))
+    lo = rr.to(tl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(tl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = tl.reshape(tl.join(lo, hi), (R, 4, 2, 4, 2))  # (t, l, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 32l + 8j + 2t + e
+
+
+@triton.jit
+def unpack_bytes(p, R: tl.constexpr, MASK, sub, DTYPE: tl.constexpr, PTX: tl.constexpr = False):
+    """[R, 16] words of one 64-K block of 8-bit codes -> [R, 64] DTYPE values code - (sub - 2**23) in
+    natural K order, exactly: a byte under the fp32 exponent of 2**23 is 2**23 + code, one subtraction
+    in fp32 (sub: 2**23 + bias (+ zero point), per row or scalar), then a packed convert per pair.
+    PTX: each byte is placed by one PRMT (the decode vLLM's Marlin uses) instead of a shift and a LOP3."""
+    if PTX:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $4, 0x4B000000, 0x7650; prmt.b32 $1, $4, 0x4B000000, 0x7651; "
+            "prmt.b32 $2, $4, 0x4B000000, 0x7652; prmt.b32 $3, $4, 0x4B000000, 0x7653;",
+            "=r,=r,=r,=r,r", [p], dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+        f0 = b0 - sub  # byte 0: j 0, e 0
+        f1 = b1 - sub  # j 0, e 1
+        f2 = b2 - sub  # j 1, e 0
+        f3 = b3 - sub  # j 1, e 1
+    else:
+        f0 = (((p >> (MASK >> 31)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # byte 0: j 0, e 0
+        f1 = (((p >> 8) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 0, e 1
+        f2 = (((p >> 16) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 0
+        f3 = (((p >> 24) & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub  # j 1, e 1
+    v = tl.reshape(tl.join(tl.join(f0, f2), tl.join(f1, f3)).to(DTYPE), (R, 4, 4, 2, 2))  # (t, c, j, e)
+    return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 16c + 8j + 2t + e
+
+
+@triton.jit
+def _e2m1_pair(t, SHIFT: tl.constexpr, EM_MASK: tl.constexpr):
+    """t holds a code at bits 12-15 of each half: its sign stays at bit 15, exponent and mantissa
+    move under DTYPE's exponent field's lowest bits (value * 2**-(DTYPE bias - 1), subnormals too)."""
+    return (t & -0x7FFF8000) | ((t >> SHIFT) & EM_MASK)  # -0x7FFF8000: the int32 of 0x80008000
+
+
+@triton.jit
+def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr, FOLD: tl.constexpr = False):
+    """[R, 16] words of e2m1 codes -> [R, 128] exact DTYPE values in natural K order: the fields are
+    placed into DTYPE's bits (bf16: exponent/mantissa at bits 6-8, a bf16 subnormal for the two
+    e = 0 codes; fp16: bits 9-11) and one packed multiply by 2**126 (bf16) or 2**14 (fp16) rebiases
+    them — the decode vLLM's Marlin kernels use for FP4. FOLD: without that multiply (the caller's
+    group scales carry 2**118 / 2**6 instead, `frag_fold`)."""
+    if DTYPE == tl.bfloat16:
+        SHIFT: tl.constexpr = 6
+        EM: tl.constexpr = 0x01C001C0
+        rebias: tl.constexpr = 2.0**126
+    else:
+        SHIFT: tl.constexpr = 3
+        EM: tl.constexpr = 0x0E000E00
+        rebias: tl.constexpr = 2.0**14
+    r0 = _e2m1_pair(p << 12, SHIFT, EM)
+    r1 = _e2m1_pair(p << 8, SHIFT, EM)
+    r2 = _e2m1_pair(p << 4, SHIFT, EM)
+    r3 = _e2m1_pair(p << (MASK >> 31), SHIFT, EM)  # the opaque zero shift, as in unpack_pairs
+    if FOLD:
+        return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
+    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE) * rebias
+
+
+@triton.jit
+def unpack_a8(p, R: tl.constexpr, MASK):
+    """[R, 16] words in the FP8 fragment order -> [R, 128] e4m3 in natural K order whose bytes are the
+    unsigned codes q themselves: e4m3 reads a byte 0..15 as q * 2**-9 exactly (subnormals and the
+    first binade). One LOP3 (and one shift) per four codes."""
+    r0 = (p >> (MASK >> 31)) & 0x0F0F0F0F  # j = 0 (the opaque zero shift keeps LLVM from splitting it)
+    r1 = (p >> 4) & 0x0F0F0F0F  # j = 1
+    rr = tl.join(r0, r1)  # [R, 16, 2]: j
+    b0 = rr.to(tl.int8)
+    b1 = (rr >> 8).to(tl.int8)
+    b2 = (rr >> 16).to(tl.int8)
+    b3 = (rr >> 24).to(tl.int8)
+    b = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, 4, 4, 2, 4))  # (t, c, j, i)
+    return tl.reshape(tl.permute(b, (0, 2, 3, 1, 4)), (R, 128)).to(tl.float8e4nv, bitcast=True)
+# fmt: on

@@ -1,0 +1,112 @@
+"""The fragment layout's packing (host side): int32 words holding 2-, 4- or 8-bit codes in the order
+a Hopper wgmma A fragment consumes them, stored in panels of 64 rows; `pack_frag` and its inverse
+`unpack_frag` (tests, the torch view of a prepared weight). The kernels that read it are in
+`anybit.kernels.frag`, their decoders in `anybit.kernels.frag_decode`.
+
+4 bits: int32 [N, K_pad/8], K padded to 128; in each 128-K block of a row the 16 words are numbered
+w = 4t + c, and code k = e + 2t + 8j + 32c sits in word 4t + c at nibble j + 4e (FP8 activations:
+k = i + 4t + 16j + 32c at nibble 2i + j; 2 and 8 bits: `_frag_order`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FRAG_K = 128  # K block of the 4-bit layout (and of its kernels' main loop); 2-bit blocks are 256
+FRAG_WORDS = 16  # int32 words per block of a row, every width: a thread's share is one 16-byte load
+
+
+def frag_block_k(bits: int) -> int:
+    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2, 64 for 8)."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"the fragment layout holds 2-, 4- or 8-bit codes, got bits={bits}")
+    return FRAG_WORDS * 32 // bits
+
+
+# Rows per panel of the packed weight: a panel holds block 0 of its rows, then block 1, ..., so a tile's
+# block is two contiguous 4 KB runs (4 bits) rather than 128 scattered 64-byte pieces. H200, W4A16 M=16:
+# 28672x4096 27.2 -> 23.8 us, DeepSeek-V3 MoE gate_up 616 -> 444 us, down 296 -> 241 us (BENCHMARKS.md).
+FRAG_PANEL = 64
+
+PAIR_MASK = 0x000F000F  # passed at run time: ptxas then fuses the and/or into one LOP3
+
+
+def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
+    """inv[(32 // bits) * w + p] = the k of the block stored in word w at field p. bf16/fp16 MMA (A
+    fragment: pairs of k): 4-bit k = e + 2t + 8j + 32c in word 4t + c at nibble j + 4e; 2-bit (256-K
+    blocks), c = 2q + l: word 4t + q at field j + 4l + 8e, so each 64-K quarter q is one word per
+    thread; 8-bit (64-K blocks): k = e + 2t + 8j + 16c in word 4t + c at byte e + 2j. FP8 MMA (`a8`,
+    4-bit, k32 steps, four consecutive k per register): k = i + 4t + 16j + 32c in word 4t + c at
+    nibble 2i + j, so ``(word >> 4j) & 0x0F0F0F0F`` is one register of four FP8 bytes."""
+    inv = [0] * frag_block_k(bits)
+    for k in range(frag_block_k(bits)):
+        if a8:
+            i, t, j, c = k & 3, (k >> 2) & 3, (k >> 4) & 1, k >> 5
+            inv[8 * (4 * t + c) + 2 * i + j] = k
+        elif bits == 2:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
+            inv[16 * (4 * t + (c >> 1)) + j + 4 * (c & 1) + 8 * e] = k
+        elif bits == 8:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 1, k >> 4
+            inv[4 * (4 * t + c) + e + 2 * j] = k
+        else:
+            e, t, j, c = k & 1, (k >> 1) & 3, (k >> 3) & 3, k >> 5
+            inv[8 * (4 * t + c) + j + 4 * e] = k
+    return torch.tensor(inv)
+
+
+def frag_mask(bits: int) -> int:
+    """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
+    frag_block_k(bits)  # names an unsupported width
+    return {4: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
+
+
+def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Tensor:
+    """uint8 `bits`-bit codes (4 or 2) [..., N, K] -> int32 [..., N, K_pad * bits / 32] in the fragment
+    order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of the block, `frag_block_k`;
+    kernels mask the activations there)."""
+    *lead, n, k = codes.shape
+    c = codes.to(torch.int64)
+    kb = frag_block_k(bits)
+    pad = -k % kb
+    if pad:
+        c = torch.cat([c, c.new_zeros(*lead, n, pad)], dim=-1)
+    fields = 32 // bits
+    blocks = c.reshape(*lead, n, -1, kb)[..., _frag_order(a8, bits).to(c.device)]
+    shifted = blocks.reshape(*lead, n, -1, FRAG_WORDS, fields) << (torch.arange(fields, device=c.device) * bits)
+    words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return to_panels(words, FRAG_PANEL)
+
+
+def to_panels(words: torch.Tensor, panel: int) -> torch.Tensor:
+    """[..., N, KW] words -> [..., N_pad, KW] (N padded with zero rows to a multiple of `panel`) whose
+    memory holds panels of `panel` rows, each panel block after block ([N_pad / panel, blocks, panel,
+    16])."""
+    *lead, n, kw = words.shape
+    pad = -n % panel
+    if pad:
+        words = torch.cat([words, words.new_zeros(*lead, pad, kw)], dim=-2)
+    p = words.reshape(*lead, (n + pad) // panel, panel, kw // FRAG_WORDS, FRAG_WORDS).transpose(-2, -3)
+    return p.contiguous().reshape(*lead, n + pad, kw)
+
+
+def from_panels(words: torch.Tensor, n: int, panel: int) -> torch.Tensor:
+    """The inverse of `to_panels`: [..., N, KW] rows one after another."""
+    *lead, n_pad, kw = words.shape
+    p = words.reshape(*lead, n_pad // panel, kw // FRAG_WORDS, panel, FRAG_WORDS).transpose(-2, -3)
+    return p.reshape(*lead, n_pad, kw)[..., :n, :]
+
+
+def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4, n: int | None = None) -> torch.Tensor:
+    """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]
+    (the first n rows: the packing pads N to whole panels)."""
+    words = from_panels(words, words.shape[-2] if n is None else n, FRAG_PANEL)
+    *lead, n, kw = words.shape
+    fields = 32 // bits
+    w = words.to(torch.int64).reshape(*lead, n, -1, FRAG_WORDS, 1) & 0xFFFFFFFF
+    f = (w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)
+    f = f.reshape(*lead, n, -1, frag_block_k(bits))
+    out = torch.empty_like(f)
+    out[..., _frag_order(a8, bits).to(words.device)] = f
+    return out.reshape(*lead, n, kw * fields)[..., :k].to(torch.uint8)
