@@ -30,6 +30,25 @@ def _problem(text, m, n, k, seed):
     return x, qw, x.double() @ qw.dequantize().double().T
 
 
+def test_ptx_level_of_the_frag_decode(monkeypatch):
+    """`frag_ptx()`: 0 under the interpreter (no inline PTX), with ANYBIT_FRAG_PTX=0 and before sm_90; 1 on
+    sm_90+ (the GPU-tested PTX forms); 2 with ANYBIT_FRAG_EXPERIMENTAL=1 (also `unpack_pairs_minus`)."""
+    from anybit.kernels import frag
+
+    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert frag.frag_ptx() == 0
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert frag.frag_ptx() == 1
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    assert frag.frag_ptx() == 2
+    monkeypatch.setenv("ANYBIT_FRAG_PTX", "0")
+    assert frag.frag_ptx() == 0
+    monkeypatch.delenv("ANYBIT_FRAG_PTX")
+    monkeypatch.setattr(frag, "_target_sm", lambda: 80)
+    assert frag.frag_ptx() == 0
+
+
 def test_which_formats_take_the_fragment_layout():
     assert all(frag_format(Scheme.parse(t)) for t in FRAG_FORMATS)
     for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "w3a16"]:
