@@ -162,8 +162,8 @@ def _foldable(qw: QuantizedWeight) -> frozenset:
     s = qw.scale_values().abs()
     if not bool(s.amax() < 2.0**9):
         return frozenset()
-    name = qw.scheme.scale_dtype.name
-    tiny = name == "ue8m0" and bool(s[s > 0].amin() < 2.0**-15) if bool((s > 0).any()) else False
+    name, nonzero = qw.scheme.scale_dtype.name, s[s > 0]
+    tiny = nonzero.numel() > 0 and bool(nonzero.amin() < 2.0**-15)
     fp16 = name == "e4m3" or (name == "ue8m0" and not tiny)
     return frozenset({torch.bfloat16, torch.float16} if fp16 else {torch.bfloat16})
 
