@@ -127,19 +127,21 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     act, extra = qw.scheme.act, {}
     if act.quantized:
         cfg = a8_config(cfg, qw.scheme, m, tw.nk, interpret=False)
-        x, xs = quantize_act(x, act)  # compiled, not run: xq holds garbage, which is fine here
-        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16)
+        # compiled, not run: xq holds garbage, which is fine here; frag FP8 x comes with its block sums
+        x, xs, *sums = quantize_act(x, act, block_sums=tw.frag)
+        extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
         tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits)
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
-                  x_scales=extra.get("x_scales"), **tile)  # fmt: skip
+                  x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), **tile)  # fmt: skip
         cfg = GemmConfig(
             tile["block_m"], tile["block_n"], frag_block_k(qw.scheme.weight_bits), num_warps=tile["num_warps"]
         )
     else:
         ws = torch.empty(max(1, cfg.split_k * m * n))
+        extra.pop("x_sums", None)
         gemm_dense(x, tw, None, config=cfg, workspace=ws, counters=cnt, **extra)
     return _report(f"{fmt:28s} M={m:<4d}", _compiled[-1], cfg.block_k, cfg.block_n, cfg.num_warps, cuobjdump,
                    sass_dir and (sass_dir, f"{fmt}_m{m}"))  # fmt: skip
@@ -162,8 +164,8 @@ def check_moe(
     sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
     x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}
     if tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
-        x, xs = quantize_act(x, tw.scheme.act)
-        extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
+        x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag)
+        extra = dict(x_scales=xs, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
              maxnreg=maxnreg, **extra)  # fmt: skip

@@ -128,7 +128,8 @@ def gemm_source_hash() -> str:
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_row_words,
-               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag_decode.minus_rows,
+               frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.block_sums,
+               frag_decode.minus_rows,
                frag_decode.times_groups, frag_decode.unpack_pairs, frag_decode.unpack_pairs_minus,
                frag_decode.unpack_pairs_minus_rows, frag_decode.unpack_pairs2, frag_decode.unpack_bytes,
                frag_decode.unpack_e2m1, frag_decode.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
@@ -226,13 +227,16 @@ class TritonBackend:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
-        x_scales, x_group, out_dtype = None, 0, None
+        x_scales, x_sums, x_group, out_dtype = None, None, 0, None
         if act.quantized:
             out_dtype = x2.dtype
             static = None
             if act.mode is ActMode.STATIC:
                 static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
-            x2, x_scales = quantize_act(x2, act, static)
+            if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
+                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True)
+            else:
+                x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:
@@ -242,7 +246,7 @@ class TritonBackend:
             c = config
             y = gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
                           num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
-                          x_scales=x_scales, out_dtype=out_dtype)  # fmt: skip
+                          x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype)  # fmt: skip
             return y.reshape(*lead, tw.n)
         y = gemm_dense(
             x2,

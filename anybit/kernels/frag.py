@@ -72,6 +72,23 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
 
 
 @triton.jit
+def block_sums(ptr, kt, src, mask_m, stride, NW: tl.constexpr):
+    """The quantizer's per-token sums of K block kt (`quantize_act(block_sums=True)`: fp32 [blocks,
+    tokens]) for the tile's tokens src [BM]. Like `block_meta`, the load reads following blocks too, until
+    every thread's share is 4 bytes (so the pipeliner fetches it stages ahead), and keeps the first."""
+    BM: tl.constexpr = src.shape[0]
+    LG: tl.constexpr = max(1, min(8, 128 * NW // (BM * 4)))
+    t = tl.load(ptr + (kt + tl.arange(0, LG))[None, :] * stride + src[:, None], mask=mask_m[:, None], other=0.0)
+    if LG >= 2:
+        t, _ = tl.split(tl.permute(tl.reshape(t, (BM, 2, LG // 2)), (0, 2, 1)))
+    if LG >= 4:
+        t, _ = tl.split(tl.permute(tl.reshape(t, (BM, 2, LG // 4)), (0, 2, 1)))
+    if LG >= 8:
+        t, _ = tl.split(tl.permute(tl.reshape(t, (BM, 2, 1)), (0, 2, 1)))
+    return tl.reshape(t, (BM,))
+
+
+@triton.jit
 def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
     """Word offset of the first block of each weight row in panels of PANEL rows (`to_panels`: block kt
     of the panel's rows, then kt + 1; stride_wn: the words of one row)."""
@@ -83,7 +100,7 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True):
+                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True, xsum=None):
     """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -97,7 +114,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     if dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
         part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
-        xsum = tl.sum(xt.to(tl.float32), axis=0)
+        if xsum is None:  # no sums from the quantizer: the x tile's own (shuffles and a shared-memory trip)
+            xsum = tl.sum(xt.to(tl.float32), axis=0)
         if ZP != 0:
             part = part - zo[:, None] * xsum[None, :]
         else:
@@ -224,12 +242,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
-               STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False):
+               STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
+               xsum_ptr=None, stride_xsum=0):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K).
 
-    The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`)."""
+    The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`), and so
+    are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given."""
     if W_BITS == 8:
         off = 8388608.0  # 2**23: the fp32 magic of the byte decode
     elif x_ptr.dtype.element_ty == tl.bfloat16:
@@ -271,16 +291,20 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                                      SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
+            if xsum_ptr is not None:
+                xsum = block_sums(xsum_ptr, kt, src, mask_m, stride_xsum, NW)
+            else:
+                xsum = None
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED)
+                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
     return rows_from_mma(acc, BN, NW, BM)
 
 
 @triton.jit(do_not_specialize=["MASK"])
-def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                      stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
+def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
+                      K, stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
                       W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -298,7 +322,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_pt
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD)
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M)  # sums: [blocks, M]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -415,11 +439,13 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
 
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
-              num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None,
+              num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
               out_dtype=None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
-    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order); y in out_dtype
+    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
+    per-block sums `x_sums` (`quantize_act(block_sums=True)`: fp32 [ceil(K/128), M]; without them the
+    kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
     int32 `counters` (>= output tiles), left ready for the next call."""
     m, k = x.shape
@@ -430,6 +456,9 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if fp8 != tw.scheme.act.quantized or fp8 != (x_scales is not None):
         raise ValueError(f"{tw.scheme} was packed for {'e4m3' if tw.scheme.act.quantized else 'bf16/fp16'} "
                          f"activations (with x_scales for e4m3); got {x.dtype}")  # fmt: skip
+    if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
+        want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
+        raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
     dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
     grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
@@ -438,10 +467,10 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     dummy = tw.scales
     # fmt: off
     _frag_gemm_kernel[grid](
-        x, x_scales if fp8 else dummy, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
-        tw.global_scale if tw.global_scale is not None else dummy, bias if bias is not None else dummy, y,
-        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k, x.stride(0),
-        x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
+        x, x_scales if fp8 else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
+        tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
+        bias if bias is not None else dummy, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
+        k, x.stride(0), x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype),

@@ -135,8 +135,8 @@ def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, s
 
 @triton.jit(do_not_specialize=["MASK"])
 def _moe_frag_kernel(
-    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr, cnt_ptr,
-    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
+    x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr,
+    cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
     SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr,
     W_FLOAT: tl.constexpr,
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
@@ -160,7 +160,8 @@ def _moe_frag_kernel(
         acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
                          z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                          tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                         GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX, FOLD)
+                         GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
+                         num_rows // TOP_K)  # sums: [blocks, rows of x]
         if GROUP_K >= 1 << 30:  # one scale over all of K
             acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                    S_EXP, S_MAN)[:, None]
@@ -249,6 +250,7 @@ def moe_gemm(
     silu_mul: bool = False,
     routed_weights=None,
     x_scales=None,
+    x_sums=None,
     out_dtype=None,
     split_k: int = 1,
     workspace=None,
@@ -267,7 +269,9 @@ def moe_gemm(
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
     x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales; the weight is
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
-    `out_dtype` (bf16/fp16). split_k > 1: K is cut into that many parts reduced in the same launch
+    `out_dtype` (bf16/fp16); fragment-layout experts also take x's per-128-K-block sums `x_sums`
+    (`quantize_act(block_sums=True)`, [blocks, rows of x]; without them each x tile is summed in the
+    loop). split_k > 1: K is cut into that many parts reduced in the same launch
     (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
     * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them). maxnreg: cap the
     registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap)."""
@@ -291,12 +295,17 @@ def moe_gemm(
     if tw.frag:
         if fp8_x != tw.scheme.act.quantized:
             raise ValueError(f"{tw.scheme} experts were packed for {'e4m3' if fp8_x else 'bf16/fp16'} activations")
+        rows_x = num_rows // top_k  # the kernel reads the sums as [blocks, rows of x]
+        if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
+            want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
+            raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
-            tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
-            routed_weights if routed_weights is not None else dummy, workspace if split_k > 1 else dummy,
-            counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k, x.stride(0), y.stride(0),
+            x, x_scales if fp8_x else dummy, x_sums if fp8_x else None, tw.planes[0], tw.scales,
+            tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy, y,
+            sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
+            workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
+            k, x.stride(0), y.stride(0),
             tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
             frag_mask(tw.fmt["W_BITS"]), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),

@@ -19,11 +19,13 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 @triton.jit
 def _quant_act_kernel(
-    x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
 ):  # fmt: skip
     """GROUP == 0: one scale per row (s_ptr [M, 1]); GROUP == -1: the static scale at s_ptr[M] (read,
-    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK == GROUP."""
+    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK == GROUP.
+    SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
+    fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`)."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xm
@@ -40,8 +42,12 @@ def _quant_act_kernel(
         tl.store(s_ptr + row * stride_sm, scale)
         for k0 in range(0, K, BLOCK):
             x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
-            tl.store(q_row + k0 + offs, y.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX).to(q_ptr.dtype.element_ty)
+            tl.store(q_row + k0 + offs, y, mask=k0 + offs < K)
+            if SUMS:
+                blk = k0 // 128 + tl.arange(0, BLOCK // 128)
+                sums = tl.sum(tl.reshape(y.to(tl.float32), (BLOCK // 128, 128)), axis=1)
+                tl.store(sum_ptr + blk * stride_sum + row, sums, mask=blk * 128 < K)
     else:
         for g in range(0, K // GROUP):
             x = tl.load(x_row + g * GROUP + offs).to(tl.float32)
@@ -52,23 +58,29 @@ def _quant_act_kernel(
 
 
 def quantize_act(
-    x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False
+) -> tuple[torch.Tensor, ...]:
     """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
-    FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device)."""
+    FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device).
+    block_sums (per-token or static specs): also fp32 [ceil(K/128), M], the sum of each row's quantized
+    values over each 128-K block (the FP8 fragment kernel subtracts bias times it; `gemm_frag`)."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
     if spec.mode is ActMode.GROUP:
+        if block_sums:
+            raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
         group, block, cols = spec.group, spec.group, k // spec.group
     else:
-        group, block, cols = (0 if spec.mode is ActMode.TOKEN else -1), min(triton.next_power_of_2(k), 4096), 1
+        block = max(min(triton.next_power_of_2(k), 4096), 128 if block_sums else 1)
+        group, cols = (0 if spec.mode is ActMode.TOKEN else -1), 1
     # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
     scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
     if group == -1:
         scales[m] = static_scale
+    sums = torch.empty((triton.cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
     if m:
         _quant_act_kernel[(m,)](
-            x, xq, scales, k, x.stride(0), xq.stride(0), scales.stride(0),
-            QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block,
+            x, xq, scales, sums, k, x.stride(0), xq.stride(0), scales.stride(0), sums.stride(0),
+            QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
         )  # fmt: skip
-    return xq, scales[:m]
+    return (xq, scales[:m], sums) if block_sums else (xq, scales[:m])

@@ -93,16 +93,14 @@ class QuantMoE(nn.Module):
         block_m, launch_gu, launch_dn = self._plans[key]
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
-        xin, xs = _fp8_in(x, self.gate_up.scheme)
-        act = moe_gemm(xin, gu, sorted_ids, expert_ids, total, top_k=k, silu_mul=fused, x_scales=xs,
-                       out_dtype=x.dtype, **launch_gu)  # fmt: skip
+        act = moe_gemm(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=k, silu_mul=fused,
+                       out_dtype=x.dtype, **grouped_inputs(x, self.gate_up.scheme, gu.frag), **launch_gu)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
-        ain, a_scales = _fp8_in(act, self.down.scheme)
-        moe_gemm(ain, dn, sorted_ids, expert_ids, total, top_k=1, out=y, routed_weights=routed, x_scales=a_scales,
-                 **launch_dn)  # fmt: skip
+        moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=1, out=y,
+                 routed_weights=routed, **grouped_inputs(act, self.down.scheme, dn.frag), **launch_dn)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
@@ -164,13 +162,15 @@ def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
         raise AnybitError(f"expert id {int(topk_ids.max())} out of range for {num_experts} experts")
 
 
-def _fp8_in(x: torch.Tensor, scheme) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row + its scales."""
+def grouped_inputs(x: torch.Tensor, scheme, frag: bool) -> dict:
+    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row with its
+    scales (and, for frag-layout experts, its per-128-K-block sums), as `moe_gemm` keywords."""
     if not scheme.act.quantized:
-        return x, None
+        return dict(x=x)
     from anybit.kernels.quant_act import quantize_act
 
-    return quantize_act(x.contiguous(), scheme.act)
+    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag)
+    return dict(x=xq, x_scales=xs, x_sums=sums[0] if sums else None)
 
 
 def moe_tiles(rows: int, experts: int, cuda: bool) -> dict:

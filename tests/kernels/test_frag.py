@@ -195,10 +195,34 @@ def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
     y = gemm_frag(xq, tw, block_m=16, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt,
                   x_scales=xs, out_dtype=torch.float16)  # fmt: skip
     assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    xq2, xs2, sums = quantize_act(x, qw.scheme.act, block_sums=True)  # the quantizer's block sums instead
+    assert torch.equal(xq2.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(xs2, xs)
+    y_sums = gemm_frag(xq, tw, block_m=16, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt,
+                       x_scales=xs, x_sums=sums, out_dtype=torch.float16)  # fmt: skip
+    assert rel_err(y_sums, ref) < GEMM_REL_ERR[torch.float16]
     prepared = prepare(qw, backend="triton")  # the backend path: quantize, then the same kernel
     assert rel_err(get_backend("triton").gemm(x, prepared), ref) < 4 * GEMM_REL_ERR[torch.float16]
     with pytest.raises(ValueError, match="packed for e4m3"):
         gemm_frag(x, tw, block_m=16, block_n=64)
+
+
+@pytest.mark.parametrize("m, k", [(1, 384), (13, 200), (3, 5000)])
+def test_quantizer_block_sums(interpret, m, k):
+    """`quantize_act(block_sums=True)`: per token, the sum of the quantized values over each 128-K block
+    (the K tail included), fp32 [blocks, M]; the codes and scales are those of the plain call."""
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.quant_act import quantize_act
+
+    act = Scheme.parse("w4a8").act
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).half()
+    xq, xs = quantize_act(x, act)
+    xq2, xs2, sums = quantize_act(x, act, block_sums=True)
+    assert torch.equal(xq2.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(xs2, xs)
+    pad = torch.nn.functional.pad(xq.float(), (0, -k % 128))
+    ref = pad.reshape(m, -1, 128).double().sum(dim=-1).T
+    assert sums.shape == ((k + 127) // 128, m) and torch.allclose(sums.double(), ref, rtol=1e-6, atol=1e-3)
+    with pytest.raises(ValueError, match="per-token or static"):
+        quantize_act(x[:, :256], Scheme.parse("w4a8:int4:g128:fp32:e4m3-g128").act, block_sums=True)
 
 
 INT2_FORMATS = ["w2a16", "w2a16:int2:g128:bf16", "w2a16:int2:ch:fp32", "w2a16:uint2:g256:fp16:zp-int"]

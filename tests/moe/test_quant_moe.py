@@ -87,18 +87,37 @@ def test_grouped_path_with_fp8_activations(interpret, scheme, monkeypatch):
     carries (tests/kernels/test_gemm_a8.py), so here the activations are quantized by the reference
     quantizer — the same values the GPU's kernel produces bit for bit (its GPU test) — and the result
     must equal the exact per-expert loop up to fp16 rounding."""
+    _fp8_grouped(scheme, monkeypatch)
+
+
+def _fp8_grouped(scheme, monkeypatch):
     import anybit.moe.layer as layer
     from anybit.quant.activations import quantize_activation
 
-    def reference_fp8_in(x, s):
+    def reference_inputs(x, s, frag):
+        if not s.act.quantized:
+            return dict(x=x)
         # rows of dropped slots are never written (and never read): whatever memory held
-        return (x, None) if not s.act.quantized else quantize_activation(torch.nan_to_num(x), s.act)
+        xq, xs = quantize_activation(torch.nan_to_num(x), s.act)
+        if not frag:
+            return dict(x=xq, x_scales=xs)
+        blocks = torch.nn.functional.pad(xq.float(), (0, -xq.shape[1] % 128)).reshape(xq.shape[0], -1, 128)
+        return dict(x=xq, x_scales=xs, x_sums=blocks.sum(dim=-1).T.contiguous())  # as `quantize_act` sums
 
-    monkeypatch.setattr(layer, "_fp8_in", reference_fp8_in)
+    monkeypatch.setattr(layer, "grouped_inputs", reference_inputs)
     fast, exact, x, w, ids = _grouped_and_exact(scheme)
     y = fast(x, w, ids)
     assert fast._stacked is not None
     assert rel_err(y, exact(x, w, ids).double()) < 4 * GEMM_REL_ERR[torch.float16]
+    return fast
+
+
+def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypatch):
+    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 experts in the FP8 fragment order; the kernel takes the inputs'
+    per-block sums (`grouped_inputs`) instead of summing each x tile."""
+    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    fast = _fp8_grouped("w4a8", monkeypatch)
+    assert fast._stacked[0].frag and fast._stacked[1].frag
 
 
 def test_out_of_range_expert_ids_are_an_error_on_the_grouped_path(interpret):
