@@ -24,11 +24,12 @@ class Settings:
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     frag_experimental: bool
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 (int4 weights, e4m3 activations per token) takes the fragment-layout
-    kernel too (off until its large M is measured: its layout has no dequantize-then-cuBLAS path; its
-    zero-point term from the quantizer's block sums: sm_90a loop 409 -> 324 at M=1, 858 -> 458 at M=64), and
-    4-bit integer words decode in one inline-PTX block each (`unpack_pairs_minus`; sm_90a w4a16 loop
-    340 -> 325 instructions, w4a16-zp 367 -> 353; not yet run on a GPU)."""
+    """ANYBIT_FRAG_EXPERIMENTAL=1, for what has not yet run on a GPU in its current form: W4A8 (int4 weights,
+    e4m3 activations per token) takes the fragment-layout kernel too (its large M is unmeasured and its
+    layout has no dequantize-then-cuBLAS path; zero-point term from the quantizer's block sums, nibbles by
+    opaque shifts: sm_90a loop 409 -> 227 instructions at M=1, 858 -> 362 at M=64), and 4-bit integer
+    words decode in one inline-PTX block each (`unpack_pairs_minus`; w4a16 loop 340 -> 325, w4a16-zp
+    367 -> 353)."""
     frag_ptx: bool
     """ANYBIT_FRAG_PTX=0: the frag kernels decode in plain Triton instead of inline PTX (integer zero points
     by one packed subtraction, `minus_rows`; bytes by one PRMT each, `unpack_bytes`; e2m1 pairs times

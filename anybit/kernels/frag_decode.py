@@ -250,7 +250,9 @@ def unpack_a8(p, R: tl.constexpr, MASK):
     unsigned codes q themselves: e4m3 reads a byte 0..15 as q * 2**-9 exactly (subnormals and the
     first binade). One LOP3 (and one shift) per four codes."""
     r0 = (p >> (MASK >> 31)) & 0x0F0F0F0F  # j = 0 (the opaque zero shift keeps LLVM from splitting it)
-    r1 = (p >> 4) & 0x0F0F0F0F  # j = 1
+    # j = 1 by an opaque 4 too: a constant shift folds into the byte extraction below and ptxas rebuilt
+    # every register byte by byte (sm_90a: 48 SHF + 48 PRMT per loop)
+    r1 = (p >> ((MASK >> 31) + 4)) & 0x0F0F0F0F
     rr = tl.join(r0, r1)  # [R, 16, 2]: j
     b0 = rr.to(tl.int8)
     b1 = (rr >> 8).to(tl.int8)
