@@ -138,3 +138,18 @@ def test_e2m1_rebias_folded_into_the_scales_gives_the_same_bits_in_bf16(text, m)
     p.data.fold = frozenset()
     assert torch.equal(folded, be.gemm(x, p))
     assert rel_err(folded, ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_quantizer_block_sums_on_the_gpu():
+    """`quantize_act(block_sums=True)` on the GPU: the sum of each 128-K block of the e4m3 values it wrote
+    (K tail included), and the same codes and scales as the plain call."""
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.quant_act import quantize_act
+
+    act = Scheme.parse("w4a8").act
+    x = torch.randn(37, 5000, generator=torch.Generator(device="cuda").manual_seed(5), device="cuda").bfloat16()
+    xq, xs = quantize_act(x, act)
+    xq2, xs2, sums = quantize_act(x, act, block_sums=True)
+    assert torch.equal(xq2.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(xs2, xs)
+    ref = torch.nn.functional.pad(xq.float(), (0, -5000 % 128)).reshape(37, -1, 128).double().sum(dim=-1).T
+    assert torch.allclose(sums.double(), ref, rtol=1e-6, atol=1e-3)
