@@ -105,7 +105,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
     e2m1 times an e4m3 or power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element
-    scaling."""
+    scaling. FP8 x: `xsum` [BM], the block's sums of x from the quantizer (`block_sums`), else the x
+    tile's own."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
