@@ -151,13 +151,20 @@ def test_e2m1_rebias_folded_into_the_scales_gives_the_same_bits(interpret, text,
     """NVFP4/MXFP4 codes decoded without their packed rebias multiply, the scales carrying it
     (`frag_fold`): the same products, scaled by a power of two, so the same bits as the plain decode."""
     x, qw, ref = _problem(text, m, 80, 384, seed=m)
+    assert torch.bfloat16 in to_triton_layout(qw).fold
+    assert_fold_gives_the_same_bits(x, qw, ref)
+
+
+def assert_fold_gives_the_same_bits(x, qw, ref):
+    """The triton backend on x (its dtype among the weight's `fold` dtypes) equals, bit for bit, the same
+    weight with the fold turned off, and both are within x's dtype tolerance of ref."""
     prepared = prepare(qw, backend="triton")
-    assert torch.float16 in prepared.data.fold and torch.bfloat16 in prepared.data.fold
+    assert x.dtype in prepared.data.fold
     be = get_backend("triton")
     folded = be.gemm(x, prepared)
     prepared.data.fold = frozenset()
     assert torch.equal(folded, be.gemm(x, prepared))
-    assert rel_err(folded, ref) < GEMM_REL_ERR[torch.float16]
+    assert rel_err(folded, ref) < GEMM_REL_ERR[x.dtype]
 
 
 def test_which_e2m1_weights_fold_their_rebias():
