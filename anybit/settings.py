@@ -27,19 +27,25 @@ class Settings:
     """ANYBIT_FRAG_EXPERIMENTAL=1, for what has not yet run on a GPU in its current form: W4A8 (int4 weights,
     e4m3 activations per token) takes the fragment-layout kernel too (its large M is unmeasured and its
     layout has no dequantize-then-cuBLAS path; zero-point term from the quantizer's block sums, nibbles by
-    opaque shifts: sm_90a loop 409 -> 227 instructions at M=1, 858 -> 362 at M=64), and 4-bit integer
-    words decode in one inline-PTX block each (`unpack_pairs_minus`; w4a16 loop 340 -> 325, w4a16-zp
-    367 -> 353)."""
-    frag_ptx: bool
-    """ANYBIT_FRAG_PTX=0: the frag kernels decode in plain Triton instead of inline PTX (integer zero points
-    by one packed subtraction, `minus_rows`; bytes by one PRMT each, `unpack_bytes`; e2m1 pairs times
-    folded scales, `times_groups`; `frag_ptx`). Default on for
-    sm_90+ (H200: w4a16-zp 8192² M=1 20.9 -> 16.4 µs, w8a16 23.9 -> 21.1, w2a16 22.3 -> 16.6); the off
-    switch is for a toolchain whose ptxas rejects it, and for tests comparing the two forms."""
+    opaque shifts: sm_90a loop 409 -> 227 instructions at M=1, 858 -> 362 at M=64)."""
+    frag_ptx: int
+    """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
+    zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
+    times folded scales (`times_groups`) — H200: w4a16-zp 8192² M=1 20.9 -> 16.4 µs, w8a16 23.9 -> 21.1,
+    w2a16 22.3 -> 16.6; 2 (default on sm_90+) also each 4-bit integer word in one block
+    (`unpack_pairs_minus`): w4a16 8192² M=1/16/64 15.8/16.3/27.4 -> 15.4/15.6/26.5 µs. Lower levels are for a
+    toolchain whose ptxas rejects a form, and for tests comparing the forms."""
 
 
 def _names(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _level(name: str, default: int, valid: tuple[int, ...]) -> int:
+    value = os.environ.get(name, str(default)).strip()
+    if value not in {str(v) for v in valid}:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(map(str, valid))}")
+    return int(value)
 
 
 def load() -> Settings:
@@ -52,5 +58,5 @@ def load() -> Settings:
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
         frag_experimental=os.environ.get("ANYBIT_FRAG_EXPERIMENTAL", "0") == "1",
-        frag_ptx=os.environ.get("ANYBIT_FRAG_PTX", "1") != "0",
+        frag_ptx=_level("ANYBIT_FRAG_PTX", 2, (0, 1, 2)),
     )

@@ -5,6 +5,7 @@
 #   bash tools/device.sh bench [anybit bench args…]
 #   bash tools/device.sh ncu [tools/ncu_frag.py args…]   Nsight Compute counters of one frag kernel launch
 #     (NCU_SCRIPT=tools/moe_bench.py NCU_KERNEL=moe_frag: the grouped kernel, DeepSeek-V3 gate_up first)
+#   bash tools/device.sh py tools/X.py [args…]   any script of the repo (e.g. tools/probe_blockwise.py)
 #   bash tools/device.sh moe [tools/moe_bench.py args…]   bash tools/device.sh sweep-frag [tools/sweep_frag.py args…]     bash tools/device.sh explain --scheme S --shape M,N,K
 # Parts can be chained: bash tools/device.sh tests X -- tune --budget 200
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
+    py) OUT=$OUT python3 "${args[@]}" 2>&1 | tail -80 ;;
     ncu) f="$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt"
          ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \

@@ -391,14 +391,14 @@ def frag_constexprs(tw) -> dict:
 
 
 def frag_ptx() -> int:
-    """Inline PTX in the frag decode, the kernels' PTX level: 1 — zero points by `minus_rows`, bytes by
-    `unpack_bytes`, folded e2m1 scales by `times_groups` (GPU-tested); 2 — also nibble words by
-    `unpack_pairs_minus(_rows)`, sm_90a-checked but not yet run on a GPU, with ANYBIT_FRAG_EXPERIMENTAL=1.
-    0 for the interpreter (no inline PTX), ANYBIT_FRAG_PTX=0, or before sm_90 (`sub.rn.bf16x2`)."""
+    """Inline PTX in the frag decode, the kernels' PTX level (ANYBIT_FRAG_PTX, default 2): 1 — zero points by
+    `minus_rows`, bytes by `unpack_bytes`, folded e2m1 scales by `times_groups`; 2 — also nibble words by
+    `unpack_pairs_minus(_rows)`. Both GPU-tested bit-equal to the Triton form. 0 for the interpreter (no
+    inline PTX), ANYBIT_FRAG_PTX=0, or before sm_90 (`sub.rn.bf16x2`)."""
     s = settings.load()
-    if not s.frag_ptx or s.triton_interpret or _target_sm() < 90:
+    if s.triton_interpret or _target_sm() < 90:
         return 0
-    return 2 if s.frag_experimental else 1
+    return s.frag_ptx
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:

@@ -200,15 +200,19 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
 
 
 def moe_decode_plan(
-    num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, narrow: bool = False
-) -> tuple[int, int]:
-    """(block_n, split_k) for a launch that would leave the GPU idle (decode). `narrow` (frag-layout
+    num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, frag: bool = False, narrow: bool = False
+) -> tuple[int, int, int | None]:
+    """(block_n, split_k, maxnreg) for a launch that would leave the GPU idle (decode). `narrow` (frag-layout
     weights, no fused silu): a launch of < 6 CTAs per SM takes 64-row tiles first — H200, one token:
     DeepSeek-V3 down 26.9 -> 24.4 µs, Qwen3-30B-A3B down 7.5 -> 6.7 (the fused gate_up ran slower
     so: 45.2 -> 53.9 unsplit). Then K is split until the launch puts ~3 CTAs on each SM, keeping >= 4
     K tiles per split: DeepSeek-V3 gate_up 58.7 -> 44.8 µs split in 2 (45.3 in 4; ncu unsplit: 288
     CTAs, SMs busy 67 % of the time at 2.09 TB/s), while splitting a launch that already holds enough
-    CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles)."""
+    CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles).
+    Frag decode tiles whose CTAs each walk >= 2048 K are capped at 128 registers (4 CTAs per SM instead
+    of 3, spill-free): DeepSeek-V3 M=1/4 gate_up 44.9/138.1 -> 41.2/133.5 µs, down 26.3 -> 24.0, Qwen3
+    gate_up M=16 45.5 -> 43.7; short CTAs lose by it (Qwen3 gate_up M=1/4, 1024 K each: 9.9/18.9 ->
+    11.2/23.2), so they keep the compiler's count."""
     block_m, block_n = tiles["block_m"], tiles["block_n"]
     grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
     if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 6 * sms:
@@ -216,7 +220,8 @@ def moe_decode_plan(
     ctas, k_tiles, split = grid_m * cdiv(n, block_n), cdiv(k, tiles["block_k"]), 1
     while split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:
         split *= 2
-    return block_n, split
+    maxnreg = 128 if frag and block_m == 16 and cdiv(k, split) >= 2048 else None
+    return block_n, split, maxnreg
 
 
 def moe_block_n(tw, block_n: int, num_warps: int) -> int:

@@ -115,8 +115,10 @@ class QuantMoE(nn.Module):
         split = self.split_k or 1
         if self.split_k is None and x.is_cuda:
             narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
-            tiles["block_n"], split = moe_decode_plan(rows, self.num_experts, tw.n, tw.k, tiles,
-                                                      _sm_count(x.device), narrow)  # fmt: skip
+            tiles["block_n"], split, maxnreg = moe_decode_plan(rows, self.num_experts, tw.n, tw.k, tiles,
+                                                               _sm_count(x.device), tw.frag, narrow)  # fmt: skip
+            if maxnreg:
+                tiles["maxnreg"] = maxnreg
         if split == 1:
             return dict(tiles, num_rows=rows)
         grid_m = cdiv(rows, tiles["block_m"]) + min(self.num_experts, rows)

@@ -31,19 +31,22 @@ def _problem(text, m, n, k, seed):
 
 
 def test_ptx_level_of_the_frag_decode(monkeypatch):
-    """`frag_ptx()`: 0 under the interpreter (no inline PTX), with ANYBIT_FRAG_PTX=0 and before sm_90; 1 on
-    sm_90+ (the GPU-tested PTX forms); 2 with ANYBIT_FRAG_EXPERIMENTAL=1 (also `unpack_pairs_minus`)."""
+    """`frag_ptx()`: 0 under the interpreter (no inline PTX), with ANYBIT_FRAG_PTX=0 and before sm_90; else
+    ANYBIT_FRAG_PTX's level, 2 by default (also `unpack_pairs_minus`); a level it does not know is an error."""
     from anybit.kernels import frag
 
     monkeypatch.setattr(frag, "_target_sm", lambda: 90)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert frag.frag_ptx() == 0
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert frag.frag_ptx() == 1
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     assert frag.frag_ptx() == 2
+    monkeypatch.setenv("ANYBIT_FRAG_PTX", "1")
+    assert frag.frag_ptx() == 1
     monkeypatch.setenv("ANYBIT_FRAG_PTX", "0")
     assert frag.frag_ptx() == 0
+    monkeypatch.setenv("ANYBIT_FRAG_PTX", "yes")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_PTX='yes': expected one of 0, 1, 2"):
+        frag.frag_ptx()
     monkeypatch.delenv("ANYBIT_FRAG_PTX")
     monkeypatch.setattr(frag, "_target_sm", lambda: 80)
     assert frag.frag_ptx() == 0

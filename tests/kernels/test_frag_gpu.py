@@ -102,10 +102,9 @@ PTX_FORMATS = ["w4a16", "w4a16:uint4:g128:bf16", "w4a16:int4:ch:bf16", "w4a16-zp
 @pytest.mark.parametrize("text", PTX_FORMATS)
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_inline_ptx_decode_matches_the_triton_form(monkeypatch, text, m):
-    """Zero points subtracted by packed PTX (`minus_rows`) and bytes placed by PRMT (`unpack_bytes`), the
-    sm_90 default, and nibble words decoded in one PTX block each (`unpack_pairs_minus`, with
-    ANYBIT_FRAG_EXPERIMENTAL=1) give the same bits as the Triton form (ANYBIT_FRAG_PTX=0; same
-    arithmetic), bit-stable."""
+    """Zero points subtracted by packed PTX (`minus_rows`) and bytes placed by PRMT (`unpack_bytes`), level 1,
+    and nibble words decoded in one PTX block each (`unpack_pairs_minus`, level 2, the sm_90 default) give
+    the same bits as the Triton form (ANYBIT_FRAG_PTX=0; same arithmetic), bit-stable."""
     from anybit import prepare
     from anybit.backends import get_backend
 
@@ -118,7 +117,7 @@ def test_inline_ptx_decode_matches_the_triton_form(monkeypatch, text, m):
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y1, y2) and torch.equal(y1, plain)
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    monkeypatch.setenv("ANYBIT_FRAG_PTX", "1")
     assert torch.equal(be.gemm(x, p), plain)
 
 

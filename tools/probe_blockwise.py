@@ -1,0 +1,105 @@
+"""Does this torch run cuBLAS's block-scaled FP8 GEMM (`torch.nn.functional.scaled_mm` with 1x128 /
+128x128 scales, Hopper), is it exact enough, and how fast is it beside row-wise `_scaled_mm` and
+anybit's own W4A8 / FP8-block paths? One GPU call; prints a table, writes DIR/probe_blockwise.json.
+
+    python tools/probe_blockwise.py [--shapes 8192x8192,28672x4096,4096x14336] [--m 256,1024,4096,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import anybit  # noqa: E402
+from anybit.bench.timing import median, time_eager  # noqa: E402
+
+
+def _outer_major(t: torch.Tensor) -> torch.Tensor:
+    """[R, G] with the R axis contiguous (stride (1, R)): what cuBLAS reads for 1x128 scales."""
+    return t.t().contiguous().t()
+
+
+def blockwise(xq, sx, wq, sw, block_w: bool):
+    """x [M, K] e4m3 with per (row, 128-K) scales sx [M, K/128]; w [N, K] e4m3 with per (row, 128-K)
+    scales sw [N, K/128] (or [N/128, K/128] blocks when block_w)."""
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    if block_w:
+        g = sw.shape[1]
+        pad = (-g) % 4
+        swp = torch.nn.functional.pad(sw, (0, pad)) if pad else sw
+        sb, rb = swp.t(), ScalingType.BlockWise128x128
+    else:
+        sb, rb = _outer_major(sw), ScalingType.BlockWise1x128
+    return scaled_mm(xq, wq.t(), _outer_major(sx), ScalingType.BlockWise1x128, sb, rb,
+                     output_dtype=torch.bfloat16)  # fmt: skip
+
+
+def _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk):
+    """(name, call) of one problem: cuBLAS block-scaled (1x128 / 128x128 weight scales), row-wise, anybit."""
+    return (
+        ("1x128", lambda: blockwise(xq, sxg, wq, sw, False)),
+        ("128x128", lambda: blockwise(xq, sxg, wq, sw_blk, True)),
+        ("rowwise", lambda: torch._scaled_mm(xq, wq.t(), sx, sw[:, :1].t().contiguous(), out_dtype=torch.bfloat16)),
+        ("anybit_w4a8", lambda: anybit.gemm(xb, p_a8)),
+        ("anybit_fp8block", lambda: anybit.gemm(xb, p_blk)),
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336")
+    ap.add_argument("--m", default="256,1024,4096,8192")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev, fp8 = "cuda", torch.float8_e4m3fn
+    rows, errors = [], {}
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        g = k // 128
+        wq = torch.randint(-8, 8, (n, k), device=dev).to(fp8)  # int4 codes as e4m3 (exact)
+        sw = torch.rand(n, g, device=dev) * 0.01 + 0.001
+        sw_blk = torch.rand(n // 128, g, device=dev) * 0.01 + 0.001
+        qw_a8 = anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "w4a8")
+        qw_blk = anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "fp8-block")
+        p_a8, p_blk = anybit.prepare(qw_a8, backend="triton"), anybit.prepare(qw_blk, backend="triton")
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device=dev)
+            sx = torch.rand(m, 1, device=dev) * 0.01 + 0.001
+            xq = (x * 20).clamp(-448, 448).to(fp8)
+            sxg = sx.expand(m, g)
+            ref = (xq.float() * sx) @ (wq.float().view(n, g, 128) * sw[:, :, None]).view(n, k).t()
+            row = dict(n=n, k=k, m=m)
+            xb = x.bfloat16()
+            for name, fn in _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk):
+                try:
+                    y = fn()
+                    if name == "1x128":
+                        row["rel_err_1x128"] = float((y.float() - ref).norm() / ref.norm())
+                    us = median(time_eager([fn], 5, 7, 5, True))
+                    row[name] = us
+                except Exception as e:  # noqa: BLE001 - a probe reports what failed
+                    errors[name] = repr(e)[:300]
+                    row[name] = float("nan")
+            flops = 2 * m * n * k
+            print(f"{n}x{k} M={m:5d} " + "  ".join(
+                f"{nm} {row[nm]:8.1f} µs {flops / row[nm] / 1e6:6.0f} TF/s" for nm in
+                ("1x128", "128x128", "rowwise", "anybit_w4a8", "anybit_fp8block")
+            ) + f"  err {row.get('rel_err_1x128', float('nan')):.1e}", flush=True)  # fmt: skip
+            rows.append(row)
+    for name, e in errors.items():
+        print(f"{name}: {e}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "probe_blockwise.json"), "w") as f:
+        json.dump(dict(torch=torch.__version__, cuda=torch.version.cuda, rows=rows, errors=errors), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
