@@ -23,11 +23,6 @@ class Settings:
     """ANYBIT_MULTI_BACKEND=1: where the tuning cache measured another usable backend faster for a call's
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
-    frag_experimental: bool
-    """ANYBIT_FRAG_EXPERIMENTAL=1, for what has not yet run on a GPU in its current form: W4A8 (int4 weights,
-    e4m3 activations per token) takes the fragment-layout kernel too (its large M is unmeasured and its
-    layout has no dequantize-then-cuBLAS path; zero-point term from the quantizer's block sums, nibbles by
-    opaque shifts: sm_90a loop 409 -> 227 instructions at M=1, 858 -> 362 at M=64)."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -57,6 +52,5 @@ def load() -> Settings:
         cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
-        frag_experimental=os.environ.get("ANYBIT_FRAG_EXPERIMENTAL", "0") == "1",
         frag_ptx=_level("ANYBIT_FRAG_PTX", 2, (0, 1, 2)),
     )

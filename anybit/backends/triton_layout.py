@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anybit import settings
+from anybit.backends.blockscaled import blockscaled_recipe
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_layout import pack_frag
@@ -41,6 +41,7 @@ class TritonWeight:
     frag: bool = False  # planes[0] is int32 [N, K_pad/8] in the MMA fragment order (`anybit.kernels.frag`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
+    blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
     @property
@@ -96,8 +97,8 @@ def frag_format(scheme: Scheme) -> bool:
     8-bit integer weights (no or an integer zero point) with scales per channel, per tensor or per whole
     K blocks (2-bit: also per 64 along K; 8-bit: per 64), or e2m1 weights without zero point and
     scales per channel/tensor, per 16/32/64 along K or per whole 128-K blocks (NVFP4, MXFP4). With
-    ANYBIT_FRAG_EXPERIMENTAL=1 also 4-bit integer weights with e4m3 activations quantized per token
-    (W4A8: measured 2.2x the bit-plane A8 kernel at M <= 64, large M not yet)."""
+    also 4-bit integer weights with e4m3 activations quantized per token and whole-block scales (W4A8,
+    H200 M <= 64: 2.2-2.8x the bit-plane A8 kernel; above, g128 weights go to cuBLAS's block-scaled GEMM)."""
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if w.bits not in (2, 4, 8) or scheme.zero_point is ZeroPoint.FLOAT:
         return False
@@ -106,7 +107,7 @@ def frag_format(scheme: Scheme) -> bool:
         return isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
     if act.quantized:
         token_e4m3 = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
-        return settings.load().frag_experimental and isinstance(w, IntType) and token_e4m3 and whole_blocks
+        return isinstance(w, IntType) and token_e4m3 and whole_blocks
     if isinstance(w, FloatType):
         if not ((w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE):
             return False
@@ -115,8 +116,8 @@ def frag_format(scheme: Scheme) -> bool:
 
 
 def frag_untuned(scheme: Scheme) -> bool:
-    """A frag format that is opt-in (W4A8): the tuning table's tiles for its scheme were measured on
-    the bit-plane kernel, so the frag path takes its default rule instead."""
+    """A frag format whose tuning-table tiles were measured on the bit-plane kernel (W4A8): the frag
+    path takes its default rule instead."""
     return frag_format(scheme) and scheme.act.quantized
 
 
@@ -148,6 +149,7 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         frag=frag,
         input_scale=qw.input_scale,
         fold=_foldable(qw) if frag else frozenset(),
+        blockscaled=blockscaled_recipe(scheme, qw.n, qw.k, nk, frag),
     )
 
 

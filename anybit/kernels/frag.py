@@ -339,8 +339,10 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
 def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
                          W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                          S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr):
-    """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS)."""
+                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr,
+                         CODES: tl.constexpr = False):
+    """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS).
+    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
     mask_n = offs_n < N
@@ -350,7 +352,9 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
-    if W_FLOAT:
+    if CODES:
+        q = unpack_a8(p, BN, MASK).to(tl.float32) * 512.0 - (8.0 if W_SIGNED else 0.0)  # bytes read as q * 2**-9
+    elif W_FLOAT:
         q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
     elif W_BITS == 8:
         q = unpack_bytes(p, BN, MASK, 8388608.0 + (1 << (W_BITS - 1) if W_SIGNED else 0), tl.float32)
@@ -374,11 +378,14 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     if ZP != 0:
         z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
         q = tl.reshape(tl.reshape(q, (BN, G, KB // G)) - z.to(tl.float32)[:, :, None], (BN, KB))
-    s = load_scale(s_ptr, rows[None, :], (offs_n // GROUP_N)[:, None], mask_n[:, None], stride_s, SCALE_KIND, S_EXP,
-                   S_MAN)
-    w = tl.reshape(tl.reshape(q, (BN, G, KB // G)) * s[:, :, None], (BN, KB))
-    if HAS_GS:
-        w = w * tl.load(gs_ptr)
+    if CODES:
+        w = q
+    else:
+        s = load_scale(s_ptr, rows[None, :], (offs_n // GROUP_N)[:, None], mask_n[:, None], stride_s, SCALE_KIND,
+                       S_EXP, S_MAN)
+        w = tl.reshape(tl.reshape(q, (BN, G, KB // G)) * s[:, :, None], (BN, KB))
+        if HAS_GS:
+            w = w * tl.load(gs_ptr)
     offs_k = kt * KB + tl.arange(0, KB)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
              mask=mask_n[:, None] & (offs_k < K)[None, :])
@@ -483,9 +490,11 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
 
 def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
     """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
-    rounded once)."""
-    if tw.scheme.act.quantized:
-        raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: gemm_frag with FP8 activations runs it")
+    rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
+    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM."""
+    codes = bool(tw.scheme.act.quantized)
+    if codes and dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
     dummy = tw.scales
     # fmt: off
@@ -493,7 +502,8 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
         tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
         tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
-        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, num_warps=4,
+        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, CODES=codes,
+        num_warps=4,
     )
     # fmt: on
     return out

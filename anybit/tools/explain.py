@@ -8,7 +8,7 @@ import torch
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
-from anybit.formats.scheme import Scheme
+from anybit.formats.scheme import ActMode, Scheme
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -16,7 +16,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> str:
     """The Triton backend's path for this call: kernel, tile, split-K and where the tile comes from
     (the tuning cache or the default rule) — what `gemm` would do."""
-    from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, pick_config, tuning_cache
+    from anybit.backends.blockscaled import blockscaled_recipe, blockscaled_support
+    from anybit.backends.triton import (
+        BLOCKSCALED_MIN_M,
+        DEQUANT_MATMUL_MIN_M,
+        FRAG_MAX_M,
+        _sm_count,
+        pick_config,
+        tuning_cache,
+    )
     from anybit.backends.triton_layout import fp8_as_is, frag_format, frag_untuned
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
@@ -27,6 +35,20 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         return f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
+    recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
+    if recipe and m > BLOCKSCALED_MIN_M:
+        why = "static activation scales" if scheme.act.mode is ActMode.STATIC else None
+        if why is None and cuda:
+            why = blockscaled_support(device.index if device.index is not None else 0, dtype)
+        elif why is None:
+            why = "cuBLAS needs a CUDA device"
+        if why is None:
+            codes = "Triton writes the int weight's e4m3 codes (N*K bytes), " if frag else ""
+            gemm = f"cuBLAS block-scaled FP8 GEMM ({recipe} weight scales)"
+            return f"FP8 activations, M > {BLOCKSCALED_MIN_M}: {codes}{gemm}"
+        recipe_note = f" (cuBLAS block-scaled GEMM not used: {why})"
+    else:
+        recipe_note = ""
     entry = None if frag_untuned(scheme) else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
@@ -37,7 +59,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
-        f"{c.num_warps} warps, {c.num_stages} stages ({source})"
+        f"{c.num_warps} warps, {c.num_stages} stages ({source}){recipe_note}"
     )
 
 

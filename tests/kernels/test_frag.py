@@ -54,7 +54,7 @@ def test_ptx_level_of_the_frag_decode(monkeypatch):
 
 def test_which_formats_take_the_fragment_layout():
     assert all(frag_format(Scheme.parse(t)) for t in FRAG_FORMATS)
-    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8", "w3a16"]:
+    for t in ["w4a16:int4:g64:fp16", "w4a16:uint4:g32:fp16:zp-float", "w4a8:int4:g64:fp32:e4m3-token", "w3a16"]:
         assert not frag_format(Scheme.parse(t)), t
 
 
@@ -123,19 +123,12 @@ def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
 FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16", "w4a16:e2m1:ch:fp32"]
 
 
-@pytest.fixture
-def frag_experimental(monkeypatch):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 takes the fragment layout (opt-in until its large M is measured)."""
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
-
-
-def test_fragment_layout_formats(monkeypatch):
+def test_fragment_layout_formats():
     assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
     assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
     assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations, e2m1
-    assert not frag_format(Scheme.parse("w4a8"))  # W4A8: only when asked
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
-    assert frag_format(Scheme.parse("w4a8"))
+    assert frag_format(Scheme.parse("w4a8"))  # int4, e4m3 per token: the FP8 MMA's order
+    assert not frag_format(Scheme.parse("w4a8:int4:g128:fp32:e4m3-g128"))  # x scales per group
 
 
 @pytest.mark.parametrize("text", FLOAT_FORMATS)
@@ -189,8 +182,8 @@ def test_e2m1_dequantizer_is_exact(interpret, text):
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token"])
 @pytest.mark.parametrize("m", [1, 13, 70])
-def test_w4a8_fragment_layout(interpret, frag_experimental, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: int4 weights in the FP8 MMA's order, e4m3 x per token; against a
+def test_w4a8_fragment_layout(interpret, text, m):
+    """int4 weights in the FP8 MMA's order, e4m3 x per token; against a
     reference from the kernel's own quantized x (the interpreter's fp32 -> fp8 drops rounding carries)."""
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation

@@ -75,15 +75,14 @@ def test_frag_formats_in_bf16_bitwise_stable(text, m):
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
 @pytest.mark.parametrize("m", [1, 16, 64, 300])
-def test_w4a8_fragment_layout_in_bf16(monkeypatch, text, m):
-    """ANYBIT_FRAG_EXPERIMENTAL=1 on the GPU: W4A8 through the FP8 fragment kernel at every M (it has no
-    dequantize path), against the exact product of the quantizer's own x, bit-stable."""
+def test_w4a8_fragment_layout_in_bf16(text, m):
+    """W4A8 on the GPU: the FP8 fragment kernel at M <= 64, cuBLAS's block-scaled GEMM above (g128), against
+    the exact product of the quantizer's own x, bit-stable."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation
 
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     x, qw, _ = _case(text, m, 3000, 4096, seed=m)
     p = prepare(qw, backend="triton")
     assert p.data.frag

@@ -139,12 +139,11 @@ def test_grouped_gemm_fragment_layout_experts(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-def test_grouped_gemm_w4a8_fragment_layout(interpret, monkeypatch):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 experts in the FP8 fragment order, per-token x scales."""
+def test_grouped_gemm_w4a8_fragment_layout(interpret):
+    """W4A8 experts in the FP8 fragment order, per-token x scales."""
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation
 
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     g = torch.Generator().manual_seed(13)
     e, k, t, n, kk = 5, 2, 9, 64, 256
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "w4a8")

@@ -86,10 +86,9 @@ def test_contiguous_layout_in_a_cuda_graph():
 
 
 @pytest.mark.parametrize("e, k, t", [(64, 8, 1), (19, 2, 300)])
-def test_w4a8_grouped_moe_on_the_fragment_layout(monkeypatch, e, k, t):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 experts in the FP8 fragment order, the zero-point term from the
+def test_w4a8_grouped_moe_on_the_fragment_layout(e, k, t):
+    """W4A8 experts in the FP8 fragment order, the zero-point term from the
     quantizer's block sums; against the exact per-expert loop, and bit-stable."""
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
     g = torch.Generator(device="cuda").manual_seed(e + k + t)
     gate_up = torch.randn(e, 512, 512, generator=g, device="cuda") * 0.05
     down = torch.randn(e, 512, 256, generator=g, device="cuda") * 0.05

@@ -113,9 +113,8 @@ def _fp8_grouped(scheme, monkeypatch):
 
 
 def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypatch):
-    """ANYBIT_FRAG_EXPERIMENTAL=1: W4A8 experts in the FP8 fragment order; the kernel takes the inputs'
-    per-block sums (`grouped_inputs`) instead of summing each x tile."""
-    monkeypatch.setenv("ANYBIT_FRAG_EXPERIMENTAL", "1")
+    """W4A8 experts in the FP8 fragment order; the kernel takes the inputs' per-block sums
+    (`grouped_inputs`) instead of summing each x tile."""
     fast = _fp8_grouped("w4a8", monkeypatch)
     assert fast._stacked[0].frag and fast._stacked[1].frag
 

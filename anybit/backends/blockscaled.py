@@ -1,0 +1,92 @@
+"""Large-M FP8-activation GEMMs through cuBLAS's block-scaled FP8 GEMM (`torch.nn.functional.scaled_mm`
+with 1x128 / 128x128 scales; Hopper, CUDA >= 12.9): the scale of every 128-K block is applied inside
+cuBLAS's main loop, where a Triton kernel has to promote each block's partial sums in fp32 itself.
+
+H200, same run (`tools/probe_blockwise.py`, BENCHMARKS.md): 1x128 weight scales 900–1050 TFLOP/s at
+M >= 1024, 128x128 blocks 1180–1320 (row-wise `_scaled_mm`: 1200–1400); the Triton kernels on the same
+problems: W4A8 g128 210–230, FP8-block 520–630.
+
+Which weights (`blockscaled_recipe`): e4m3 activations per token or per 128-K group, and
+* e4m3 weights with 128x128 block scales (DeepSeek-V3 FP8) — read as they are;
+* 4-bit integer weights (W4A8) with scales per 128 along K in the FP8 fragment layout — their integers
+  (q - z, exact in e4m3) are written out once per call by `dequantize_frag` (N*K bytes), then 1x128.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ActMode, ScaleKind, Scheme
+
+BLOCK = 128
+
+
+def blockscaled_recipe(scheme: Scheme, n: int, k: int, nk: bool, frag: bool) -> str | None:
+    """ "1x128" / "128x128" (the weight's scale blocks) when cuBLAS's block-scaled GEMM can run this
+    prepared weight exactly, else None (the Triton kernels keep it)."""
+    act, g = scheme.act, scheme.granularity
+    if not act.quantized or act.dtype.name != "e4m3" or k % BLOCK:
+        return None
+    if act.mode is not ActMode.TOKEN and not (act.mode is ActMode.GROUP and act.group == BLOCK):
+        return None
+    if scheme.scale_dtype.name not in ("fp32", "bf16", "fp16") or scheme.global_scale:
+        return None
+    if nk and g.kind is ScaleKind.BLOCK and (g.n, g.k) == (BLOCK, BLOCK) and n % BLOCK == 0:
+        return "128x128"
+    whole_group = g.kind is ScaleKind.GROUP and g.k == BLOCK
+    if frag and isinstance(scheme.weight, IntType) and whole_group and n % 16 == 0:
+        return "1x128"
+    return None
+
+
+@functools.cache
+def blockscaled_support(device_index: int, out_dtype: torch.dtype) -> str | None:
+    """None when this torch and GPU run the block-scaled GEMM (one tiny call of each recipe), else why
+    not. Hopper only: cuBLAS has these scale modes for sm_90."""
+    cap = torch.cuda.get_device_capability(device_index)
+    if cap != (9, 0):
+        return f"cuBLAS block-scaled FP8 is sm_90 only, this GPU is sm_{cap[0]}{cap[1]}"
+    try:
+        from torch.nn.functional import ScalingType, scaled_mm  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+    dev = torch.device("cuda", device_index)
+    a = torch.ones((BLOCK, BLOCK), device=dev).to(torch.float8_e4m3fn)
+    sa = torch.ones((1, BLOCK), device=dev).t()
+    try:
+        for recipe in ("1x128", "128x128"):
+            sb = torch.ones((1, BLOCK), device=dev).t() if recipe == "1x128" else torch.ones((1, 4), device=dev).t()
+            _scaled_mm(a, sa, a, sb, recipe, out_dtype)
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        return f"torch.nn.functional.scaled_mm block-wise: {str(e).splitlines()[0][:200]}"
+    return None
+
+
+def _scaled_mm(xq, sx, wq, sw, recipe: str, out_dtype):
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    rb = ScalingType.BlockWise1x128 if recipe == "1x128" else ScalingType.BlockWise128x128
+    return scaled_mm(xq, wq.t(), sx, ScalingType.BlockWise1x128, sw, rb, output_dtype=out_dtype)
+
+
+def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] bf16/fp16 -> y [M, N] in x's dtype: x quantized per the scheme (`quantize_act`), then
+    cuBLAS with per-(row, 128-K) x scales and the weight's 1x128 or 128x128 scales."""
+    from anybit.kernels.frag import dequantize_frag
+    from anybit.kernels.quant_act import quantize_act
+
+    m, groups = x.shape[0], tw.k // BLOCK
+    xq, xs = quantize_act(x, tw.scheme.act)
+    # cuBLAS reads 1x128 scales M-major ([M, K/128] with stride (1, M))
+    sx = xs.t().expand(groups, m).contiguous().t() if xs.shape[1] == 1 else xs.t().contiguous().t()
+    scales = tw.scales.float()  # [K/128, N] (or [K/128, N/128]) fp32, the Triton layout
+    if tw.blockscaled == "1x128":
+        wq, sw = dequantize_frag(tw, dtype=torch.float8_e4m3fn), scales.t()  # [N, K/128], stride (1, N)
+    else:  # [N/128, K/128] padded along K to a multiple of 4 blocks, then K/128-major
+        wq, pad = tw.planes[0], -groups % 4
+        sw = torch.nn.functional.pad(scales.t(), (0, pad)).t() if pad else scales.t().contiguous().t()
+    y = _scaled_mm(xq, sx, wq, sw, tw.blockscaled, x.dtype)
+    return y + bias if bias is not None else y

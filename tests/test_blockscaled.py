@@ -1,0 +1,84 @@
+"""The large-M FP8 route through cuBLAS's block-scaled GEMM (`anybit.backends.blockscaled`) on the CPU:
+which weights take it, the W4A8 codes it is fed (Triton dequantizer under the interpreter), and the
+scales' shapes and strides, against an emulation of the cuBLAS call's arithmetic."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends import blockscaled
+from anybit.backends.blockscaled import blockscaled_recipe
+from anybit.backends.triton_layout import stored_codes, to_triton_layout
+from anybit.formats.scheme import Scheme
+from anybit.kernels.frag import dequantize_frag
+from anybit.kernels.quant_act import quantize_act
+from anybit.quant.activations import dequantize_activation
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+
+@pytest.mark.parametrize(
+    "text,n,want",
+    [
+        ("w4a8", 256, "1x128"),
+        ("w4a8:uint4:g128:fp32:zp-int:e4m3-token", 256, "1x128"),
+        ("w4a8:int4:g128:bf16:e4m3-token", 256, "1x128"),
+        ("fp8-block", 256, "128x128"),
+        ("fp8-block", 200, None),  # N not whole 128-row blocks
+        ("w4a8", 200, None),  # N not a multiple of 16
+        ("w4a8:int4:g64:fp32:e4m3-token", 256, None),  # groups of 64
+        ("w4a8:int4:ch:fp32:e4m3-token", 256, None),  # channel scales: the Triton kernel's epilogue
+        ("w8a8-fp8", 256, None),
+        ("w4a8-mxfp4", 256, None),  # ue8m0 scales per 32
+        ("w4a16", 256, None),
+    ],
+)
+def test_which_weights_take_the_block_scaled_gemm(text, n, want):
+    tw = to_triton_layout(quantize(torch.randn(n, 384) * 0.05, text))
+    assert tw.blockscaled == want
+    assert blockscaled_recipe(Scheme.parse("w4a8:int4:g128:fp32:e4m3-static"), 256, 384, False, True) is None
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
+def test_w4a8_codes_dequantize_exactly_to_e4m3(interpret, text):
+    """`dequantize_frag` of an FP8-MMA-packed weight: q - bias - z unscaled, in e4m3 (exact for 4 bits)."""
+    qw = quantize(torch.randn(80, 384, generator=torch.Generator().manual_seed(1)) * 0.05, text)
+    tw = to_triton_layout(qw)
+    q = stored_codes(qw).float() - (8 if qw.scheme.weight.signed else 0)
+    if qw.zeros is not None:
+        q = q - qw.zeros.float().repeat_interleave(128, dim=1)[:, :384]
+    codes = dequantize_frag(tw, dtype=torch.float8_e4m3fn)
+    assert codes.dtype == torch.float8_e4m3fn and torch.equal(codes.float(), q)
+    with pytest.raises(ValueError, match="float8_e4m3fn, not torch.float16"):
+        dequantize_frag(tw, dtype=torch.float16)
+
+
+def _emulated_scaled_mm(xq, sx, wq, sw, recipe, out_dtype):
+    """cuBLAS's block-scaled arithmetic on the CPU, reading the scales in the layouts it requires."""
+    m, k = xq.shape
+    n, g = wq.shape[0], k // 128
+    assert sx.shape == (m, g) and sx.stride(0) == 1, "x scales must be [M, K/128], M-major"
+    if recipe == "1x128":
+        assert sw.shape == (n, g) and sw.stride(0) == 1, "1x128 weight scales must be [N, K/128], N-major"
+        swn = sw
+    else:
+        assert sw.shape[0] % 4 == 0 and sw.shape[1] == n // 128 and sw.stride(0) == 1
+        swn = sw[:g].t().repeat_interleave(128, dim=0)  # [N, K/128]
+    xb, wb = xq.double().view(m, g, 128), wq.double().view(n, g, 128)
+    y = torch.einsum("mgk,ngk,mg,ng->mn", xb, wb, sx.double(), swn.double())
+    return y.to(out_dtype)
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token", "fp8-block"])
+def test_block_scaled_call_against_its_emulation(interpret, monkeypatch, text):
+    """The route's own work — x quantized per the scheme, the weight's codes and scales in cuBLAS's
+    layouts — with the cuBLAS call emulated: equals the product of the quantized x and dequantize()."""
+    g = torch.Generator().manual_seed(3)
+    qw = quantize(torch.randn(256, 640, generator=g) * 0.05, text)
+    tw = to_triton_layout(qw)
+    monkeypatch.setattr(blockscaled, "_scaled_mm", _emulated_scaled_mm)
+    x = torch.randn(70, 640, generator=g).half()
+    bias = torch.randn(256, generator=g).half()
+    y = blockscaled.blockscaled_gemm(x, tw, bias)
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T + bias.double()
+    assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
