@@ -79,14 +79,16 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
     from anybit.kernels.quant_act import quantize_act
 
     m, groups = x.shape[0], tw.k // BLOCK
-    xq, xs = quantize_act(x, tw.scheme.act)
+    pad = -m % 16  # cuBLAS has no block-scaled algorithm for other M (H200: M=65 not supported, 300 is)
+    xq, xs = quantize_act(torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x, tw.scheme.act)
+    m += pad
     # cuBLAS reads 1x128 scales M-major ([M, K/128] with stride (1, M))
     sx = xs.t().expand(groups, m).contiguous().t() if xs.shape[1] == 1 else xs.t().contiguous().t()
     scales = tw.scales.float()  # [K/128, N] (or [K/128, N/128]) fp32, the Triton layout
     if tw.blockscaled == "1x128":
         wq, sw = dequantize_frag(tw, dtype=torch.float8_e4m3fn), scales.t()  # [N, K/128], stride (1, N)
     else:  # [N/128, K/128] padded along K to a multiple of 4 blocks, then K/128-major
-        wq, pad = tw.planes[0], -groups % 4
-        sw = torch.nn.functional.pad(scales.t(), (0, pad)).t() if pad else scales.t().contiguous().t()
-    y = _scaled_mm(xq, sx, wq, sw, tw.blockscaled, x.dtype)
+        wq, pad_k = tw.planes[0], -groups % 4
+        sw = torch.nn.functional.pad(scales.t(), (0, pad_k)).t() if pad_k else scales.t().contiguous().t()
+    y = _scaled_mm(xq, sx, wq, sw, tw.blockscaled, x.dtype)[: m - pad]
     return y + bias if bias is not None else y

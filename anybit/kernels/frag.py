@@ -72,13 +72,16 @@ def block_meta(ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K: tl.constex
 
 
 @triton.jit
-def block_sums(ptr, kt, src, mask_m, stride, NW: tl.constexpr):
+def block_sums(ptr, kt, n_blocks, src, mask_m, stride, NW: tl.constexpr):
     """The quantizer's per-token sums of K block kt (`quantize_act(block_sums=True)`: fp32 [blocks,
-    tokens]) for the tile's tokens src [BM]. Like `block_meta`, the load reads following blocks too, until
-    every thread's share is 4 bytes (so the pipeliner fetches it stages ahead), and keeps the first."""
+    tokens]) for the tile's tokens src [BM]. Like `block_meta`, the load reads following blocks too (those
+    that exist, < n_blocks), until every thread's share is 4 bytes (so the pipeliner fetches it stages
+    ahead), and keeps the first."""
     BM: tl.constexpr = src.shape[0]
     LG: tl.constexpr = max(1, min(8, 128 * NW // (BM * 4)))
-    t = tl.load(ptr + (kt + tl.arange(0, LG))[None, :] * stride + src[:, None], mask=mask_m[:, None], other=0.0)
+    blk = kt + tl.arange(0, LG)
+    t = tl.load(ptr + blk[None, :] * stride + src[:, None], mask=mask_m[:, None] & (blk < n_blocks)[None, :],
+                other=0.0)
     if LG >= 2:
         t, _ = tl.split(tl.permute(tl.reshape(t, (BM, 2, LG // 2)), (0, 2, 1)))
     if LG >= 4:
@@ -293,7 +296,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
             if xsum_ptr is not None:
-                xsum = block_sums(xsum_ptr, kt, src, mask_m, stride_xsum, NW)
+                xsum = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
             else:
                 xsum = None
             acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,

@@ -1,8 +1,9 @@
 """Dynamic FP8 activation quantization on the GPU, matching `anybit.quant.activations` bit for bit:
 scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to nearest even.
 
-One program per row. Per token: a first pass finds the row's amax, a second scales and casts. Per
-group: each group's amax, scale and cast in one pass. Static: the calibrated scale is read from
+One program per row. Per token: rows up to 16384 long are loaded once (amax, scale, cast from
+registers), longer ones twice. Per group: up to 4096 columns at a time, each group's amax, scale and
+cast in one pass. Static: the calibrated scale is read from
 memory and written out per row, so the GEMM treats it as a per-token scale. No host synchronisation (CUDA-graph safe);
 the activations' finiteness is the caller's contract here (the reference path checks it).
 """
@@ -21,9 +22,12 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False,
 ):  # fmt: skip
     """GROUP == 0: one scale per row (s_ptr [M, 1]); GROUP == -1: the static scale at s_ptr[M] (read,
-    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK == GROUP.
+    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK a multiple
+    of GROUP (BLOCK // GROUP groups per step). ONE_PASS (K <= BLOCK): the row is read once and kept in
+    registers, else per token it is read twice (amax, then cast).
     SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
     fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`)."""
     row = tl.program_id(0)
@@ -33,15 +37,18 @@ def _quant_act_kernel(
     if GROUP <= 0:
         if GROUP == 0:
             amax = tl.zeros((BLOCK,), dtype=tl.float32)
+            x = tl.zeros((BLOCK,), dtype=tl.float32)
             for k0 in range(0, K, BLOCK):
                 x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(x))
             scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
         else:
+            x = tl.zeros((BLOCK,), dtype=tl.float32)
             scale = tl.load(s_ptr + tl.num_programs(0) * stride_sm)
         tl.store(s_ptr + row * stride_sm, scale)
         for k0 in range(0, K, BLOCK):
-            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            if not ONE_PASS or GROUP != 0:
+                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX).to(q_ptr.dtype.element_ty)
             tl.store(q_row + k0 + offs, y, mask=k0 + offs < K)
             if SUMS:
@@ -49,12 +56,14 @@ def _quant_act_kernel(
                 sums = tl.sum(tl.reshape(y.to(tl.float32), (BLOCK // 128, 128)), axis=1)
                 tl.store(sum_ptr + blk * stride_sum + row, sums, mask=blk * 128 < K)
     else:
-        for g in range(0, K // GROUP):
-            x = tl.load(x_row + g * GROUP + offs).to(tl.float32)
-            scale = tl.maximum(tl.max(tl.abs(x), axis=0) / QMAX, MIN_SCALE)
-            tl.store(s_ptr + row * stride_sm + g, scale)
-            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
-            tl.store(q_row + g * GROUP + offs, y.to(q_ptr.dtype.element_ty))
+        GB: tl.constexpr = BLOCK // GROUP
+        for k0 in range(0, K, BLOCK):
+            x = tl.reshape(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32), (GB, GROUP))
+            scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, MIN_SCALE)
+            g = k0 // GROUP + tl.arange(0, GB)
+            tl.store(s_ptr + row * stride_sm + g, scale, mask=g < K // GROUP)
+            y = tl.reshape(tl.clamp(tl.math.div_rn(x, scale[:, None]), -QMAX, QMAX), (BLOCK,))
+            tl.store(q_row + k0 + offs, y.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
 
 
 def quantize_act(
@@ -69,9 +78,9 @@ def quantize_act(
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
-        group, block, cols = spec.group, spec.group, k // spec.group
-    else:
-        block = max(min(triton.next_power_of_2(k), 4096), 128 if block_sums else 1)
+        group, block, cols = spec.group, max(min(triton.next_power_of_2(k), 4096), spec.group), k // spec.group
+    else:  # a row of up to 16384 is held in registers (one read); longer rows are read twice
+        block = max(min(triton.next_power_of_2(k), 16384), 128 if block_sums else 1)
         group, cols = (0 if spec.mode is ActMode.TOKEN else -1), 1
     # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
     scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
@@ -82,5 +91,6 @@ def quantize_act(
         _quant_act_kernel[(m,)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), scales.stride(0), sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
+            ONE_PASS=k <= block, num_warps=8 if block >= 4096 else 4,
         )  # fmt: skip
     return (xq, scales[:m], sums) if block_sums else (xq, scales[:m])
