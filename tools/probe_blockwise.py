@@ -8,11 +8,13 @@ anybit's own W4A8 / FP8-block paths? One GPU call; prints a table, writes DIR/pr
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -52,12 +54,76 @@ def _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk):
     )
 
 
+def _quant(x, xq, s, act, group, block, one, warps):
+    from anybit.kernels.quant_act import _quant_act_kernel
+    from anybit.quant.activations import act_qmax, min_act_scale
+
+    _quant_act_kernel[(x.shape[0],)](x, xq, s, s, x.shape[1], x.stride(0), xq.stride(0), s.stride(0), 0,
+                                     QMAX=act_qmax(act), MIN_SCALE=min_act_scale(act), GROUP=group, BLOCK=block,
+                                     ONE_PASS=one, num_warps=warps)  # fmt: skip
+
+
+def parts(out_rows: list) -> None:
+    """Where the W4A8 / FP8-block route's time goes at large M: the activation quantizer (per token:
+    row read once vs twice, block and warps; per 128-group) and the W4A8 codes pass, each alone."""
+    from anybit.backends.triton_layout import to_triton_layout
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag import dequantize_frag
+
+    dev = "cuda"
+    for m, k in ((4096, 4096), (4096, 8192), (4096, 14336)):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        xq = torch.empty((m, k), device=dev, dtype=torch.float8_e4m3fn)
+        for text in ("w4a8", "fp8-block"):
+            act = Scheme.parse(text).act
+            group = act.group if act.group else 0
+            cols = k // group if group else 1
+            s = torch.empty((m, cols), device=dev)
+            variants = (
+                [(128, 4, 1), (1024, 4, 1), (4096, 4, 1), (4096, 8, 1)]
+                if group
+                else [
+                    (2048, 4, 0),
+                    (4096, 4, 0),
+                    (4096, 4, 1),
+                    (4096, 8, 1),
+                    (8192, 8, 1),
+                    (16384, 8, 1),
+                    (16384, 16, 1),
+                ]
+            )
+            for block, warps, allow_one in variants:
+                block = min(block, triton.next_power_of_2(k)) if not group else block
+                one = bool(allow_one) and k <= block
+                run = functools.partial(_quant, x, xq, s, act, group, max(block, group), one, warps)
+                us = median(time_eager([run], 10, 7, 5, True))
+                gbs = (x.numel() * 3) / us / 1e3
+                print(f"quant {text:9s} M={m} K={k:5d} block {block:5d} warps {warps} one-pass {one!s:5s} "
+                      f"{us:7.1f} µs {gbs:6.0f} GB/s", flush=True)  # fmt: skip
+                out_rows.append(dict(part="quant", scheme=text, m=m, k=k, block=block, warps=warps, us=us))
+    for n, k in ((8192, 8192), (28672, 4096), (4096, 14336)):
+        tw = to_triton_layout(anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "w4a8"))
+        for bn in (64, 128):
+            run = functools.partial(dequantize_frag, tw, dtype=torch.float8_e4m3fn, block_n=bn)
+            us = median(time_eager([run], 10, 7, 5, True))
+            print(f"codes w4a8 {n}x{k} block_n {bn} {us:7.1f} µs {n * k * 1.5 / us / 1e3:6.0f} GB/s", flush=True)
+            out_rows.append(dict(part="codes", n=n, k=k, block_n=bn, us=us))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336")
     ap.add_argument("--m", default="256,1024,4096,8192")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--parts", action="store_true", help="only time the route's parts (quantizer, codes)")
     args = ap.parse_args()
+    if args.parts:
+        rows = []
+        parts(rows)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "probe_blockwise_parts.json"), "w") as f:
+            json.dump(dict(torch=torch.__version__, rows=rows), f, indent=1)
+        return 0
     dev, fp8 = "cuda", torch.float8_e4m3fn
     rows, errors = [], {}
     for shape in args.shapes.split(","):
