@@ -34,8 +34,18 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 )
 def test_which_weights_take_the_block_scaled_gemm(text, n, want):
     tw = to_triton_layout(quantize(torch.randn(n, 384) * 0.05, text))
-    assert tw.blockscaled == want
+    assert tw.blockscaled == want and (tw.blockscaled_scales is None) == (want is None)
+    if want == "1x128" and tw.scales.dtype == torch.float32:  # cuBLAS reads the fp32 scales in place
+        assert tw.blockscaled_scales.data_ptr() == tw.scales.data_ptr()
     assert blockscaled_recipe(Scheme.parse("w4a8:int4:g128:fp32:e4m3-static"), 256, 384, False, True) is None
+
+
+def test_explain_names_the_block_scaled_route_or_why_not():
+    from anybit.tools.explain import triton_plan
+
+    plan = triton_plan(Scheme.parse("w4a8"), 300, 4096, 4096, torch.device("cpu"), torch.bfloat16)
+    assert "cuBLAS block-scaled GEMM not used: cuBLAS needs a CUDA device" in plan
+    assert "not used" not in triton_plan(Scheme.parse("w4a8"), 64, 4096, 4096, torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])

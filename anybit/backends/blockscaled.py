@@ -42,6 +42,16 @@ def blockscaled_recipe(scheme: Scheme, n: int, k: int, nk: bool, frag: bool) -> 
     return None
 
 
+def cublas_weight_scales(scales: torch.Tensor, recipe: str) -> torch.Tensor:
+    """The weight's scales (Triton layout: [K/128, N] or [K/128, N/128]) as cuBLAS reads them, fp32:
+    1x128 [N, K/128] N-major (a view when already fp32); 128x128 [K/128 padded to 4, N/128] K-major."""
+    s = scales.float()
+    if recipe == "1x128":
+        return s.t()
+    pad = -s.shape[0] % 4
+    return torch.nn.functional.pad(s.t(), (0, pad)).t() if pad else s.t().contiguous().t()
+
+
 @functools.cache
 def blockscaled_support(device_index: int, out_dtype: torch.dtype) -> str | None:
     """None when this torch and GPU run the block-scaled GEMM (one tiny call of each recipe), else why
@@ -84,11 +94,6 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
     m += pad
     # cuBLAS reads 1x128 scales M-major ([M, K/128] with stride (1, M))
     sx = xs.t().expand(groups, m).contiguous().t() if xs.shape[1] == 1 else xs.t().contiguous().t()
-    scales = tw.scales.float()  # [K/128, N] (or [K/128, N/128]) fp32, the Triton layout
-    if tw.blockscaled == "1x128":
-        wq, sw = dequantize_frag(tw, dtype=torch.float8_e4m3fn), scales.t()  # [N, K/128], stride (1, N)
-    else:  # [N/128, K/128] padded along K to a multiple of 4 blocks, then K/128-major
-        wq, pad_k = tw.planes[0], -groups % 4
-        sw = torch.nn.functional.pad(scales.t(), (0, pad_k)).t() if pad_k else scales.t().contiguous().t()
-    y = _scaled_mm(xq, sx, wq, sw, tw.blockscaled, x.dtype)[: m - pad]
+    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn) if tw.blockscaled == "1x128" else tw.planes[0]
+    y = _scaled_mm(xq, sx, wq, tw.blockscaled_scales, tw.blockscaled, x.dtype)[: m - pad]
     return y + bias if bias is not None else y

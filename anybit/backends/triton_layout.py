@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anybit.backends.blockscaled import blockscaled_recipe
+from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_layout import pack_frag
@@ -42,6 +42,7 @@ class TritonWeight:
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
+    blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
 
     @property
@@ -51,6 +52,9 @@ class TritonWeight:
     @property
     def nbytes(self) -> int:
         ts = [*self.planes, self.scales] + [t for t in (self.zeros, self.global_scale) if t is not None]
+        bs = self.blockscaled_scales
+        if bs is not None and bs.untyped_storage().data_ptr() != self.scales.untyped_storage().data_ptr():
+            ts.append(bs)  # an fp32 copy (bf16/fp16 scales, or padded 128x128 blocks)
         return sum(t.numel() * t.element_size() for t in ts)
 
 
@@ -133,13 +137,15 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
+    scales = qw.scales.t().contiguous()
+    recipe = blockscaled_recipe(scheme, qw.n, qw.k, nk, frag)
     return TritonWeight(
         scheme=scheme,
         n=qw.n,
         k=qw.k,
         planes=_planes(qw, nk, frag),
         plane_bits=PLANES[scheme.weight_bits],
-        scales=qw.scales.t().contiguous(),
+        scales=scales,
         zeros=zeros,
         global_scale=gs,
         group_k=bk,
@@ -149,7 +155,8 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         frag=frag,
         input_scale=qw.input_scale,
         fold=_foldable(qw) if frag else frozenset(),
-        blockscaled=blockscaled_recipe(scheme, qw.n, qw.k, nk, frag),
+        blockscaled=recipe,
+        blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
     )
 
 
