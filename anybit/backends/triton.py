@@ -12,7 +12,7 @@ from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_support
 from anybit.backends.torch_ref import TorchBackend
-from anybit.backends.triton_layout import TritonWeight, frag_format, frag_untuned, to_triton_layout
+from anybit.backends.triton_layout import TritonWeight, frag_format, to_triton_layout
 from anybit.errors import KernelFailure
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
@@ -287,8 +287,6 @@ class TritonBackend:
         default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
-        if tw.frag and frag_untuned(tw.scheme):
-            return default
         entry = cache.get(key)
         if entry is not None:
             try:

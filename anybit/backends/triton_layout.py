@@ -119,12 +119,6 @@ def frag_format(scheme: Scheme) -> bool:
     return isinstance(w, IntType) and whole_blocks
 
 
-def frag_untuned(scheme: Scheme) -> bool:
-    """A frag format whose tuning-table tiles were measured on the bit-plane kernel (W4A8): the frag
-    path takes its default rule instead."""
-    return frag_format(scheme) and scheme.act.quantized
-
-
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
     """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
     MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit weights

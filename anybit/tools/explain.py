@@ -25,7 +25,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         pick_config,
         tuning_cache,
     )
-    from anybit.backends.triton_layout import fp8_as_is, frag_format, frag_untuned
+    from anybit.backends.triton_layout import fp8_as_is, frag_format
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
@@ -49,7 +49,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         recipe_note = f" (cuBLAS block-scaled GEMM not used: {why})"
     else:
         recipe_note = ""
-    entry = None if frag_untuned(scheme) else tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
+    entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
     else:
