@@ -7,7 +7,7 @@ import torch
 
 from anybit import prepare, quantize
 from anybit.backends import get_backend
-from anybit.backends.triton import blockscaled_route
+from anybit.backends.blockscaled import blockscaled_why_not
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.activations import dequantize_activation
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -25,7 +25,8 @@ def test_block_scaled_route_matches_the_exact_product(text, m, dtype):
     qw = quantize(torch.randn(3072, 4096, generator=g, device="cuda") * 0.05, text)
     x = torch.randn(m, 4096, generator=g, device="cuda").to(dtype)
     p = prepare(qw, backend="triton")
-    assert blockscaled_route(p.data, x) is None, blockscaled_route(p.data, x)
+    why = blockscaled_why_not(p.data.blockscaled, x.device, x.dtype)
+    assert why is None, why
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
     be = get_backend("triton")

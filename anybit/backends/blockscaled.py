@@ -25,8 +25,8 @@ BLOCK = 128
 
 
 def blockscaled_recipe(scheme: Scheme, n: int, k: int, nk: bool, frag: bool) -> str | None:
-    """ "1x128" / "128x128" (the weight's scale blocks) when cuBLAS's block-scaled GEMM can run this
-    prepared weight exactly, else None (the Triton kernels keep it)."""
+    """The weight's scale blocks, "1x128" or "128x128", when cuBLAS's block-scaled GEMM can run this
+    prepared weight exactly, else None (the Triton kernels keep it; static x scales among them)."""
     act, g = scheme.act, scheme.granularity
     if not act.quantized or act.dtype.name != "e4m3" or k % BLOCK:
         return None
@@ -50,6 +50,16 @@ def cublas_weight_scales(scales: torch.Tensor, recipe: str) -> torch.Tensor:
         return s.t()
     pad = -s.shape[0] % 4
     return torch.nn.functional.pad(s.t(), (0, pad)).t() if pad else s.t().contiguous().t()
+
+
+def blockscaled_why_not(recipe: str | None, device: torch.device, out_dtype: torch.dtype) -> str | None:
+    """None when a large-M call of a weight with this recipe goes to cuBLAS's block-scaled FP8 GEMM on
+    `device`, else why not."""
+    if recipe is None:
+        return "the weight has no 128-K scale blocks cuBLAS's block-scaled FP8 GEMM takes"
+    if device.type != "cuda":
+        return "cuBLAS needs a CUDA device"
+    return blockscaled_support(device.index if device.index is not None else torch.cuda.current_device(), out_dtype)
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import torch
 
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
-from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_support
+from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not
 from anybit.backends.torch_ref import TorchBackend
 from anybit.backends.triton_layout import TritonWeight, frag_format, to_triton_layout
 from anybit.errors import KernelFailure
@@ -153,18 +153,6 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def blockscaled_route(tw: TritonWeight, x: torch.Tensor) -> str | None:
-    """None when a large-M call of this weight goes to cuBLAS's block-scaled FP8 GEMM, else why not."""
-    if tw.blockscaled is None:
-        return "the weight has no 128-K scale blocks cuBLAS's block-scaled FP8 GEMM takes"
-    if not x.is_cuda:
-        return "cuBLAS needs a CUDA device"
-    if tw.scheme.act.mode is ActMode.STATIC:
-        return "static activation scales"
-    return blockscaled_support(x.device.index if x.device.index is not None else torch.cuda.current_device(),
-                               x.dtype)  # fmt: skip
-
-
 class _Workspace:
     """Split-K partials and tile counters, per device, grown on demand and reused by every call."""
 
@@ -240,7 +228,7 @@ class TritonBackend:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
-        if config is None and m > BLOCKSCALED_MIN_M and blockscaled_route(tw, x2) is None:
+        if config is None and m > BLOCKSCALED_MIN_M and blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None:
             return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)
         if config is None:
             config = tw.configs.get(m)

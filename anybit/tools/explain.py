@@ -8,7 +8,7 @@ import torch
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
-from anybit.formats.scheme import ActMode, Scheme
+from anybit.formats.scheme import Scheme
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -16,7 +16,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dtype: torch.dtype) -> str:
     """The Triton backend's path for this call: kernel, tile, split-K and where the tile comes from
     (the tuning cache or the default rule) — what `gemm` would do."""
-    from anybit.backends.blockscaled import blockscaled_recipe, blockscaled_support
+    from anybit.backends.blockscaled import blockscaled_recipe, blockscaled_why_not
     from anybit.backends.triton import (
         BLOCKSCALED_MIN_M,
         DEQUANT_MATMUL_MIN_M,
@@ -36,19 +36,14 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
+    recipe_note = ""
     if recipe and m > BLOCKSCALED_MIN_M:
-        why = "static activation scales" if scheme.act.mode is ActMode.STATIC else None
-        if why is None and cuda:
-            why = blockscaled_support(device.index if device.index is not None else 0, dtype)
-        elif why is None:
-            why = "cuBLAS needs a CUDA device"
+        why = blockscaled_why_not(recipe, device, dtype)
         if why is None:
             codes = "Triton writes the int weight's e4m3 codes (N*K bytes), " if frag else ""
             gemm = f"cuBLAS block-scaled FP8 GEMM ({recipe} weight scales)"
             return f"FP8 activations, M > {BLOCKSCALED_MIN_M}: {codes}{gemm}"
         recipe_note = f" (cuBLAS block-scaled GEMM not used: {why})"
-    else:
-        recipe_note = ""
     entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
