@@ -18,7 +18,7 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import dequantize_frag, frag_tile, gemm_frag
+from anybit.kernels.frag import dequantize_frag, frag_pdl, frag_tile, gemm_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -234,14 +234,15 @@ class TritonBackend:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
-        x_scales, x_sums, x_group, out_dtype = None, None, 0, None
+        x_scales, x_sums, x_group, out_dtype, pdl = None, None, 0, None, False
         if act.quantized:
             out_dtype = x2.dtype
             static = None
             if act.mode is ActMode.STATIC:
                 static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True)
+                pdl = frag_pdl()
+                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl)
             else:
                 x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0
@@ -253,7 +254,7 @@ class TritonBackend:
             c = config
             y = gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
                           num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
-                          x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype)  # fmt: skip
+                          x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl)  # fmt: skip
             return y.reshape(*lead, tw.n)
         y = gemm_dense(
             x2,

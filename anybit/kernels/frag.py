@@ -29,6 +29,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
 from anybit.kernels.dequant import cdiv, decode_scale, load_scale
@@ -313,7 +314,9 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
-                      PTX: tl.constexpr, FOLD: tl.constexpr):
+                      PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
+        gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -411,6 +414,13 @@ def frag_ptx() -> int:
     return s.frag_ptx
 
 
+def frag_pdl() -> bool:
+    """ANYBIT_PDL=1 on sm_90+ (not the interpreter): FP8-activation frag GEMMs launch as programmatic
+    dependents of the activation quantizer (`gemm_frag(pdl=True)`, `quantize_act(pdl=True)`)."""
+    s = settings.load()
+    return s.pdl and not s.triton_interpret and _target_sm() >= 90
+
+
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:
     """e2m1 codes decode to value * 2**-126 in bf16 (2**-14 in fp16) and need a packed multiply by
     2**126 (2**14) per pair; with group scales shorter than the block (NVFP4, MXFP4) that rebias rides
@@ -451,14 +461,15 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
               num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
-              out_dtype=None) -> torch.Tensor:  # fmt: skip
+              out_dtype=None, pdl: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
     [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
     per-block sums `x_sums` (`quantize_act(block_sums=True)`: fp32 [ceil(K/128), M]; without them the
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
-    int32 `counters` (>= output tiles), left ready for the next call."""
+    int32 `counters` (>= output tiles), left ready for the next call. pdl (`frag_pdl`): launched as a
+    programmatic dependent of the previous kernel (the quantizer), waiting for it before any read."""
     m, k = x.shape
     n = tw.n
     if block_n < 16 * num_warps:
@@ -484,8 +495,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         k, x.stride(0), x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype),
-        num_warps=num_warps,
+        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
+        num_warps=num_warps, launch_pdl=pdl,
     )
     # fmt: on
     return y

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from anybit.formats.scheme import ActMode, ActSpec
 from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
@@ -24,7 +25,7 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
-    ONE_PASS: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GROUP == 0: one scale per row (s_ptr [M, 1]); GROUP == -1: the static scale at s_ptr[M] (read,
     copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK a multiple
@@ -32,6 +33,8 @@ def _quant_act_kernel(
     registers, else per token it is read twice (amax, then cast).
     SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
     fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`)."""
+    if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xm
@@ -69,12 +72,14 @@ def _quant_act_kernel(
 
 
 def quantize_act(
-    x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False
-) -> tuple[torch.Tensor, ...]:
+    x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
     FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device).
     block_sums (per-token or static specs): also fp32 [ceil(K/128), M], the sum of each row's quantized
-    values over each 128-K block (the FP8 fragment kernel subtracts bias times it; `gemm_frag`)."""
+    values over each 128-K block (the FP8 fragment kernel subtracts bias times it; `gemm_frag`).
+    pdl: the next kernel is a programmatic dependent (`gemm_frag(pdl=True)`) and may launch at once."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
     if spec.mode is ActMode.GROUP:
@@ -93,6 +98,6 @@ def quantize_act(
         _quant_act_kernel[(m,)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), scales.stride(0), sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
-            ONE_PASS=k <= block, num_warps=8 if k > block else 4,
+            ONE_PASS=k <= block, PDL=pdl, num_warps=8 if k > block else 4,
         )  # fmt: skip
     return (xq, scales[:m], sums) if block_sums else (xq, scales[:m])

@@ -123,6 +123,22 @@ def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
 FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16", "w4a16:e2m1:ch:fp32"]
 
 
+def test_pdl_only_when_asked_on_sm90(monkeypatch):
+    """`frag_pdl()`: ANYBIT_PDL=1 on sm_90+, never under the interpreter (no griddepcontrol there)."""
+    from anybit.kernels import frag
+
+    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not frag.frag_pdl()
+    monkeypatch.setenv("ANYBIT_PDL", "1")
+    assert frag.frag_pdl()
+    monkeypatch.setattr(frag, "_target_sm", lambda: 89)
+    assert not frag.frag_pdl()
+    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not frag.frag_pdl()
+
+
 def test_fragment_layout_formats():
     assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
     assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
