@@ -204,3 +204,20 @@ def test_humming_tensors_of_an_expert_stack_are_the_stacked_experts(scheme):
             got = stack[name][e].reshape(t.shape)
             assert torch.equal(got.view(torch.uint8) if got.element_size() == 1 else got,
                                t.view(torch.uint8) if t.element_size() == 1 else t), name  # fmt: skip
+
+
+def test_pdl_only_when_asked_on_sm90(monkeypatch):
+    """`pdl_launch`: ANYBIT_PDL=1 on an sm_90+ GPU, never on the CPU or under the interpreter."""
+    from anybit.backends import triton as triton_backend
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(triton_backend, "_major", lambda device: 9)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not triton_backend.pdl_launch(gpu)
+    monkeypatch.setenv("ANYBIT_PDL", "1")
+    assert triton_backend.pdl_launch(gpu) and not triton_backend.pdl_launch(torch.device("cpu"))
+    monkeypatch.setattr(triton_backend, "_major", lambda device: 8)
+    assert not triton_backend.pdl_launch(gpu)
+    monkeypatch.setattr(triton_backend, "_major", lambda device: 9)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not triton_backend.pdl_launch(gpu)

@@ -10,7 +10,7 @@ from anybit.backends import blockscaled
 from anybit.backends.blockscaled import blockscaled_recipe
 from anybit.backends.triton_layout import stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag import dequantize_frag
+from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.activations import dequantize_activation
 from tests.tolerances import GEMM_REL_ERR, rel_err

@@ -68,7 +68,7 @@ def parts(out_rows: list) -> None:
     row read once vs twice, block and warps; per 128-group) and the W4A8 codes pass, each alone."""
     from anybit.backends.triton_layout import to_triton_layout
     from anybit.formats.scheme import Scheme
-    from anybit.kernels.frag import dequantize_frag
+    from anybit.kernels.frag_dequant import dequantize_frag
 
     dev = "cuda"
     for m, k in ((4096, 4096), (4096, 8192), (4096, 14336)):

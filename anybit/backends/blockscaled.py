@@ -95,7 +95,7 @@ def _scaled_mm(xq, sx, wq, sw, recipe: str, out_dtype):
 def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] bf16/fp16 -> y [M, N] in x's dtype: x quantized per the scheme (`quantize_act`), then
     cuBLAS with per-(row, 128-K) x scales and the weight's 1x128 or 128x128 scales."""
-    from anybit.kernels.frag import dequantize_frag
+    from anybit.kernels.frag_dequant import dequantize_frag
     from anybit.kernels.quant_act import quantize_act
 
     m, groups = x.shape[0], tw.k // BLOCK

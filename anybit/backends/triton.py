@@ -18,7 +18,8 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import dequantize_frag, frag_pdl, frag_tile, gemm_frag
+from anybit.kernels.frag import frag_tile, gemm_frag
+from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -153,6 +154,18 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def pdl_launch(device: torch.device) -> bool:
+    """ANYBIT_PDL=1 on an sm_90+ GPU (not the interpreter): the FP8-activation frag GEMM launches as a
+    programmatic dependent of the activation quantizer (`quantize_act(pdl=True)`, `gemm_frag(pdl=True)`)."""
+    s = settings.load()
+    return s.pdl and device.type == "cuda" and not s.triton_interpret and _major(device) >= 9
+
+
 class _Workspace:
     """Split-K partials and tile counters, per device, grown on demand and reused by every call."""
 
@@ -241,7 +254,7 @@ class TritonBackend:
             if act.mode is ActMode.STATIC:
                 static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                pdl = frag_pdl()
+                pdl = pdl_launch(x.device)
                 x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl)
             else:
                 x2, x_scales = quantize_act(x2, act, static)

@@ -341,60 +341,6 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
                     HAS_BIAS, SPLIT_K)
 
 
-@triton.jit(do_not_specialize=["MASK"])
-def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, stride_s, MASK,
-                         W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
-                         S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
-                         GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr,
-                         CODES: tl.constexpr = False):
-    """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS).
-    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM."""
-    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    kt = tl.program_id(1)
-    mask_n = offs_n < N
-    dtype: tl.constexpr = out_ptr.dtype.element_ty
-    KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
-    WSTEP: tl.constexpr = 16 * PANEL
-    p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
-                mask=mask_n[:, None], other=0)
-    G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
-    if CODES:
-        q = unpack_a8(p, BN, MASK).to(tl.float32) * 512.0 - (8.0 if W_SIGNED else 0.0)  # bytes read as q * 2**-9
-    elif W_FLOAT:
-        q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
-    elif W_BITS == 8:
-        q = unpack_bytes(p, BN, MASK, 8388608.0 + (1 << (W_BITS - 1) if W_SIGNED else 0), tl.float32)
-    else:
-        if dtype == tl.bfloat16:
-            off = 128.0
-        else:
-            off = 1024.0
-        if W_SIGNED:
-            off += 1 << (W_BITS - 1)
-        if W_BITS == 2:
-            ql0, ql1 = tl.split(tl.reshape(p, (BN, 4, 2, 2)))  # word 4t + q, q = 2a + b: split b, then a
-            p0, p2 = tl.split(ql0)
-            p1, p3 = tl.split(ql1)
-            even = tl.join(unpack_pairs2(p0, BN, MASK, dtype), unpack_pairs2(p2, BN, MASK, dtype))  # [BN, 64, a]
-            odd = tl.join(unpack_pairs2(p1, BN, MASK, dtype), unpack_pairs2(p3, BN, MASK, dtype))
-            q = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 3, 1)), (BN, 256)).to(tl.float32) - off
-        else:
-            q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
-    rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
-    if ZP != 0:
-        z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
-        q = tl.reshape(tl.reshape(q, (BN, G, KB // G)) - z.to(tl.float32)[:, :, None], (BN, KB))
-    if CODES:
-        w = q
-    else:
-        s = load_scale(s_ptr, rows[None, :], (offs_n // GROUP_N)[:, None], mask_n[:, None], stride_s, SCALE_KIND,
-                       S_EXP, S_MAN)
-        w = tl.reshape(tl.reshape(q, (BN, G, KB // G)) * s[:, :, None], (BN, KB))
-        if HAS_GS:
-            w = w * tl.load(gs_ptr)
-    offs_k = kt * KB + tl.arange(0, KB)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
-             mask=mask_n[:, None] & (offs_k < K)[None, :])
 # fmt: on
 
 
@@ -412,13 +358,6 @@ def frag_ptx() -> int:
     if s.triton_interpret or _target_sm() < 90:
         return 0
     return s.frag_ptx
-
-
-def frag_pdl() -> bool:
-    """ANYBIT_PDL=1 on sm_90+ (not the interpreter): FP8-activation frag GEMMs launch as programmatic
-    dependents of the activation quantizer (`gemm_frag(pdl=True)`, `quantize_act(pdl=True)`)."""
-    s = settings.load()
-    return s.pdl and not s.triton_interpret and _target_sm() >= 90
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:
@@ -468,7 +407,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     per-block sums `x_sums` (`quantize_act(block_sums=True)`: fp32 [ceil(K/128), M]; without them the
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
-    int32 `counters` (>= output tiles), left ready for the next call. pdl (`frag_pdl`): launched as a
+    int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
     programmatic dependent of the previous kernel (the quantizer), waiting for it before any read."""
     m, k = x.shape
     n = tw.n
@@ -500,24 +439,3 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     )
     # fmt: on
     return y
-
-
-def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
-    """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
-    rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
-    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM."""
-    codes = bool(tw.scheme.act.quantized)
-    if codes and dtype != torch.float8_e4m3fn:
-        raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
-    out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
-    dummy = tw.scales
-    # fmt: off
-    _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, frag_block_k(tw.fmt["W_BITS"])))](
-        tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
-        tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
-        tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
-        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, CODES=codes,
-        num_warps=4,
-    )
-    # fmt: on
-    return out

@@ -8,7 +8,8 @@ from anybit import prepare, quantize
 from anybit.backends import get_backend
 from anybit.backends.triton_layout import frag_format, stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag import dequantize_frag, gemm_frag
+from anybit.kernels.frag import gemm_frag
+from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag, to_panels, unpack_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -121,22 +122,6 @@ def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
 
 
 FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16", "w4a16:e2m1:ch:fp32"]
-
-
-def test_pdl_only_when_asked_on_sm90(monkeypatch):
-    """`frag_pdl()`: ANYBIT_PDL=1 on sm_90+, never under the interpreter (no griddepcontrol there)."""
-    from anybit.kernels import frag
-
-    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not frag.frag_pdl()
-    monkeypatch.setenv("ANYBIT_PDL", "1")
-    assert frag.frag_pdl()
-    monkeypatch.setattr(frag, "_target_sm", lambda: 89)
-    assert not frag.frag_pdl()
-    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not frag.frag_pdl()
 
 
 def test_fragment_layout_formats():
