@@ -21,6 +21,17 @@ LLAMA3_8B = {
 }
 
 
+@pytest.mark.parametrize("name", ["default", "dense_a16", "fp8"])
+def test_shipped_recipes_load(name):
+    import os
+
+    import anybit.bench
+
+    path = os.path.join(os.path.dirname(anybit.bench.__file__), "recipes", f"{name}.yaml")
+    r = load_recipe(path)
+    assert r.shapes and r.schemes and r.m
+
+
 def test_default_recipe_is_llama3_8b_layers():
     r = load_recipe()
     assert [(s.name, s.n, s.k) for s in r.shapes] == [
