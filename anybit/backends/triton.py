@@ -160,8 +160,9 @@ def _major(device: torch.device) -> int:
 
 
 def pdl_launch(device: torch.device) -> bool:
-    """ANYBIT_PDL=1 on an sm_90+ GPU (not the interpreter): the FP8-activation frag GEMM launches as a
-    programmatic dependent of the activation quantizer (`quantize_act(pdl=True)`, `gemm_frag(pdl=True)`)."""
+    """ANYBIT_PDL=1 on an sm_90+ GPU (not the interpreter): frag GEMMs launch as programmatic dependents of
+    the kernel before them (`gemm_frag(pdl=True)`: it waits for that kernel before any read), and the FP8
+    activation quantizer lets its GEMM launch at once (`quantize_act(pdl=True)`)."""
     s = settings.load()
     return s.pdl and device.type == "cuda" and not s.triton_interpret and _major(device) >= 9
 
@@ -247,14 +248,14 @@ class TritonBackend:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
-        x_scales, x_sums, x_group, out_dtype, pdl = None, None, 0, None, False
+        x_scales, x_sums, x_group, out_dtype = None, None, 0, None
+        pdl = tw.frag and pdl_launch(x.device)
         if act.quantized:
             out_dtype = x2.dtype
             static = None
             if act.mode is ActMode.STATIC:
                 static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                pdl = pdl_launch(x.device)
                 x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl)
             else:
                 x2, x_scales = quantize_act(x2, act, static)

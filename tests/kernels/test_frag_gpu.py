@@ -144,14 +144,15 @@ def test_quantizer_block_sums_on_the_gpu():
     assert torch.allclose(sums.double(), ref, rtol=1e-6, atol=1e-3)
 
 
+@pytest.mark.parametrize("text", ["w4a8", "w4a16"])
 @pytest.mark.parametrize("m", [1, 16, 64])
-def test_w4a8_with_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, m):
-    """ANYBIT_PDL=1: the frag GEMM launches as a dependent of the quantizer and waits for it; the same
-    bits as a plain launch, eager and replayed from a CUDA graph (the graph keeps the programmatic edge)."""
+def test_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, text, m):
+    """ANYBIT_PDL=1: the frag GEMM launches as a dependent of the kernel before it (W4A8: the quantizer)
+    and waits for it; the same bits as a plain launch, eager and replayed from a CUDA graph."""
     from anybit import prepare
     from anybit.backends import get_backend
 
-    x, qw, _ = _case("w4a8", m, 3000, 4096, seed=m)
+    x, qw, _ = _case(text, m, 3000, 4096, seed=m)
     be, p = get_backend("triton"), prepare(qw, backend="triton")
     plain = be.gemm(x, p)
     monkeypatch.setenv("ANYBIT_PDL", "1")
