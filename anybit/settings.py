@@ -24,10 +24,10 @@ class Settings:
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     pdl: bool
-    """ANYBIT_PDL=1 (sm_90+): frag GEMMs are launched with programmatic dependent launch and wait
-    (griddepcontrol.wait) before they read anything, so their launch overlaps the end of the kernel before
-    them; the FP8 activation quantizer lets its GEMM launch at once (griddepcontrol.launch_dependents).
-    Built and sm_90a-compiled, not yet measured on a GPU; default off."""
+    """ANYBIT_PDL=1 (sm_90+): frag GEMMs, dense and grouped (MoE), are launched with programmatic dependent
+    launch and wait (griddepcontrol.wait) before they read anything, so their launch overlaps the end of the
+    kernel before them; the FP8 activation quantizer lets its GEMM launch at once
+    (griddepcontrol.launch_dependents). Built and sm_90a-compiled, not yet measured on a GPU; default off."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs

@@ -119,7 +119,7 @@ def pending_operand_writes(body: list) -> int:
     return hits // 2
 
 
-def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None) -> str:
+def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, pdl: bool = False) -> str:
     qw = quantize(torch.randn(n, k) * 0.05, fmt)
     tw = to_triton_layout(qw)
     x = torch.randn(m, k, dtype=torch.bfloat16)
@@ -135,7 +135,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     if tw.frag:
         tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits)
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
-                  x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), **tile)  # fmt: skip
+                  x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
         cfg = GemmConfig(
             tile["block_m"], tile["block_n"], frag_block_k(qw.scheme.weight_bits), num_warps=tile["num_warps"]
         )
@@ -148,8 +148,9 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
 
 
 def check_moe(
-    fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, maxnreg: int | None = None
-) -> str:
+    fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, maxnreg: int | None = None,
+    pdl: bool = False,
+) -> str:  # fmt: skip
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm
@@ -168,7 +169,7 @@ def check_moe(
         extra = dict(x_scales=xs, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
-             maxnreg=maxnreg, **extra)  # fmt: skip
+             maxnreg=maxnreg, pdl=pdl and tw.frag, **extra)  # fmt: skip
     bits = tw.fmt["W_BITS"]
     block_k = frag_block_k(bits) if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
     block_n = moe_block_n(tw, tiles["block_n"], tiles["num_warps"])
@@ -196,6 +197,8 @@ def _report(label: str, kernel, block_k: int, block_n: int, warps: int, cuobjdum
     per_thread = block_k * block_n / (32 * warps)
     ipe = stats["loop"] / per_thread
     mix = " ".join(f"{key}:{v}" for key, v in stats.items() if key != "loop")
+    if "griddepcontrol.wait" in kernel.asm["ptx"]:
+        mix += " PDL-WAIT"
     return (
         f"{label} REG={regs.group(1) if regs else '?':>3s} STACK={regs.group(2) if regs else '?':<3s}"
         f" SMEM={kernel.metadata.shared:<6d} loop={stats['loop']:<4d} instr/weight={ipe:.2f}  {mix}"
@@ -210,6 +213,7 @@ def main() -> int:
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
+    ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
@@ -218,7 +222,11 @@ def main() -> int:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
-    run = functools.partial(check_moe, maxnreg=args.maxnreg) if args.moe else check
+    run = (
+        functools.partial(check_moe, maxnreg=args.maxnreg, pdl=args.pdl)
+        if args.moe
+        else functools.partial(check, pdl=args.pdl)
+    )
     for fmt in args.formats.split(","):
         for m in (int(v) for v in (args.moe or args.m).split(",")):
             try:

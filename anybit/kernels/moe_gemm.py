@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
 from anybit.kernels.frag import frag_constexprs, frag_fold, frag_group_k, frag_ptx, frag_range
@@ -142,9 +143,13 @@ def _moe_frag_kernel(
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
-    computed transposed, its expert's weight rows decoded straight into the MMA's registers."""
+    computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
+    as a programmatic dependent, it waits for the kernel before it ahead of any read."""
+    if PDL:
+        gdc_wait()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -265,6 +270,7 @@ def moe_gemm(
     num_warps: int = 4,
     num_stages: int = 3,
     maxnreg: int | None = None,
+    pdl: bool = False,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -279,7 +285,8 @@ def moe_gemm(
     loop). split_k > 1: K is cut into that many parts reduced in the same launch
     (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
     * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them). maxnreg: cap the
-    registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap)."""
+    registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap). pdl:
+    the fragment-layout kernel launches as a programmatic dependent of the kernel before it."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
@@ -316,7 +323,8 @@ def moe_gemm(
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), num_warps=num_warps, maxnreg=maxnreg,
+            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, num_warps=num_warps,
+            maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on
         return y

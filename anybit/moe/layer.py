@@ -107,11 +107,13 @@ class QuantMoE(nn.Module):
         """The grouped GEMM's tile, num_rows, and split-K with its workspace where the launch would leave
         the GPU idle (decode; `moe_decode_plan`)."""
         from anybit.backends.registry import get_backend
-        from anybit.backends.triton import _sm_count
+        from anybit.backends.triton import _sm_count, pdl_launch
         from anybit.kernels.dequant import cdiv
         from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan
 
         tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
+        if tw.frag and pdl_launch(x.device):
+            tiles["pdl"] = True
         split = self.split_k or 1
         if self.split_k is None and x.is_cuda:
             narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
@@ -169,9 +171,10 @@ def grouped_inputs(x: torch.Tensor, scheme, frag: bool) -> dict:
     scales (and, for frag-layout experts, its per-128-K-block sums), as `moe_gemm` keywords."""
     if not scheme.act.quantized:
         return dict(x=x)
+    from anybit.backends.triton import pdl_launch
     from anybit.kernels.quant_act import quantize_act
 
-    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag)
+    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=frag and pdl_launch(x.device))
     return dict(x=xq, x_scales=xs, x_sums=sums[0] if sums else None)
 
 
