@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -17,6 +16,8 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from probe_out import write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.bench.timing import median, time_eager  # noqa: E402
@@ -120,9 +121,7 @@ def main() -> int:
     if args.parts:
         rows = []
         parts(rows)
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "probe_blockwise_parts.json"), "w") as f:
-            json.dump(dict(torch=torch.__version__, rows=rows), f, indent=1)
+        write_probe(args.out, "probe_blockwise_parts", rows)
         return 0
     dev, fp8 = "cuda", torch.float8_e4m3fn
     rows, errors = [], {}
@@ -159,11 +158,7 @@ def main() -> int:
                 ("1x128", "128x128", "rowwise", "anybit_w4a8", "anybit_fp8block")
             ) + f"  err {row.get('rel_err_1x128', float('nan')):.1e}", flush=True)  # fmt: skip
             rows.append(row)
-    for name, e in errors.items():
-        print(f"{name}: {e}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_blockwise.json"), "w") as f:
-        json.dump(dict(torch=torch.__version__, cuda=torch.version.cuda, rows=rows, errors=errors), f, indent=1)
+    write_probe(args.out, "probe_blockwise", rows, errors)
     return 0
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from probe_out import write_probe  # noqa: E402
 
 from anybit.bench.timing import median, time_eager  # noqa: E402
 from anybit.moe import softmax_topk  # noqa: E402
@@ -94,11 +95,7 @@ def main() -> int:
                         if f"err_{nm}" in row else f"{nm} failed" for nm in ("fp8_rowwise", "bf16")]  # fmt: skip
                 print(f"{model:14s} {part:8s} M={m:5d} " + "  ".join(cols), flush=True)
                 rows.append(row)
-    for name, ex in errors.items():
-        print(f"{name}: {ex}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_grouped.json"), "w") as f:
-        json.dump(dict(torch=torch.__version__, cuda=torch.version.cuda, rows=rows, errors=errors), f, indent=1)
+    write_probe(args.out, "probe_grouped", rows, errors)
     return 0
 
 

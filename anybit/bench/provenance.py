@@ -31,7 +31,9 @@ def git_commit() -> str:
     return head or "unknown"
 
 
-def provenance(device: torch.device, recipe_sha256: str, seed: int) -> dict:
+def provenance(device: torch.device, recipe_sha256: str | None = None, seed: int | None = None) -> dict:
+    """Where and with what a measurement ran: date, versions, commit, GPU and its clocks (a recipe's hash
+    and seed when a recipe drove it)."""
     import triton
 
     env = {
@@ -42,9 +44,9 @@ def provenance(device: torch.device, recipe_sha256: str, seed: int) -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "host": platform.node(),
-        "recipe_sha256": recipe_sha256,
-        "seed": seed,
     }
+    if recipe_sha256 is not None:
+        env.update(recipe_sha256=recipe_sha256, seed=seed)
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(
