@@ -93,14 +93,17 @@ class QuantMoE(nn.Module):
         block_m, launch_gu, launch_dn = self._plans[key]
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
+        xin = grouped_inputs(x, self.gate_up.scheme, gu.frag, launch_gu.get("pdl", False))
         act = moe_gemm(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=k, silu_mul=fused,
-                       out_dtype=x.dtype, **grouped_inputs(x, self.gate_up.scheme, gu.frag), **launch_gu)  # fmt: skip
+                       out_dtype=x.dtype, **xin, **launch_gu)  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
+        # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
+        ain = grouped_inputs(act, self.down.scheme, dn.frag, launch_dn.get("pdl", False))
         moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=1, out=y,
-                 routed_weights=routed, **grouped_inputs(act, self.down.scheme, dn.frag), **launch_dn)  # fmt: skip
+                 routed_weights=routed, **ain, **launch_dn)  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
@@ -166,15 +169,15 @@ def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
         raise AnybitError(f"expert id {int(topk_ids.max())} out of range for {num_experts} experts")
 
 
-def grouped_inputs(x: torch.Tensor, scheme, frag: bool) -> dict:
+def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> dict:
     """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row with its
-    scales (and, for frag-layout experts, its per-128-K-block sums), as `moe_gemm` keywords."""
+    scales (and, for frag-layout experts, its per-128-K-block sums), as `moe_gemm` keywords. pdl: the
+    GEMM launches as a programmatic dependent of the quantizer (its launch plan's `pdl`)."""
     if not scheme.act.quantized:
         return dict(x=x)
-    from anybit.backends.triton import pdl_launch
     from anybit.kernels.quant_act import quantize_act
 
-    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=frag and pdl_launch(x.device))
+    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=pdl)
     return dict(x=xq, x_scales=xs, x_sums=sums[0] if sums else None)
 
 

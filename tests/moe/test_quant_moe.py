@@ -94,7 +94,7 @@ def _fp8_grouped(scheme, monkeypatch):
     import anybit.moe.layer as layer
     from anybit.quant.activations import quantize_activation
 
-    def reference_inputs(x, s, frag):
+    def reference_inputs(x, s, frag, pdl=False):  # the quantizer stand-in launches nothing to depend on
         if not s.act.quantized:
             return dict(x=x)
         # rows of dropped slots are never written (and never read): whatever memory held
