@@ -3,7 +3,7 @@ gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the who
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
                               [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8]
-                              [--tiles num_stages=6,block_n=64:split_k=2]
+                              [--tiles num_stages=6,block_n=64:split_k=2] [--tiles-large block_m=256]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -63,6 +63,7 @@ def _variants(splits: list, tiles_arg: str) -> list:
         kv = dict(item.split("=") for item in v.split(":"))
         split = int(kv.pop("split_k")) if "split_k" in kv else None
         out.append(("@" + v.replace("num_stages=", "s").replace("block_n=", "bn").replace("split_k=", "sk")
+                    .replace("block_m=", "bm").replace("num_warps=", "w")
                     .replace(":", ""), split, {key: int(val) for key, val in kv.items()}))  # fmt: skip
     return out
 
@@ -73,7 +74,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     gu, dn, fused = moe._stacked
     e, i, h = moe.num_experts, moe.intermediate, moe.hidden
     m, top_k = routes[0][1].shape
-    aligned = [moe_align(ids, e, tiles["block_m"]) for _, ids in routes]
+    aligned = {}  # block_m -> the routings aligned to it (a variant may change block_m)
     act = torch.empty(m * top_k, i, device=x.device, dtype=x.dtype).normal_()
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
@@ -82,16 +83,18 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     for tag, split, over in variants:
         moe.split_k = split
         t_tiles = tiles | over
+        bm = t_tiles["block_m"]
+        aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
         kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_tiles, False)
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
                                           silu_mul=fused, **xin, **kw))
-            for a in aligned
+            for a in aligned[bm]
         ]  # fmt: skip
         out["down" + tag] = [
             (lambda a=a, w=w, kw=kdn: moe_gemm(tw=dn, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=1, out=y,
                                                routed_weights=_rw(w), **ain, **kw))
-            for a, (w, _) in zip(aligned, routes, strict=True)
+            for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
     moe.split_k = None
 
@@ -203,7 +206,7 @@ def run(args) -> list[dict]:
                 tiles = moe_tiles(m * top_k, e, True)
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
-                parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else ""))
+                parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large))
                 if hum is not None:
                     try:
                         parts |= _humming_parts(hum, moe, x, routes)
@@ -258,6 +261,7 @@ def main() -> int:
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
     ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
                     "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip
+    ap.add_argument("--tiles-large", default="", help="tile overrides at M > 64, e.g. block_m=256:num_warps=8")
     ap.add_argument("--peers", default="", help="humming: its indexed MoE GEMMs on the same weights; bf16: a "
                     "plain Triton grouped GEMM on bf16 weights (tools/moe_bf16.py)")  # fmt: skip
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -149,9 +149,10 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
 
 def check_moe(
     fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, maxnreg: int | None = None,
-    pdl: bool = False,
+    pdl: bool = False, tiles: dict | None = None,
 ) -> str:  # fmt: skip
-    """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert."""
+    """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert (`tiles`:
+    overrides of it)."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm
     from anybit.moe.align import moe_align
@@ -160,7 +161,7 @@ def check_moe(
     e, top_k = 8, 2
     tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
     t = max(1, per_expert * e // top_k)
-    tiles = moe_tiles(t * top_k, e, cuda=True)
+    tiles = moe_tiles(t * top_k, e, cuda=True) | (tiles or {})
     ids = torch.randint(0, e, (t, top_k))
     sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
     x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}
@@ -213,6 +214,7 @@ def main() -> int:
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
+    ap.add_argument("--tiles", default="", help="with --moe: tile overrides, e.g. block_m=256:num_warps=8")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -223,7 +225,12 @@ def main() -> int:
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
     run = (
-        functools.partial(check_moe, maxnreg=args.maxnreg, pdl=args.pdl)
+        functools.partial(
+            check_moe,
+            maxnreg=args.maxnreg,
+            pdl=args.pdl,
+            tiles={a: int(b) for a, b in (kv.split("=") for kv in filter(None, args.tiles.split(":")))},
+        )
         if args.moe
         else functools.partial(check, pdl=args.pdl)
     )

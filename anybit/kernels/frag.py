@@ -104,13 +104,16 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True, xsum=None):
-    """One 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
+                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True, xsum=None,
+                   acc=None, SCALE_W: tl.constexpr = False):
+    """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
     e2m1 times an e4m3 or power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element
     scaling. FP8 x: `xsum` [BM], the block's sums of x from the quantizer (`block_sums`), else the x
-    tile's own."""
+    tile's own. SCALE_W (PER_BLOCK, bf16/fp16 x): the block's scales multiply the decoded rows instead
+    (each weight rounded once to x's dtype, as the dequantize-then-GEMM path does), so every block's
+    MMA accumulates into acc: no wait on the MMA and no fp32 multiply-add per block (large-M tiles)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
@@ -148,11 +151,17 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
         w = unpack_pairs_minus(p, BN, dtype, W_SIGNED)
     else:
         w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
-    if dtype != tl.float8e4nv:
-        part = tl.dot(w, xt)
-    if PER_BLOCK:
-        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
-    return part
+    if SCALE_W:
+        s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype)
+        acc = tl.dot(times_groups(w, s, 1, PTX), xt, acc)
+    else:
+        if dtype != tl.float8e4nv:
+            part = tl.dot(w, xt)
+        if PER_BLOCK:
+            s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+            part = part * s[:, None]
+        acc = acc + part
+    return acc
 
 
 @triton.jit
@@ -248,10 +257,10 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
                STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
-               xsum_ptr=None, stride_xsum=0):
+               xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
-    shorter than K).
+    shorter than K; SCALE_W: to the decoded 4-bit weights, `frag_block_dot`).
 
     The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`), and so
     are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given."""
@@ -300,8 +309,9 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 xsum = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
             else:
                 xsum = None
-            acc += frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
-                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum)
+            acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
+                                 S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
+                                 SCALE_W and PER_BLOCK)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
     return rows_from_mma(acc, BN, NW, BM)
@@ -375,6 +385,22 @@ def _target_sm() -> int:
     Read once per process: a machine mixing GPU generations gets the first one's answer."""
     target = triton.runtime.driver.active.get_current_target()
     return target.arch if target.backend == "cuda" and isinstance(target.arch, int) else 0
+
+
+def frag_scale_w(tw, x_dtype: torch.dtype, block_m: int) -> bool:
+    """Whether the frag kernels multiply the decoded weights by their group scales before the MMA
+    (`frag_block_dot` SCALE_W): tiles of >= 128 tokens (there the per-block MMA wait and the fp32
+    multiply-add of the partial sum hold the tensor cores; a 256-token tile with per-block partials
+    also spills), for 4-bit integer codes with groups of >= 128 whose scales are x's dtype (each
+    weight is then the dequantized weight rounded once to x's dtype, as in the dequantize-then-GEMM
+    path)."""
+    return (
+        block_m >= 128
+        and tw.fmt["W_BITS"] == 4
+        and not tw.fmt["W_FLOAT"]
+        and tw.scales.dtype == x_dtype
+        and 128 <= tw.group_k < tw.k
+    )
 
 
 def frag_group_k(tw) -> int:

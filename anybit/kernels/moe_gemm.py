@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import frag_constexprs, frag_fold, frag_group_k, frag_ptx, frag_range
+from anybit.kernels.frag import frag_constexprs, frag_fold, frag_group_k, frag_ptx, frag_range, frag_scale_w
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
@@ -143,7 +143,7 @@ def _moe_frag_kernel(
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -166,7 +166,7 @@ def _moe_frag_kernel(
                          z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                          tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                          GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
-                         num_rows // TOP_K)  # sums: [blocks, rows of x]
+                         num_rows // TOP_K, SCALE_W)  # sums: [blocks, rows of x]
         if GROUP_K >= 1 << 30:  # one scale over all of K
             acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                    S_EXP, S_MAN)[:, None]
@@ -271,6 +271,7 @@ def moe_gemm(
     num_stages: int = 3,
     maxnreg: int | None = None,
     pdl: bool = False,
+    scale_w: bool | None = None,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -286,7 +287,8 @@ def moe_gemm(
     (decode: more CTAs than the few touched experts give), with `workspace` fp32 >= split_k * grid rows
     * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them). maxnreg: cap the
     registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap). pdl:
-    the fragment-layout kernel launches as a programmatic dependent of the kernel before it."""
+    the fragment-layout kernel launches as a programmatic dependent of the kernel before it. scale_w:
+    group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
@@ -323,7 +325,8 @@ def moe_gemm(
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, num_warps=num_warps,
+            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
+            SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

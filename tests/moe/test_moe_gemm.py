@@ -139,6 +139,26 @@ def test_grouped_gemm_fragment_layout_experts(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "w4a16-zp"])
+def test_group_scales_applied_to_the_decoded_weights(interpret, scheme):
+    """SCALE_W (the large-M tiles' rule, forced here on a small tile): group scales multiply the decoded
+    4-bit rows before the MMA, over several K blocks, zero points included."""
+    from anybit.kernels.frag import frag_scale_w
+
+    g = torch.Generator().manual_seed(21)
+    e, k, t, n, kk = 4, 2, 11, 64, 512
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    assert tw.frag and frag_scale_w(tw, torch.float16, 128) and not frag_scale_w(tw, torch.bfloat16, 128)
+    x = torch.randn(t, kk, generator=g).half()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, out=y, scale_w=True)
+    w = qw.dequantize().double()
+    ref = torch.stack([x[r // k].double() @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
 def test_grouped_gemm_w4a8_fragment_layout(interpret):
     """W4A8 experts in the FP8 fragment order, per-token x scales."""
     from anybit.kernels.quant_act import quantize_act
