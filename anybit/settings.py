@@ -24,10 +24,11 @@ class Settings:
     M bucket (e.g. humming at decode), "auto" holds the weight in that backend's layout too and sends
     those calls there. Costs the weight's memory once more per extra backend; default off."""
     pdl: bool
-    """ANYBIT_PDL=1 (sm_90+): frag GEMMs, dense and grouped (MoE), are launched with programmatic dependent
-    launch and wait (griddepcontrol.wait) before they read anything, so their launch overlaps the end of the
-    kernel before them; the FP8 activation quantizer lets its GEMM launch at once
-    (griddepcontrol.launch_dependents). Built and sm_90a-compiled, not yet measured on a GPU; default off."""
+    """ANYBIT_PDL (default 1; 0 turns it off), sm_90+: frag GEMMs, dense and grouped (MoE), are launched with
+    programmatic dependent launch and wait (griddepcontrol.wait) before they read anything, so their launch
+    overlaps the end of the kernel before them; the FP8 activation quantizer lets its GEMM launch at once
+    (griddepcontrol.launch_dependents). H200, CUDA graphs of 20 calls: w4a16 0.2-0.4 µs per call faster
+    (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -57,6 +58,6 @@ def load() -> Settings:
         cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
-        pdl=os.environ.get("ANYBIT_PDL", "0") == "1",
+        pdl=_level("ANYBIT_PDL", 1, (0, 1)) == 1,
         frag_ptx=_level("ANYBIT_FRAG_PTX", 2, (0, 1, 2)),
     )

@@ -206,15 +206,16 @@ def test_humming_tensors_of_an_expert_stack_are_the_stacked_experts(scheme):
                                t.view(torch.uint8) if t.element_size() == 1 else t), name  # fmt: skip
 
 
-def test_pdl_only_when_asked_on_sm90(monkeypatch):
-    """`pdl_launch`: ANYBIT_PDL=1 on an sm_90+ GPU, never on the CPU or under the interpreter."""
+def test_pdl_on_sm90_unless_turned_off(monkeypatch):
+    """`pdl_launch`: on an sm_90+ GPU unless ANYBIT_PDL=0, never on the CPU or under the interpreter."""
     from anybit.backends import triton as triton_backend
 
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(triton_backend, "_major", lambda device: 9)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("ANYBIT_PDL", "0")
     assert not triton_backend.pdl_launch(gpu)
-    monkeypatch.setenv("ANYBIT_PDL", "1")
+    monkeypatch.delenv("ANYBIT_PDL")
     assert triton_backend.pdl_launch(gpu) and not triton_backend.pdl_launch(torch.device("cpu"))
     monkeypatch.setattr(triton_backend, "_major", lambda device: 8)
     assert not triton_backend.pdl_launch(gpu)

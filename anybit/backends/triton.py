@@ -160,7 +160,7 @@ def _major(device: torch.device) -> int:
 
 
 def pdl_launch(device: torch.device) -> bool:
-    """ANYBIT_PDL=1 on an sm_90+ GPU (not the interpreter): frag GEMMs launch as programmatic dependents of
+    """On an sm_90+ GPU (not the interpreter) unless ANYBIT_PDL=0: frag GEMMs launch as programmatic dependents of
     the kernel before them (`gemm_frag(pdl=True)`: it waits for that kernel before any read), and the FP8
     activation quantizer lets its GEMM launch at once (`quantize_act(pdl=True)`)."""
     s = settings.load()
