@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels.moe_gemm import moe_gemm  # noqa: E402
+from anybit.kernels.moe_gemm import moe_gemm, moe_wide_tile  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 from anybit.moe.layer import grouped_inputs, moe_tiles  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
@@ -203,7 +203,7 @@ def run(args) -> list[dict]:
                 routes = [softmax_topk(torch.randn(m, e, device=dev, generator=g), top_k) for _ in range(20)]
                 x = torch.randn(m, h, device=dev, dtype=torch.bfloat16)
                 moe(x, *routes[0])  # builds the stacked layout, compiles
-                tiles = moe_tiles(m * top_k, e, True)
+                tiles = moe_tiles(m * top_k, e, True, moe_wide_tile(moe._stacked[0], x.dtype))  # the layer's
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
                 parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large))

@@ -229,6 +229,19 @@ def moe_decode_plan(
     return block_n, split, maxnreg
 
 
+def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
+    """Whether 128-row blocks of these experts take 256 weight rows (8 warps, 128 rows per warpgroup, x
+    read half as often) without spilling: fragment-layout 4-bit experts under bf16/fp16 x whose K loop
+    keeps one accumulator — group scales on the decoded weights (`frag_scale_w`), e2m1 with groups
+    shorter than the block (scaled in registers), or channel scales. H200 M=4096, DeepSeek-V3 and
+    Qwen3-30B-A3B, w4a16/mxfp4/nvfp4: 10-23 % faster than 128 rows (A8 experts and 128-K groups of
+    the other formats spill there)."""
+    if not tw.frag or tw.scheme.act.quantized or tw.fmt["W_BITS"] != 4:
+        return False
+    registers = tw.fmt["W_FLOAT"] and tw.group_k < 128
+    return registers or tw.group_k >= tw.k or frag_scale_w(tw, x_dtype, 128)
+
+
 def moe_block_n(tw, block_n: int, num_warps: int) -> int:
     """The N tile the kernel runs: fragment-layout experts put weight rows on the MMA's 64-row side
     (>= 16 rows per warp), and a 256-K block of 2-bit codes is decoded whole, so 16 rows per warp."""
