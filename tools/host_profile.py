@@ -5,13 +5,16 @@
 Per case (scheme:M:N:K): eager µs per call (back to back, then synchronised), CUDA-graph µs per call
 (the GPU's own time), host µs per call (the Python loop without waiting), and the top host ops of
 `torch.profiler` by self CPU time. An eager cell far above its graph cell is host-bound; this names
-the ops that make it so. Writes DIR/host_profile.json.
+the ops and the Python functions (cProfile, by own time over `--calls` calls) that make it so. Writes DIR/host_profile.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import sys
 import time
 
@@ -62,13 +65,24 @@ def main() -> int:
             for _ in range(args.calls):
                 call()
             torch.cuda.synchronize()
+        py = cProfile.Profile()
+        py.enable()
+        for _ in range(args.calls):
+            call()
+        py.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(py, stream=text).sort_stats("tottime").print_stats(14)
         ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
         top = [(e.key, round(e.self_cpu_time_total / args.calls, 1), e.count // args.calls) for e in ops]
         rows.append(dict(case=case, eager_us=round(eager, 1), graph_us=round(graph, 1), host_us=round(host, 1),
-                         top_host_ops=top))  # fmt: skip
+                         top_host_ops=top, python_profile=text.getvalue()))  # fmt: skip
         print(f"{case:28s} eager {eager:8.1f}  graph {graph:8.1f}  host {host:8.1f} µs/call", flush=True)
         for key, us, count in top:
             print(f"    {us:8.1f} µs/call  x{count:<3d} {key[:90]}", flush=True)
+        lines = text.getvalue().splitlines()
+        start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+        print("\n".join(line[:150] for line in lines[start : start + 15]), flush=True)
     write_probe(args.out, "host_profile", rows)
     return 0
 
