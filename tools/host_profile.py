@@ -5,7 +5,8 @@
 Per case (scheme:M:N:K): eager µs per call (back to back, then synchronised), CUDA-graph µs per call
 (the GPU's own time), host µs per call (the Python loop without waiting), and the top host ops of
 `torch.profiler` by self CPU time. An eager cell far above its graph cell is host-bound; this names
-the ops and the Python functions (cProfile, by own time over `--calls` calls) that make it so. Writes DIR/host_profile.json.
+the ops and the Python functions (cProfile, by own time over `--calls` calls) that make it so.
+Writes DIR/host_profile.json.
 """
 
 from __future__ import annotations
