@@ -75,7 +75,8 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 
 def loop_stats(sass: str) -> dict:
-    """Instruction mix of the innermost loop holding an MMA, else of the largest loop."""
+    """Instruction mix of the innermost loop holding an MMA, else of the largest loop; HAZARD over every
+    MMA loop (a kernel may hold several, e.g. the grouped GEMM's half-width tail path)."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line)
@@ -99,7 +100,7 @@ def loop_stats(sass: str) -> dict:
     for key in keys.split():
         if short[key]:
             out[key] = short[key]
-    out["HAZARD"] = pending_operand_writes(body)
+    out["HAZARD"] = sum(pending_operand_writes(b) for b in mma) if mma else pending_operand_writes(body)  # every loop
     return out
 
 

@@ -26,9 +26,11 @@ from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
 # fmt: off
 @triton.jit
-def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads."""
-    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                ROWS: tl.constexpr = 0):
+    """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads: all
+    BLOCK_M of them, or its first ROWS."""
+    pos = pid_m * BLOCK_M + tl.arange(0, ROWS if ROWS else BLOCK_M)
     rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
     return rows, rows < num_rows, rows // TOP_K
 
@@ -143,36 +145,64 @@ def _moe_frag_kernel(
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-    PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False,
+    PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
-    as a programmatic dependent, it waits for the kernel before it ahead of any read."""
+    as a programmatic dependent, it waits for the kernel before it ahead of any read. TAIL_HALF: a block
+    whose second half is padding (an expert's last, short block) runs its MMA on the first half only
+    (without split-K: the split workspace is laid out by whole blocks)."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     e = tl.load(expert_ptr + pid_m)
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
-        rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        e64 = e.to(tl.int64)
-        k_blocks = tl.cdiv(K, 512 // W_BITS)
-        per = tl.cdiv(k_blocks, SPLIT_K)
-        lo = pid_k * per
-        acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
-                         z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
-                         tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                         GROUP_K, GROUP_N, BLOCK_N, BLOCK_M, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
-                         num_rows // TOP_K, SCALE_W)  # sums: [blocks, rows of x]
-        if GROUP_K >= 1 << 30:  # one scale over all of K
-            acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
-                                   S_EXP, S_MAN)[:, None]
-        _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
-                     mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, x_ptr.dtype.element_ty == tl.float8e4nv,
-                     MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M, BLOCK_N)
+        mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
+        if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
+            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
+                           cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
+                           stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
+                           SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W)
+        else:
+            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
+                           cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
+                           stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
+                           SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W)
+
+
+@triton.jit
+def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr, cnt_ptr,
+                   e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
+                   stride_s, MASK, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr,
+                   MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
+                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
+                   GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
+                   PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr):
+    """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
+    this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    e64 = e.to(tl.int64)
+    k_blocks = tl.cdiv(K, 512 // W_BITS)
+    per = tl.cdiv(k_blocks, SPLIT_K)
+    lo = pid_k * per
+    acc = frag_range(x_ptr, src, mask_m, stride_xm, w_ptr + e64 * stride_we, s_ptr + e64 * stride_se,
+                     z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
+                     tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
+                     GROUP_K, GROUP_N, BLOCK_N, ROWS, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
+                     num_rows // TOP_K, SCALE_W)  # sums: [blocks, rows of x]
+    if GROUP_K >= 1 << 30:  # one scale over all of K
+        acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
+                               S_EXP, S_MAN)[:, None]
+    _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
+                 mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, x_ptr.dtype.element_ty == tl.float8e4nv,
+                 MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS, BLOCK_N)
 
 
 @triton.jit
@@ -285,6 +315,7 @@ def moe_gemm(
     maxnreg: int | None = None,
     pdl: bool = False,
     scale_w: bool | None = None,
+    tail_half: bool = False,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -301,11 +332,14 @@ def moe_gemm(
     * N and zeroed int32 `counters` >= grid tiles (`moe_decode_plan` sizes them). maxnreg: cap the
     registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap). pdl:
     the fragment-layout kernel launches as a programmatic dependent of the kernel before it. scale_w:
-    group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule)."""
+    group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
+    (fragment layout; an experiment, not yet measured): blocks whose second half is padding run half-width."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
     n, k = tw.n, tw.k
+    if tail_half and (split_k > 1 or not tw.frag):
+        raise ValueError(f"tail_half runs on fragment-layout experts without split-K, got split_k={split_k}")
     if silu_mul and (n % 2 or block_n % 2):
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
@@ -339,7 +373,8 @@ def moe_gemm(
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
-            SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,
+            SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
+            num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

@@ -159,6 +159,29 @@ def test_group_scales_applied_to_the_decoded_weights(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "mxfp4"])
+def test_half_width_tail_blocks(interpret, scheme):
+    """tail_half: blocks whose second half is padding run half-width; experts of 5, 20, 33 (a full block
+    and a 1-row tail) and 16 rows (exactly half) against per-slot products, unwritten rows poisoned."""
+    g = torch.Generator().manual_seed(23)
+    e, n, kk = 4, 64, 256
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate((5, 20, 33, 16))])
+    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]  # top-1, tokens in random order
+    t = len(ids)
+    x = torch.randn(t, kk, generator=g).half()
+    y = torch.full((t, n), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, *moe_align(ids, e, 32), block_m=32, num_rows=t, top_k=1, out=y, tail_half=True,
+             scale_w=scheme.startswith("w4a16"))  # fmt: skip
+    w = qw.dequantize().double()
+    ref = torch.stack([x[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    with pytest.raises(ValueError, match="tail_half"):
+        moe_gemm(x, tw, *moe_align(ids, e, 32), block_m=32, num_rows=t, top_k=1, tail_half=True, split_k=2,
+                 workspace=torch.empty(1 << 16), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
+
+
 def test_grouped_gemm_w4a8_fragment_layout(interpret):
     """W4A8 experts in the FP8 fragment order, per-token x scales."""
     from anybit.kernels.quant_act import quantize_act

@@ -127,3 +127,31 @@ def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monk
     y.zero_()
     graph.replay()
     assert torch.equal(y, plain)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4"])
+def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
+    """tail_half on the 128-row, 256-wide prefill tile: experts of 40 (half path), 128 (full), 150 (a full
+    block and a 22-row tail) and 64 rows (exactly half) against the dequantized experts."""
+    import anybit
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.moe_gemm import moe_gemm, moe_wide_tile
+    from anybit.moe import moe_align
+    from anybit.moe.layer import moe_tiles
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    e, n, kk = 4, 512, 1024
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g, device="cuda") * 0.05, scheme)
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate((40, 128, 150, 64))]).int().cuda()[:, None]
+    t = len(ids)
+    x = torch.randn(t, kk, generator=g, device="cuda").bfloat16()
+    tiles = moe_tiles(1 << 20, e, True, moe_wide_tile(tw, x.dtype))
+    assert tiles["block_m"] == 128 and tiles["block_n"] == 256
+    kw = dict(block_m=128, block_n=256, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], num_rows=t,
+              top_k=1)  # fmt: skip
+    y = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, tw, *moe_align(ids, e, 128), out=y, tail_half=True, **kw)
+    w = qw.dequantize().double()
+    ref = torch.stack([x[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
