@@ -43,21 +43,40 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 def _level(name: str, default: int, valid: tuple[int, ...]) -> int:
-    value = os.environ.get(name, str(default)).strip()
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    value = value.strip()
     if value not in {str(v) for v in valid}:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(map(str, valid))}")
     return int(value)
 
 
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET alone: the call path reads single variables (a whole `load()` costs ~12 µs)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pdl() -> bool:
+    """ANYBIT_PDL alone (see `Settings.pdl`)."""
+    return _level("ANYBIT_PDL", 1, (0, 1)) == 1
+
+
+def frag_ptx() -> int:
+    """ANYBIT_FRAG_PTX alone (see `Settings.frag_ptx`)."""
+    return _level("ANYBIT_FRAG_PTX", 2, (0, 1, 2))
+
+
 def load() -> Settings:
-    """Read the environment now (call sites read it per call, so tests can change it)."""
+    """Read the environment now (call sites read it per call, so tests can change it; the per-call
+    paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
-        triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        triton_interpret=triton_interpret(),
         cache_dir=os.environ.get("ANYBIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anybit"),
         autotune=os.environ.get("ANYBIT_AUTOTUNE", "0") == "1",
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
-        pdl=_level("ANYBIT_PDL", 1, (0, 1)) == 1,
-        frag_ptx=_level("ANYBIT_FRAG_PTX", 2, (0, 1, 2)),
+        pdl=pdl(),
+        frag_ptx=frag_ptx(),
     )

@@ -156,15 +156,19 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _major(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
+    return _capability_major(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def pdl_launch(device: torch.device) -> bool:
     """On an sm_90+ GPU (not the interpreter) unless ANYBIT_PDL=0: frag GEMMs launch as programmatic dependents of
     the kernel before them (`gemm_frag(pdl=True)`: it waits for that kernel before any read), and the FP8
     activation quantizer lets its GEMM launch at once (`quantize_act(pdl=True)`)."""
-    s = settings.load()
-    return s.pdl and device.type == "cuda" and not s.triton_interpret and _major(device) >= 9
+    return device.type == "cuda" and settings.pdl() and not settings.triton_interpret() and _major(device) >= 9
 
 
 class _Workspace:

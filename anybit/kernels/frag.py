@@ -364,10 +364,9 @@ def frag_ptx() -> int:
     `minus_rows`, bytes by `unpack_bytes`, folded e2m1 scales by `times_groups`; 2 — also nibble words by
     `unpack_pairs_minus(_rows)`. Both GPU-tested bit-equal to the Triton form. 0 for the interpreter (no
     inline PTX), ANYBIT_FRAG_PTX=0, or before sm_90 (`sub.rn.bf16x2`)."""
-    s = settings.load()
-    if s.triton_interpret or _target_sm() < 90:
+    if settings.triton_interpret() or _target_sm() < 90:
         return 0
-    return s.frag_ptx
+    return settings.frag_ptx()
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:
