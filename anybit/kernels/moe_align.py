@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anybit.kernels.dequant import cdiv
+from anybit.kernels.dequant import cdiv, next_pow2
 
 CHUNK = 128
 
@@ -101,7 +101,7 @@ def moe_align_triton(
     max_padded = numel + e * (block_m - 1)
     n_blocks = cdiv(max_padded, block_m)
     chunks = max(1, cdiv(numel, CHUNK))
-    e_p2 = triton.next_power_of_2(e + 1)  # one bin more: entries without a local expert
+    e_p2 = next_pow2(e + 1)  # one bin more: entries without a local expert
     emap = expert_map.to(torch.int32).contiguous() if expert_map is not None else flat
     hist = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     seg = torch.empty(e, dtype=torch.int32, device=dev)
@@ -112,7 +112,7 @@ def moe_align_triton(
     has_map = expert_map is not None
     _hist[(chunks,)](flat, emap, hist, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2)
     _offsets[(1,)](hist, seg, expert_ids, total, chunks, e, n_blocks, BLOCK_M=block_m, E_P2=e_p2, CB=8, BB=64)
-    eb = min(64, triton.next_power_of_2(e))
+    eb = min(64, next_pow2(e))
     _bases[(cdiv(e, eb),)](hist, seg, base, chunks, e, EB=eb, CB=32)
     _scatter[(chunks,)](flat, emap, base, sorted_ids, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, num_warps=8)
     return sorted_ids, expert_ids, total

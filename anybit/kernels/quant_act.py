@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from anybit.formats.scheme import ActMode, ActSpec
+from anybit.kernels.dequant import cdiv, next_pow2
 from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 
@@ -85,15 +86,15 @@ def quantize_act(
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
-        group, block, cols = spec.group, max(min(triton.next_power_of_2(k), 1024), spec.group), k // spec.group
+        group, block, cols = spec.group, max(min(next_pow2(k), 1024), spec.group), k // spec.group
     else:  # rows up to 4096 are held in registers (one read), longer rows are read twice
-        block = max(min(triton.next_power_of_2(k), 4096), 128 if block_sums else 1)
+        block = max(min(next_pow2(k), 4096), 128 if block_sums else 1)
         group, cols = (0 if spec.mode is ActMode.TOKEN else -1), 1
     # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
     scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
     if group == -1:
         scales[m] = static_scale
-    sums = torch.empty((triton.cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
+    sums = torch.empty((cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
     if m:
         _quant_act_kernel[(m,)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), scales.stride(0), sums.stride(0),

@@ -38,7 +38,7 @@ def moe_align(
     if impl not in ("auto", "torch", "triton"):
         raise AnybitError(f"moe_align impl {impl!r}; valid: auto, torch, triton")
     if impl == "auto":
-        impl = "triton" if topk_ids.is_cuda or settings.load().triton_interpret else "torch"
+        impl = "triton" if topk_ids.is_cuda or settings.triton_interpret() else "torch"
     if impl == "triton":
         from anybit.kernels.moe_align import moe_align_triton
 
