@@ -222,3 +222,24 @@ def test_pdl_on_sm90_unless_turned_off(monkeypatch):
     monkeypatch.setattr(triton_backend, "_major", lambda device: 9)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not triton_backend.pdl_launch(gpu)
+
+
+def test_call_path_reads_no_whole_settings(monkeypatch, interpret):
+    """After the first call (tiles and routes cached), a dense frag GEMM and a QuantMoE layer read only
+    the single variables they need: a whole `settings.load()` costs ~11 µs of host time per read."""
+    from anybit import settings
+    from anybit.moe import QuantMoE, softmax_topk
+
+    g = torch.Generator().manual_seed(3)
+    p = prepare(anybit.quantize(torch.randn(128, 256, generator=g) * 0.05, "w4a16"), backend="triton")
+    moe = QuantMoE.from_float(torch.randn(4, 256, 128, generator=g) * 0.05, torch.randn(4, 128, 64 * 2, generator=g) * 0.05,
+                              "w4a16")  # fmt: skip
+    x, xm = torch.randn(3, 256, generator=g).half(), torch.randn(2, 128, generator=g).half()
+    w, ids = softmax_topk(torch.randn(2, 4, generator=g), 2)
+    first, first_moe = gemm(x, p), moe(xm, w, ids)
+
+    def whole_read():
+        raise AssertionError("settings.load() on the call path")
+
+    monkeypatch.setattr(settings, "load", whole_read)
+    assert torch.equal(gemm(x, p), first) and torch.equal(moe(xm, w, ids), first_moe)
