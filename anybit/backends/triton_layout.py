@@ -120,9 +120,9 @@ def frag_format(scheme: Scheme) -> bool:
 
 
 def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
-    """The dense kernels' layout; `allow_nk=False` keeps FP8 weights in bit planes too (the grouped
-    MoE kernel decodes them and casts to FP8 in registers), `allow_frag=False` keeps 4-bit weights
-    in bit planes (for the bit-plane kernels)."""
+    """The dense kernels' layout (also each expert's in `stack_experts`); `allow_nk=False` keeps FP8
+    weights in bit planes too, `allow_frag=False` keeps 4-bit weights in bit planes (for the bit-plane
+    kernels)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
@@ -206,7 +206,7 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    parts = [to_triton_layout(qw.expert(e), allow_nk=False, allow_frag=allow_frag) for e in range(qw.shape[0])]
+    parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag) for e in range(qw.shape[0])]
     first = parts[0]
 
     def stack(name):
@@ -218,6 +218,6 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     return TritonWeight(
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
         scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
-        group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, frag=first.frag,
+        group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, nk=first.nk, frag=first.frag,
         fold=frozenset.intersection(*(p.fold for p in parts)),
     )  # fmt: skip

@@ -45,7 +45,7 @@ def _moe_gemm_kernel(
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -78,6 +78,15 @@ def _moe_gemm_kernel(
                                   S_MAN, ZP)
                 w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
                 if SCALE_AT == 1:
+                    acc += tl.dot(x, w) * s[None, :]
+                else:
+                    acc = tl.dot(x, w, acc)
+            elif W_NK:  # the expert's weight is x's FP8 dtype already, [N, K]: its [BLOCK_K, BLOCK_N] view
+                w = tl.load(p0 + offs_n[None, :] * K + offs_k[:, None], mask=(offs_k < K)[:, None] & mask_n[None, :],
+                            other=0.0)
+                if SCALE_AT == 1:
+                    s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                                      S_MAN, ZP)
                     acc += tl.dot(x, w) * s[None, :]
                 else:
                     acc = tl.dot(x, w, acc)
@@ -394,7 +403,7 @@ def moe_gemm(
         tw.scales.stride(0), tw.scales.stride(1), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PAIRS=pairs, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
+        BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
     )
     # fmt: on
     return y

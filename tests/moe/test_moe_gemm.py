@@ -35,9 +35,10 @@ def test_grouped_gemm_matches_per_slot_products(interpret, scheme, e, k, t):
         assert rel_err(y[r], ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w8a8:e4m3:g128:fp32:e4m3-token", "w4a8-mxfp4"])
 def test_grouped_gemm_with_fp8_activations(interpret, scheme):
-    """FP8 x (per-token scales) against per-slot products built from the kernel's own quantized x."""
+    """FP8 x (per-token scales) against per-slot products built from the kernel's own quantized x; e4m3
+    experts under e4m3 x are read as stored ([E, N, K], no bit planes), channel or 128-K group scales."""
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation
 
@@ -48,8 +49,10 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     xq, xs = quantize_act(x, qw.scheme.act)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
     sorted_ids, expert_ids, total = moe_align(ids, e, 16)
-    y = moe_gemm(xq, stack_experts(qw), sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k,
-                 x_scales=xs, out_dtype=torch.float16)  # fmt: skip
+    tw = stack_experts(qw)
+    assert tw.nk == scheme.startswith("w8a8")
+    y = moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
+                 out_dtype=torch.float16, block_k=64)  # fmt: skip
     assert y.dtype == torch.float16
     xd = dequantize_activation(xq, xs, qw.scheme.act).double()
     w = qw.dequantize().double()
