@@ -232,8 +232,8 @@ def test_call_path_reads_no_whole_settings(monkeypatch, interpret):
 
     g = torch.Generator().manual_seed(3)
     p = prepare(anybit.quantize(torch.randn(128, 256, generator=g) * 0.05, "w4a16"), backend="triton")
-    moe = QuantMoE.from_float(torch.randn(4, 256, 128, generator=g) * 0.05, torch.randn(4, 128, 64 * 2, generator=g) * 0.05,
-                              "w4a16")  # fmt: skip
+    gate_up, down = torch.randn(4, 256, 128, generator=g) * 0.05, torch.randn(4, 128, 128, generator=g) * 0.05
+    moe = QuantMoE.from_float(gate_up, down, "w4a16")
     x, xm = torch.randn(3, 256, generator=g).half(), torch.randn(2, 128, generator=g).half()
     w, ids = softmax_topk(torch.randn(2, 4, generator=g), 2)
     first, first_moe = gemm(x, p), moe(xm, w, ids)

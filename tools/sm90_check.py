@@ -1,6 +1,6 @@
 """Compile anybit's GPU kernels for sm_90a on a machine without a GPU and read what ptxas made of them.
 
-    python tools/sm90_check.py [--formats w4a16,nvfp4] [--m 1,4,16] [--sass-dir DIR]
+    python tools/sm90_check.py [--formats w4a16,nvfp4] [--m 1,4,16] [--sass-dir DIR] [--arch 80]
 
 Triton compiles through a stand-in driver (no launch); cuobjdump, shipped with Triton, reports
 registers, spills (stack) and shared memory, and the main loop's SASS gives the instruction mix:
@@ -39,7 +39,9 @@ from anybit.kernels.quant_act import quantize_act  # noqa: E402
 
 
 class _StandInDriver(DriverBase):
-    """Enough of a CUDA driver for Triton to compile for sm_90a; nothing is launched."""
+    """Enough of a CUDA driver for Triton to compile for sm_90a (or `arch`); nothing is launched."""
+
+    arch = 90
 
     @classmethod
     def is_active(cls):
@@ -49,7 +51,7 @@ class _StandInDriver(DriverBase):
         return ty
 
     def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
+        return GPUTarget("cuda", self.arch, 32)
 
     def get_active_torch_device(self):
         return torch.device("cpu")
@@ -217,7 +219,9 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     ap.add_argument("--tiles", default="", help="with --moe: tile overrides, e.g. block_m=256:num_warps=8")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     args = ap.parse_args()
+    _StandInDriver.arch = args.arch
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
     driver.set_active(_StandInDriver())

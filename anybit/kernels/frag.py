@@ -364,7 +364,7 @@ def frag_ptx() -> int:
     `minus_rows`, bytes by `unpack_bytes`, folded e2m1 scales by `times_groups`; 2 — also nibble words by
     `unpack_pairs_minus(_rows)`. Both GPU-tested bit-equal to the Triton form. 0 for the interpreter (no
     inline PTX), ANYBIT_FRAG_PTX=0, or before sm_90 (`sub.rn.bf16x2`)."""
-    if settings.triton_interpret() or _target_sm() < 90:
+    if settings.triton_interpret() or target_sm() < 90:
         return 0
     return settings.frag_ptx()
 
@@ -374,12 +374,13 @@ def frag_fold(tw, x_dtype: torch.dtype) -> bool:
     2**126 (2**14) per pair; with group scales shorter than the block (NVFP4, MXFP4) that rebias rides
     on the scales instead: scale * 2**118 (fp16: * 2**6) in registers, the last 2**8 on the fp32 sum.
     Exact where `TritonWeight.fold` says so (scales small enough to stay finite, and in fp16 large
-    enough that every product keeps its last bit)."""
-    return x_dtype in tw.fold
+    enough that every product keeps its last bit). sm_89+ (or the interpreter) only: the folded decode
+    converts e4m3 scales in hardware, which Triton does not compile for sm_80."""
+    return x_dtype in tw.fold and (settings.triton_interpret() or target_sm() >= 89)
 
 
 @functools.cache
-def _target_sm() -> int:
+def target_sm() -> int:
     """The compute capability Triton compiles for (the active driver's target; 0 for a non-CUDA one).
     Read once per process: a machine mixing GPU generations gets the first one's answer."""
     target = triton.runtime.driver.active.get_current_target()

@@ -18,8 +18,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from anybit import settings
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
-from anybit.kernels.frag import frag_constexprs, frag_fold, frag_group_k, frag_ptx, frag_range, frag_scale_w
+from anybit.kernels.frag import (
+    frag_constexprs,
+    frag_fold,
+    frag_group_k,
+    frag_ptx,
+    frag_range,
+    frag_scale_w,
+    target_sm,
+)
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 
@@ -274,8 +283,11 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
     keeps one accumulator — group scales on the decoded weights (`frag_scale_w`), e2m1 with groups
     shorter than the block (scaled in registers), or channel scales. H200 M=4096, DeepSeek-V3 and
     Qwen3-30B-A3B, w4a16/mxfp4/nvfp4: 10-23 % faster than 128 rows (A8 experts and 128-K groups of
-    the other formats spill there)."""
+    the other formats spill there). Hopper only: for sm_80 the tile spills and needs more shared memory
+    than an A100 block has."""
     if not tw.frag or tw.scheme.act.quantized or tw.fmt["W_BITS"] != 4:
+        return False
+    if not settings.triton_interpret() and target_sm() < 90:
         return False
     registers = tw.fmt["W_FLOAT"] and tw.group_k < 128
     return registers or tw.group_k >= tw.k or frag_scale_w(tw, x_dtype, 128)

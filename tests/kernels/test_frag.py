@@ -36,7 +36,7 @@ def test_ptx_level_of_the_frag_decode(monkeypatch):
     ANYBIT_FRAG_PTX's level, 2 by default (also `unpack_pairs_minus`); a level it does not know is an error."""
     from anybit.kernels import frag
 
-    monkeypatch.setattr(frag, "_target_sm", lambda: 90)
+    monkeypatch.setattr(frag, "target_sm", lambda: 90)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert frag.frag_ptx() == 0
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -49,7 +49,7 @@ def test_ptx_level_of_the_frag_decode(monkeypatch):
     with pytest.raises(ValueError, match="ANYBIT_FRAG_PTX='yes': expected one of 0, 1, 2"):
         frag.frag_ptx()
     monkeypatch.delenv("ANYBIT_FRAG_PTX")
-    monkeypatch.setattr(frag, "_target_sm", lambda: 80)
+    monkeypatch.setattr(frag, "target_sm", lambda: 80)
     assert frag.frag_ptx() == 0
 
 

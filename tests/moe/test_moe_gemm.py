@@ -225,12 +225,17 @@ def test_decode_plan_at_the_measured_shapes():
     [("w4a16", True), ("mxfp4", True), ("nvfp4", True), ("w4a16:int4:ch:bf16", True), ("w4a16-zp", False),
      ("w4a8", False), ("w8a16", False), ("w4a16:e2m1:g128:bf16", False)],
 )  # fmt: skip
-def test_wide_prefill_tiles_only_where_one_accumulator_runs(scheme, wide):
+def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme, wide):
     """256 weight rows per 128-row block (H200 M=4096: 10-23 % faster) where the K loop keeps one
-    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 and A8 spill."""
-    from anybit.kernels.moe_gemm import moe_wide_tile
+    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 and A8 spill;
+    Hopper only (sm_80: spills, and more shared memory than an A100 block has)."""
+    from anybit.kernels import moe_gemm as kernels
 
     tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, scheme))
-    assert moe_wide_tile(tw, torch.bfloat16) is wide
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(kernels, "target_sm", lambda: 80)
+    assert not kernels.moe_wide_tile(tw, torch.bfloat16)
+    monkeypatch.setattr(kernels, "target_sm", lambda: 90)
+    assert kernels.moe_wide_tile(tw, torch.bfloat16) is wide
     assert moe_tiles(4096 * 8, 256, True, wide)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, wide)["block_n"] == 128  # 32 rows per expert: unchanged
