@@ -170,7 +170,8 @@ def check_moe(
     x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}
     if tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
         x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag)
-        extra = dict(x_scales=xs, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
+        group = tw.scheme.act.group if tw.scheme.act.mode.name == "GROUP" else 0
+        extra = dict(x_scales=xs, x_group=group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()
     moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
              maxnreg=maxnreg, pdl=pdl and tw.frag, **extra)  # fmt: skip

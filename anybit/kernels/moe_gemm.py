@@ -48,13 +48,13 @@ def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOC
 def _moe_gemm_kernel(
     x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, xs_ptr,
     ws_ptr, cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se,
-    stride_s, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr,
+    stride_s, stride_xs, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr,
     FP8_X: tl.constexpr,
     W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False, X_GROUP: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -93,7 +93,15 @@ def _moe_gemm_kernel(
             elif W_NK:  # the expert's weight is x's FP8 dtype already, [N, K]: its [BLOCK_K, BLOCK_N] view
                 w = tl.load(p0 + offs_n[None, :] * K + offs_k[:, None], mask=(offs_k < K)[:, None] & mask_n[None, :],
                             other=0.0)
-                if SCALE_AT == 1:
+                if X_GROUP:  # x scaled per row and X_GROUP columns (FP8-block): the K tile lies in one group
+                    part = tl.dot(x, w) * tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m,
+                                                  other=0.0)[:, None]
+                    if SCALE_AT == 1:
+                        s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND,
+                                          S_EXP, S_MAN, ZP)
+                        part = part * s[None, :]
+                    acc += part
+                elif SCALE_AT == 1:
                     s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
                                       S_MAN, ZP)
                     acc += tl.dot(x, w) * s[None, :]
@@ -118,7 +126,8 @@ def _moe_gemm_kernel(
             s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
             acc = acc * s[None, :]
         _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
-                     pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X, MUL_ROUTED, SILU_MUL, SPLIT_K, BLOCK_M, BLOCK_N)
+                     pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
+                     BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -324,6 +333,7 @@ def moe_gemm(
     silu_mul: bool = False,
     routed_weights=None,
     x_scales=None,
+    x_group: int = 0,
     x_sums=None,
     out_dtype=None,
     split_k: int = 1,
@@ -344,7 +354,9 @@ def moe_gemm(
 
     silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
-    x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales; the weight is
+    x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales, or with
+    `x_group` > 0 per row and x_group columns ([rows of x, K / x_group]; experts that are x's FP8 dtype
+    already, e.g. FP8-block, whose K tile then lies in one group); the weight is
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
     `out_dtype` (bf16/fp16); fragment-layout experts also take x's per-128-K-block sums `x_sums`
     (`quantize_act(block_sums=True)`, [blocks, rows of x]; without them each x tile is summed in the
@@ -401,6 +413,11 @@ def moe_gemm(
         # fmt: on
         return y
     block_k = moe_block_k(tw, block_k, fp8_x)
+    if x_group and (tw.frag or not tw.nk or not fp8_x or x_group % block_k or x_scales.shape[1] != cdiv(k, x_group)):
+        raise ValueError(
+            f"x_group={x_group} takes FP8 experts read as stored and x scales [rows, K/{x_group}] "
+            f"with K tiles inside one group, got block_k={block_k}, scales {tuple(x_scales.shape)}"
+        )
     sa = scale_at(tw.group_k, k, block_k)
     pairs = _pairs_format(tw) and sa != 2 and not fp8_x
     p, w = plane_args(tw.planes, tw.plane_bits)
@@ -412,10 +429,12 @@ def moe_gemm(
         routed_weights if routed_weights is not None else dummy, x_scales if fp8_x else dummy,
         workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k,
         x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
-        tw.scales.stride(0), tw.scales.stride(1), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
+        tw.scales.stride(0), tw.scales.stride(1), x_scales.stride(0) if fp8_x else 0, SPLIT_K=split_k, TOP_K=top_k,
+        SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, num_warps=num_warps, num_stages=num_stages, **tw.fmt,
+        BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, X_GROUP=x_group, num_warps=num_warps, num_stages=num_stages,
+        **tw.fmt,
     )
     # fmt: on
     return y

@@ -62,13 +62,18 @@ class QuantMoE(nn.Module):
     def _decide_grouped(self, x: torch.Tensor) -> bool:
         from anybit.backends.base import Problem
         from anybit.backends.triton import TritonBackend, fp8_unsupported
+        from anybit.backends.triton_layout import fp8_as_is
         from anybit.formats.scheme import ActMode
 
-        act = self.gate_up.scheme.act
+        scheme = self.gate_up.scheme
+        act = scheme.act
         if self.backend not in ("auto", "triton"):
             return False
-        if act.quantized and (act.mode is not ActMode.TOKEN or fp8_unsupported(self.gate_up.scheme)):
-            return False  # static scales differ per expert, group scales per K tile: the exact loop runs
+        # static scales differ per expert: the exact loop runs; x scaled per 128-K group needs FP8 experts
+        # read as stored (FP8-block), whose K tiles lie in one group
+        group_ok = act.mode is ActMode.GROUP and act.group % 128 == 0 and fp8_as_is(scheme)
+        if act.quantized and (not (act.mode is ActMode.TOKEN or group_ok) or fp8_unsupported(scheme)):
+            return False
         ok, _ = TritonBackend().supports(Problem(self.gate_up.scheme, 0, 0, None, x.device, x.dtype))
         return ok
 
@@ -170,15 +175,18 @@ def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
 
 
 def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> dict:
-    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row with its
-    scales (and, for frag-layout experts, its per-128-K-block sums), as `moe_gemm` keywords. pdl: the
+    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row (or per row
+    and group: `x_group`) with its scales (and, for frag-layout experts, its per-128-K-block sums), as
+    `moe_gemm` keywords. pdl: the
     GEMM launches as a programmatic dependent of the quantizer (its launch plan's `pdl`)."""
     if not scheme.act.quantized:
         return dict(x=x)
+    from anybit.formats.scheme import ActMode
     from anybit.kernels.quant_act import quantize_act
 
     xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=pdl)
-    return dict(x=xq, x_scales=xs, x_sums=sums[0] if sums else None)
+    group = scheme.act.group if scheme.act.mode is ActMode.GROUP else 0
+    return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
 
 
 def moe_tiles(rows: int, experts: int, cuda: bool, wide: bool = False) -> dict:

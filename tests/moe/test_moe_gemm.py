@@ -60,6 +60,29 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+def test_grouped_fp8_block_experts_with_per_group_activations(interpret):
+    """FP8-block experts (e4m3, 128x128 scale blocks) read as stored, x scaled per (row, 128 columns)
+    inside the K loop; against products of the same quantized x (N, K off the 128 blocks)."""
+    from anybit.quant.activations import dequantize_activation, quantize_activation
+
+    g = torch.Generator().manual_seed(17)
+    e, k, t, n, kk = 4, 2, 7, 200, 384
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "fp8-block")
+    tw = stack_experts(qw)
+    assert tw.nk
+    xq, xs = quantize_activation(torch.randn(t, kk, generator=g).half(), qw.scheme.act)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+    moe_gemm(xq, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, out=y, x_scales=xs, x_group=128,
+             block_k=64)  # fmt: skip
+    xd, w = dequantize_activation(xq, xs, qw.scheme.act).double(), qw.dequantize().double()
+    ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    with pytest.raises(ValueError, match="x_group"):
+        moe_gemm(xq, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, x_scales=xs, x_group=96,
+                 block_k=64)  # fmt: skip
+
+
 @pytest.mark.parametrize("split", [2, 3])
 @pytest.mark.parametrize("silu", [False, True])
 def test_split_k_equals_one_launch(interpret, split, silu):

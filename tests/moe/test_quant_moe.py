@@ -81,7 +81,7 @@ def test_interleave_gate_up_puts_gate_and_up_rows_side_by_side():
         interleave_gate_up(quantize(torch.randn(2, 256, 128), "w8a16:e4m3:b128x128:fp32"))
 
 
-@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w4a8-mxfp4", "fp8-block"])
 def test_grouped_path_with_fp8_activations(interpret, scheme, monkeypatch):
     """FP8 per-token schemes run grouped too. The interpreter's fp32 -> fp8 conversion drops rounding
     carries (tests/kernels/test_gemm_a8.py), so here the activations are quantized by the reference
@@ -100,7 +100,7 @@ def _fp8_grouped(scheme, monkeypatch):
         # rows of dropped slots are never written (and never read): whatever memory held
         xq, xs = quantize_activation(torch.nan_to_num(x), s.act)
         if not frag:
-            return dict(x=xq, x_scales=xs)
+            return dict(x=xq, x_scales=xs, x_group=s.act.group if s.act.mode.name == "GROUP" else 0)
         blocks = torch.nn.functional.pad(xq.float(), (0, -xq.shape[1] % 128)).reshape(xq.shape[0], -1, 128)
         return dict(x=xq, x_scales=xs, x_sums=blocks.sum(dim=-1).T.contiguous())  # as `quantize_act` sums
 
