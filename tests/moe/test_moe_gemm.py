@@ -35,10 +35,11 @@ def test_grouped_gemm_matches_per_slot_products(interpret, scheme, e, k, t):
         assert rel_err(y[r], ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w8a8:e4m3:g128:fp32:e4m3-token", "w4a8-mxfp4"])
+@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w8a8:e4m3:g128:fp32:e4m3-token", "w4a8-mxfp4", "fp8-block"])
 def test_grouped_gemm_with_fp8_activations(interpret, scheme):
-    """FP8 x (per-token scales) against per-slot products built from the kernel's own quantized x; e4m3
-    experts under e4m3 x are read as stored ([E, N, K], no bit planes), channel or 128-K group scales."""
+    """FP8 x (per-token scales; FP8-block: per row and 128 columns, applied per K tile) against per-slot
+    products built from the kernel's own quantized x; e4m3 experts under e4m3 x are read as stored
+    ([E, N, K], no bit planes), with channel, 128-K group or 128x128 block scales."""
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation
 
@@ -50,37 +51,19 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
     sorted_ids, expert_ids, total = moe_align(ids, e, 16)
     tw = stack_experts(qw)
-    assert tw.nk == scheme.startswith("w8a8")
+    assert tw.nk == (scheme.startswith("w8a8") or scheme == "fp8-block")
+    group = qw.scheme.act.group if qw.scheme.act.mode.name == "GROUP" else 0
     y = moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
-                 out_dtype=torch.float16, block_k=64)  # fmt: skip
+                 x_group=group, out_dtype=torch.float16, block_k=64)  # fmt: skip
     assert y.dtype == torch.float16
     xd = dequantize_activation(xq, xs, qw.scheme.act).double()
     w = qw.dequantize().double()
     ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-
-
-def test_grouped_fp8_block_experts_with_per_group_activations(interpret):
-    """FP8-block experts (e4m3, 128x128 scale blocks) read as stored, x scaled per (row, 128 columns)
-    inside the K loop; against products of the same quantized x (N, K off the 128 blocks)."""
-    from anybit.quant.activations import dequantize_activation, quantize_activation
-
-    g = torch.Generator().manual_seed(17)
-    e, k, t, n, kk = 4, 2, 7, 200, 384
-    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "fp8-block")
-    tw = stack_experts(qw)
-    assert tw.nk
-    xq, xs = quantize_activation(torch.randn(t, kk, generator=g).half(), qw.scheme.act)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
-    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
-    moe_gemm(xq, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, out=y, x_scales=xs, x_group=128,
-             block_k=64)  # fmt: skip
-    xd, w = dequantize_activation(xq, xs, qw.scheme.act).double(), qw.dequantize().double()
-    ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
-    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-    with pytest.raises(ValueError, match="x_group"):
-        moe_gemm(xq, tw, *moe_align(ids, e, 16), block_m=16, num_rows=t * k, top_k=k, x_scales=xs, x_group=96,
-                 block_k=64)  # fmt: skip
+    if group:  # K tiles must lie inside one x group
+        with pytest.raises(ValueError, match="x_group"):
+            moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
+                     x_group=96, block_k=64)  # fmt: skip
 
 
 @pytest.mark.parametrize("split", [2, 3])
