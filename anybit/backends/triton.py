@@ -156,12 +156,7 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _major(device: torch.device) -> int:
-    return _capability_major(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def pdl_launch(device: torch.device) -> bool:

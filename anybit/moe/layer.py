@@ -177,8 +177,8 @@ def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
 def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> dict:
     """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row (or per row
     and group: `x_group`) with its scales (and, for frag-layout experts, its per-128-K-block sums), as
-    `moe_gemm` keywords. pdl: the
-    GEMM launches as a programmatic dependent of the quantizer (its launch plan's `pdl`)."""
+    `moe_gemm` keywords. pdl: the GEMM launches as a programmatic dependent of the quantizer (its launch
+    plan's `pdl`)."""
     if not scheme.act.quantized:
         return dict(x=x)
     from anybit.formats.scheme import ActMode
