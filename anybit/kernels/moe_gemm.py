@@ -93,18 +93,16 @@ def _moe_gemm_kernel(
             elif W_NK:  # the expert's weight is x's FP8 dtype already, [N, K]: its [BLOCK_K, BLOCK_N] view
                 w = tl.load(p0 + offs_n[None, :] * K + offs_k[:, None], mask=(offs_k < K)[:, None] & mask_n[None, :],
                             other=0.0)
-                if X_GROUP:  # x scaled per row and X_GROUP columns (FP8-block): the K tile lies in one group
-                    part = tl.dot(x, w) * tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m,
-                                                  other=0.0)[:, None]
+                if X_GROUP or SCALE_AT == 1:  # the K tile's partial scaled per x group and/or weight group
+                    part = tl.dot(x, w)
+                    if X_GROUP:  # x scaled per row and X_GROUP columns (FP8-block): the K tile lies in one group
+                        xs = tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
+                        part = part * xs[:, None]
                     if SCALE_AT == 1:
                         s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND,
                                           S_EXP, S_MAN, ZP)
                         part = part * s[None, :]
                     acc += part
-                elif SCALE_AT == 1:
-                    s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
-                                      S_MAN, ZP)
-                    acc += tl.dot(x, w) * s[None, :]
                 else:
                     acc = tl.dot(x, w, acc)
             else:
