@@ -132,10 +132,21 @@ def _bf16_parts(weights: tuple, x: torch.Tensor, routes: list, tiles: dict) -> d
 
 def _humming_layers(moe: QuantMoE, dtype) -> tuple:
     """Humming's indexed-MoE layers holding the same expert weights (gate rows then up rows, as the
-    checkpoint has them; Humming's gate_up does not fuse the activation)."""
-    from anybit.backends.humming import humming_moe_layer
+    checkpoint has them; Humming's gate_up does not fuse the activation), and a note when they are not
+    exactly the same: fp32 scales (W8A8-FP8's channel scales) rounded to Humming's bf16 ones — the same
+    work timed, a result within bf16 rounding (checked against the exact product like the others)."""
+    from anybit.backends.humming import humming_configs, humming_moe_layer
+    from anybit.errors import Unsupported
 
-    return humming_moe_layer(moe.gate_up, dtype), humming_moe_layer(moe.down, dtype)
+    try:
+        humming_configs(moe.gate_up.scheme)
+        exact, note = True, ""
+    except Unsupported as ex:
+        humming_configs(moe.gate_up.scheme, exact_scales=False)  # raises what no rounding can map
+        exact, note = False, f"humming with its own scale dtype ({ex})"
+        print(note, flush=True)
+    layers = tuple(humming_moe_layer(w, dtype, exact_scales=exact) for w in (moe.gate_up, moe.down))
+    return layers, note
 
 
 def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) -> dict:
@@ -188,10 +199,10 @@ def run(args) -> list[dict]:
             scheme = Scheme.parse(text)
             moe = QuantMoE(random_weight(scheme, (e, 2 * i, h), dev), random_weight(scheme, (e, h, i), dev))
             per_expert = {"gate_up": moe.gate_up.nbytes / e, "down": moe.down.nbytes / e}
-            hum, hum_why = None, None
+            hum, hum_why, hum_note = None, None, ""
             if "humming" in args.peers.split(","):
                 try:
-                    hum = _humming_layers(moe, torch.bfloat16)
+                    hum, hum_note = _humming_layers(moe, torch.bfloat16)
                 except Exception as ex:  # noqa: BLE001 - the peer's failure is a result, not a crash
                     hum_why = f"humming peer: {type(ex).__name__}: {ex}"[:300]
                     print(hum_why, flush=True)
@@ -220,6 +231,8 @@ def run(args) -> list[dict]:
                 r = m * top_k
                 for name, fns in parts.items():
                     row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
+                    if name.startswith("humming:") and hum_note:
+                        row["note"] = hum_note
                     try:
                         us = median(time_graph(fns, 20, args.repeats, 20))
                     except Exception as ex:  # noqa: BLE001 - reported per cell

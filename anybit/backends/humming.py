@@ -107,12 +107,13 @@ def packed_humming_tensors(qw: QuantizedWeight, dtype: torch.dtype) -> dict[str,
     return t
 
 
-def humming_moe_layer(qw: QuantizedWeight, dtype: torch.dtype, experts_per_chunk: int = 16):
+def humming_moe_layer(qw: QuantizedWeight, dtype: torch.dtype, experts_per_chunk: int = 16, exact_scales: bool = True):
     """A transformed `HummingLayer(num_experts=E)` holding an (E, N, K) expert stack, filled a chunk of
-    experts at a time (unpacked int32 codes of all DeepSeek-V3 experts would take 30 GB)."""
+    experts at a time (unpacked int32 codes of all DeepSeek-V3 experts would take 30 GB). exact_scales=False
+    (a timing peer): fp32 channel/group scales are rounded to Humming's activation-dtype scales."""
     from humming.layer import HummingLayer
 
-    wc, ic = humming_configs(qw.scheme)
+    wc, ic = humming_configs(qw.scheme, exact_scales)
     e = qw.shape[0]
     with torch.device(qw.device):
         layer = HummingLayer(shape_n=qw.n, shape_k=qw.k, weight_config=dict(wc), input_config=ic and dict(ic),

@@ -364,13 +364,15 @@ def moe_gemm(
     registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap). pdl:
     the fragment-layout kernel launches as a programmatic dependent of the kernel before it. scale_w:
     group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
-    (fragment layout; an experiment, not yet measured): blocks whose second half is padding run half-width."""
+    (fragment layout, no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan
+    for blocks of >= 32 rows)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
     n, k = tw.n, tw.k
     if tail_half and (split_k > 1 or not tw.frag):
-        raise ValueError(f"tail_half runs on fragment-layout experts without split-K, got split_k={split_k}")
+        layout = "fragment" if tw.frag else "bit-plane"
+        raise ValueError(f"tail_half runs on fragment-layout experts without split-K, got {layout}, split_k={split_k}")
     if silu_mul and (n % 2 or block_n % 2):
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
