@@ -24,8 +24,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from anybit.bench.timing import median, time_graph  # noqa: E402
+from anybit.formats import FloatType  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels.moe_gemm import moe_gemm, moe_wide_tile  # noqa: E402
+from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 from anybit.moe.layer import grouped_inputs, moe_tiles  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
@@ -37,6 +38,8 @@ HBM = 4.2e12
 def random_weight(scheme: Scheme, shape, dev) -> QuantizedWeight:
     qw = QuantizedWeight.empty(scheme, shape, device=dev)
     qw.qweight.random_(-(2**31), 2**31 - 1)
+    if scheme.weight_bits == 8 and isinstance(scheme.weight, FloatType):  # no NaN / inf codes: top exponent bit off
+        qw.qweight.view(torch.uint8).bitwise_and_(0xBF)
     s = qw.scales
     if s.dtype == torch.uint8:  # 8-bit float scale codes: ue8m0 near 2**-7, e4m3 small positive values
         s.random_(120, 124) if scheme.scale_dtype.name == "ue8m0" else s.random_(0x20, 0x30)
@@ -214,7 +217,7 @@ def run(args) -> list[dict]:
                 routes = [softmax_topk(torch.randn(m, e, device=dev, generator=g), top_k) for _ in range(20)]
                 x = torch.randn(m, h, device=dev, dtype=torch.bfloat16)
                 moe(x, *routes[0])  # builds the stacked layout, compiles
-                tiles = moe_tiles(m * top_k, e, True, moe_wide_tile(moe._stacked[0], x.dtype))  # the layer's
+                tiles = moe_tiles(m * top_k, e, True, moe_tile_kind(moe._stacked[0], x.dtype))  # the layer's
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
                 parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large))

@@ -157,14 +157,14 @@ def check_moe(
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert (`tiles`:
     overrides of it)."""
     from anybit.backends.triton_layout import stack_experts
-    from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm, moe_wide_tile
+    from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm, moe_tile_kind
     from anybit.moe.align import moe_align
     from anybit.moe.layer import moe_tiles
 
     e, top_k = 8, 2
     tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
     t = max(1, per_expert * e // top_k)
-    tiles = moe_tiles(t * top_k, e, cuda=True, wide=moe_wide_tile(tw, torch.bfloat16)) | (tiles or {})
+    tiles = moe_tiles(t * top_k, e, cuda=True, kind=moe_tile_kind(tw, torch.bfloat16)) | (tiles or {})
     ids = torch.randint(0, e, (t, top_k))
     sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
     x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}

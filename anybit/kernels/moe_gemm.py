@@ -300,6 +300,17 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
     return registers or tw.group_k >= tw.k or frag_scale_w(tw, x_dtype, 128)
 
 
+def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
+    """What `anybit.moe.layer.moe_tiles` picks prefill tiles by: "wide" (`moe_wide_tile`), "fp8" / "fp8-block"
+    (FP8 experts read as stored under per-token / per-group FP8 x: no decode, a deep K tile), or ""."""
+    if moe_wide_tile(tw, x_dtype):
+        return "wide"
+    act = tw.scheme.act
+    if tw.nk and not tw.frag and act.quantized:
+        return "fp8-block" if act.group else "fp8"
+    return ""
+
+
 def moe_block_n(tw, block_n: int, num_warps: int) -> int:
     """The N tile the kernel runs: fragment-layout experts put weight rows on the MMA's 64-row side
     (>= 16 rows per warp), and a 256-K block of 2-bit codes is decoded whole, so 16 rows per warp."""

@@ -243,5 +243,21 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert not kernels.moe_wide_tile(tw, torch.bfloat16)
     monkeypatch.setattr(kernels, "target_sm", lambda: 90)
     assert kernels.moe_wide_tile(tw, torch.bfloat16) is wide
-    assert moe_tiles(4096 * 8, 256, True, wide)["block_n"] == (256 if wide else 128)
-    assert moe_tiles(1024 * 8, 256, True, wide)["block_n"] == 128  # 32 rows per expert: unchanged
+    kind = "wide" if wide else ""
+    assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
+    assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: unchanged
+
+
+@pytest.mark.parametrize("scheme, kind, block_m", [("w8a8-fp8", "fp8", 128), ("fp8-block", "fp8-block", 64)])
+def test_fp8_experts_read_as_stored_take_deep_k_prefill_tiles(scheme, kind, block_m):
+    """FP8 experts read as stored have no decode: 128-deep K tiles from 17 rows per expert on (H200
+    DeepSeek-V3 W8A8 M=1024 gate_up 2x faster); FP8-block's per-tile promotion keeps 64-row blocks."""
+    from anybit.kernels.moe_gemm import moe_tile_kind
+
+    tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, scheme))
+    assert moe_tile_kind(tw, torch.bfloat16) == kind
+    assert moe_tiles(8 * 256, 256, True, kind)["block_m"] == 16  # decode: the shared 16 x 128 x 128 tile
+    assert moe_tiles(32 * 256, 256, True, kind) == dict(block_m=64, block_n=128, block_k=128, num_warps=4,
+                                                        num_stages=4)  # fmt: skip
+    assert moe_tiles(128 * 256, 256, True, kind)["block_m"] == block_m

@@ -135,7 +135,7 @@ def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
     block and a 22-row tail) and 64 rows (exactly half) against the dequantized experts."""
     import anybit
     from anybit.backends.triton_layout import stack_experts
-    from anybit.kernels.moe_gemm import moe_gemm, moe_wide_tile
+    from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind
     from anybit.moe import moe_align
     from anybit.moe.layer import moe_tiles
 
@@ -146,7 +146,7 @@ def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
     ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate((40, 128, 150, 64))]).int().cuda()[:, None]
     t = len(ids)
     x = torch.randn(t, kk, generator=g, device="cuda").bfloat16()
-    tiles = moe_tiles(1 << 20, e, True, moe_wide_tile(tw, x.dtype))
+    tiles = moe_tiles(1 << 20, e, True, moe_tile_kind(tw, x.dtype))
     assert tiles["block_m"] == 128 and tiles["block_n"] == 256
     kw = dict(block_m=128, block_n=256, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], num_rows=t,
               top_k=1)  # fmt: skip
