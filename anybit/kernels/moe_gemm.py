@@ -55,77 +55,111 @@ def _moe_gemm_kernel(
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False, X_GROUP: tl.constexpr = 0,
+    TAIL_HALF: tl.constexpr = False,
 ):
+    """The grouped GEMM for bit-plane experts (and FP8 experts read as stored, `W_NK`): each block of rows
+    against its expert's weight tile, decoded in registers. TAIL_HALF (no split-K): a block whose second
+    half is padding (an expert's last, short block) runs on its first half only."""
     pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     e = tl.load(expert_ptr + pid_m)
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
-        rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        cols_n = offs_n // GROUP_N
-        e64 = e.to(tl.int64)
-        p0, p1, p2 = p0_ptr + e64 * stride_p0, p1_ptr + e64 * stride_p1, p2_ptr + e64 * stride_p2
-        se, ze = s_ptr + e64 * stride_se, z_ptr + e64 * stride_se
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if x_ptr.dtype.element_ty == tl.bfloat16:
-            magic_off = 128.0
+        mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
+        if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
+            _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
+                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
+                            stride_p1, stride_p2, stride_se, stride_s, stride_xs, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED,
+                            FP8_X, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN, SCALE_KIND, S_EXP, S_MAN, ZP,
+                            GROUP_K, GROUP_N, SCALE_AT, HAS_GS, BLOCK_M, BLOCK_M // 2, BLOCK_N, BLOCK_K, PAIRS, W_NK,
+                            X_GROUP)
         else:
-            magic_off = 1024.0
-        if W_SIGNED:
-            magic_off += 1 << (W_BITS - 1)
-        k_tiles = tl.cdiv(K, BLOCK_K)
-        per_split = tl.cdiv(k_tiles, SPLIT_K)
-        for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
-            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
-                        mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-            if PAIRS:  # the dense kernel's two-per-instruction decode: MAGIC + code in x's dtype, exact
-                v = load_pairs(p0, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
+            _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
+                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
+                            stride_p1, stride_p2, stride_se, stride_s, stride_xs, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED,
+                            FP8_X, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN, SCALE_KIND, S_EXP, S_MAN, ZP,
+                            GROUP_K, GROUP_N, SCALE_AT, HAS_GS, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, W_NK,
+                            X_GROUP)
+
+
+@triton.jit
+def _moe_plane_rows(
+    x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr, ws_ptr, cnt_ptr, e, pid_m,
+    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s, stride_xs,
+    SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, FP8_X: tl.constexpr,
+    W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
+    W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
+    S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr, X_GROUP: tl.constexpr,
+):
+    """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight tile of this
+    program's N tile and K split; the epilogue of `_finish_rows`."""
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    cols_n = offs_n // GROUP_N
+    e64 = e.to(tl.int64)
+    p0, p1, p2 = p0_ptr + e64 * stride_p0, p1_ptr + e64 * stride_p1, p2_ptr + e64 * stride_p2
+    se, ze = s_ptr + e64 * stride_se, z_ptr + e64 * stride_se
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        magic_off = 128.0
+    else:
+        magic_off = 1024.0
+    if W_SIGNED:
+        magic_off += 1 << (W_BITS - 1)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+        if PAIRS:  # the dense kernel's two-per-instruction decode: MAGIC + code in x's dtype, exact
+            v = load_pairs(p0, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
+            s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                              S_MAN, ZP)
+            w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
+            if SCALE_AT == 1:
+                acc += tl.dot(x, w) * s[None, :]
+            else:
+                acc = tl.dot(x, w, acc)
+        elif W_NK:  # the expert's weight is x's FP8 dtype already, [N, K]: its [BLOCK_K, BLOCK_N] view
+            w = tl.load(p0 + offs_n[None, :] * K + offs_k[:, None], mask=(offs_k < K)[:, None] & mask_n[None, :],
+                        other=0.0)
+            if X_GROUP or SCALE_AT == 1:  # the K tile's partial scaled per x group and/or weight group
+                part = tl.dot(x, w)
+                if X_GROUP:  # x scaled per row and X_GROUP columns (FP8-block): the K tile lies in one group
+                    xs = tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
+                    part = part * xs[:, None]
+                if SCALE_AT == 1:
+                    s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND,
+                                      S_EXP, S_MAN, ZP)
+                    part = part * s[None, :]
+                acc += part
+            else:
+                acc = tl.dot(x, w, acc)
+        else:
+            q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
+                              W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
+            if SCALE_AT == 2:
+                w = group_scaled(q, se, ze, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
+                                 SCALE_KIND, S_EXP, S_MAN, ZP)
+                acc += tl.dot(x, w.to(x.dtype))
+            else:
                 s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
                                   S_MAN, ZP)
-                w = v - (z + magic_off).to(x_ptr.dtype.element_ty)[None, :]
+                part = tl.dot(x, (q - z[None, :]).to(x.dtype))
                 if SCALE_AT == 1:
-                    acc += tl.dot(x, w) * s[None, :]
+                    acc += part * s[None, :]
                 else:
-                    acc = tl.dot(x, w, acc)
-            elif W_NK:  # the expert's weight is x's FP8 dtype already, [N, K]: its [BLOCK_K, BLOCK_N] view
-                w = tl.load(p0 + offs_n[None, :] * K + offs_k[:, None], mask=(offs_k < K)[:, None] & mask_n[None, :],
-                            other=0.0)
-                if X_GROUP or SCALE_AT == 1:  # the K tile's partial scaled per x group and/or weight group
-                    part = tl.dot(x, w)
-                    if X_GROUP:  # x scaled per row and X_GROUP columns (FP8-block): the K tile lies in one group
-                        xs = tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
-                        part = part * xs[:, None]
-                    if SCALE_AT == 1:
-                        s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND,
-                                          S_EXP, S_MAN, ZP)
-                        part = part * s[None, :]
                     acc += part
-                else:
-                    acc = tl.dot(x, w, acc)
-            else:
-                q = decode_weight(load_codes(p0, p1, p2, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, W1, W2),
-                                  W_BITS, W_FLOAT, W_SIGNED, W_EXP, W_MAN)
-                if SCALE_AT == 2:
-                    w = group_scaled(q, se, ze, kt * BLOCK_K, K, mask_n, cols_n, stride_s, GROUP_K, BLOCK_K, BLOCK_N,
-                                     SCALE_KIND, S_EXP, S_MAN, ZP)
-                    acc += tl.dot(x, w.to(x.dtype))
-                else:
-                    s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
-                                      S_MAN, ZP)
-                    part = tl.dot(x, (q - z[None, :]).to(x.dtype))
-                    if SCALE_AT == 1:
-                        acc += part * s[None, :]
-                    else:
-                        acc += part
-        if SCALE_AT == 0:
-            s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-            acc = acc * s[None, :]
-        _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
-                     pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
-                     BLOCK_M, BLOCK_N)
+    if SCALE_AT == 0:
+        s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+        acc = acc * s[None, :]
+    _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
+                 pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
+                 ROWS, BLOCK_N)
 
 
 @triton.jit
@@ -375,15 +409,14 @@ def moe_gemm(
     registers per thread of the fragment-layout kernel (more CTAs per SM; ptxas spills past the cap). pdl:
     the fragment-layout kernel launches as a programmatic dependent of the kernel before it. scale_w:
     group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
-    (fragment layout, no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan
-    for blocks of >= 32 rows)."""
+    (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
+    rows)."""
     if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
         have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
         raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
     n, k = tw.n, tw.k
-    if tail_half and (split_k > 1 or not tw.frag):
-        layout = "fragment" if tw.frag else "bit-plane"
-        raise ValueError(f"tail_half runs on fragment-layout experts without split-K, got {layout}, split_k={split_k}")
+    if tail_half and split_k > 1:
+        raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")
     if silu_mul and (n % 2 or block_n % 2):
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
@@ -444,7 +477,8 @@ def moe_gemm(
         SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, X_GROUP=x_group, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, X_GROUP=x_group, TAIL_HALF=tail_half, num_warps=num_warps,
+        num_stages=num_stages,
         **tw.fmt,
     )
     # fmt: on

@@ -133,7 +133,7 @@ class QuantMoE(nn.Module):
             # an expert's last, short block runs a half-width MMA: H200, w4a16, 32-128 row blocks, 2-9 %
             # faster (DeepSeek-V3 M=4096 gate_up 4845 -> 4622 µs, down 2868 -> 2654; Qwen3 M=1024 191 -> 176);
             # 16-row decode blocks lose 15-19 % by it
-            if tw.frag and tiles["block_m"] >= 32:
+            if tiles["block_m"] >= 32:
                 tiles["tail_half"] = True
             return dict(tiles, num_rows=rows)
         grid_m = cdiv(rows, tiles["block_m"]) + min(self.num_experts, rows)

@@ -60,6 +60,11 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     w = qw.dequantize().double()
     ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    # 32-row blocks whose second half is padding (<= 5 rows per expert here) run half-width
+    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+    moe_gemm(xq, tw, *moe_align(ids, e, 32), block_m=32, num_rows=t * k, top_k=k, x_scales=xs, x_group=group,
+             out=y, block_k=64, tail_half=True)  # fmt: skip
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
     if group:  # K tiles must lie inside one x group
         with pytest.raises(ValueError, match="x_group"):
             moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
@@ -168,10 +173,11 @@ def test_group_scales_applied_to_the_decoded_weights(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "mxfp4"])
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "mxfp4", "w3a16"])
 def test_half_width_tail_blocks(interpret, scheme):
-    """tail_half: blocks whose second half is padding run half-width; experts of 5, 20, 33 (a full block
-    and a 1-row tail) and 16 rows (exactly half) against per-slot products, unwritten rows poisoned."""
+    """tail_half: blocks whose second half is padding run half-width (fragment and bit-plane experts);
+    experts of 5, 20, 33 (a full block and a 1-row tail) and 16 rows (exactly half) against per-slot
+    products, unwritten rows poisoned."""
     g = torch.Generator().manual_seed(23)
     e, n, kk = 4, 64, 256
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)

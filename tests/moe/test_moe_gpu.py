@@ -129,15 +129,16 @@ def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monk
     assert torch.equal(y, plain)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4", "w8a8-fp8", "fp8-block"])
 def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
-    """tail_half on the 128-row, 256-wide prefill tile: experts of 40 (half path), 128 (full), 150 (a full
-    block and a 22-row tail) and 64 rows (exactly half) against the dequantized experts."""
+    """tail_half on the prefill tile (128 x 256, FP8-block 64 x 256): experts of 40, 128, 150 (a full block
+    and a tail) and 64 rows against the dequantized experts (FP8 x: its own quantized values)."""
     import anybit
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind
     from anybit.moe import moe_align
-    from anybit.moe.layer import moe_tiles
+    from anybit.moe.layer import grouped_inputs, moe_tiles
+    from anybit.quant.activations import dequantize_activation
 
     g = torch.Generator(device="cuda").manual_seed(5)
     e, n, kk = 4, 512, 1024
@@ -147,11 +148,15 @@ def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
     t = len(ids)
     x = torch.randn(t, kk, generator=g, device="cuda").bfloat16()
     tiles = moe_tiles(1 << 20, e, True, moe_tile_kind(tw, x.dtype))
-    assert tiles["block_m"] == 128 and tiles["block_n"] == 256
-    kw = dict(block_m=128, block_n=256, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"], num_rows=t,
-              top_k=1)  # fmt: skip
+    assert tiles["block_n"] == 256
+    bm = tiles["block_m"]
+    kw = dict(block_m=bm, block_n=256, block_k=tiles["block_k"], num_warps=tiles["num_warps"],
+              num_stages=tiles["num_stages"], num_rows=t, top_k=1)  # fmt: skip
     y = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    moe_gemm(x, tw, *moe_align(ids, e, 128), out=y, tail_half=True, **kw)
+    xin = grouped_inputs(x, qw.scheme, tw.frag)
+    sorted_ids, expert_ids, total = moe_align(ids, e, bm)
+    moe_gemm(tw=tw, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, out=y, tail_half=True, **xin, **kw)
+    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act) if "x_scales" in xin else x
     w = qw.dequantize().double()
-    ref = torch.stack([x[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
+    ref = torch.stack([xd[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
