@@ -183,7 +183,7 @@ def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) 
         w = moe.gate_up.expert(int(ids[slot])).dequantize()
         ref = x[slot // top_k].float() @ w.T
         err = float((y[slot].float() - ref).norm() / ref.norm())
-        if not err < 2e-2:
+        if not err < (6e-2 if moe.gate_up.scheme.act.quantized else 2e-2):  # FP8 x: e4m3 rounding of x
             raise RuntimeError(f"humming gate_up slot {slot}: rel. error {err:.2e} vs the exact product")
     return out
 
@@ -284,7 +284,11 @@ def main() -> int:
     args = ap.parse_args()
     rows = run(args)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "moe_bench.json"), "w") as f:
+    name, n = "moe_bench.json", 1
+    while os.path.exists(os.path.join(args.out, name)):  # several runs in one device call keep every result
+        n += 1
+        name = f"moe_bench_{n}.json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
                    "commit": os.environ.get("ANYBIT_COMMIT")}, f, indent=1)  # fmt: skip
     return 0
