@@ -252,7 +252,8 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     kind = "wide" if wide else ""
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
     assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
-    assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: unchanged
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if wide else 32)
 
 
 @pytest.mark.parametrize("scheme, kind, block_m", [("w8a8-fp8", "fp8", 128), ("fp8-block", "fp8-block", 64)])
