@@ -102,6 +102,65 @@ def _moe_plane_rows(
     e64 = e.to(tl.int64)
     p0, p1, p2 = p0_ptr + e64 * stride_p0, p1_ptr + e64 * stride_p1, p2_ptr + e64 * stride_p2
     se, ze = s_ptr + e64 * stride_se, z_ptr + e64 * stride_se
+    if W_NK and ROWS <= 32:  # FP8 as stored, few rows: the weight on the MMA's 64-row side
+        acc = _nk_swapped(x_ptr, p0, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, K, stride_xm, stride_s,
+                          stride_xs, pid_k, SPLIT_K, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, SCALE_AT, ROWS, BLOCK_N,
+                          BLOCK_K, X_GROUP)
+    else:
+        acc = _plane_loop(x_ptr, p0, p1, p2, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, K, N, stride_xm,
+                          stride_s, stride_xs, pid_k, SPLIT_K, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN,
+                          SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, SCALE_AT, ROWS, BLOCK_N, BLOCK_K, PAIRS, W_NK,
+                          X_GROUP)
+    if SCALE_AT == 0:
+        s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
+        acc = acc * s[None, :]
+    _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
+                 pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
+                 ROWS, BLOCK_N)
+
+
+@triton.jit
+def _nk_swapped(x_ptr, p0, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, K, stride_xm, stride_s, stride_xs,
+                pid_k, SPLIT_K: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                ZP: tl.constexpr, GROUP_K: tl.constexpr, SCALE_AT: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_GROUP: tl.constexpr):
+    """The FP8-as-stored K loop computed transposed: W [BLOCK_N, BLOCK_K] (as stored) times x^T, so the
+    weight rows take the MMA's 64-row side and a few token rows its narrow side (an FP8 wgmma; x rows on
+    the 64-row side make it convert both operands to fp16 for mma.sync). Returns [ROWS, BLOCK_N]."""
+    acc = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+        w = tl.load(p0 + offs_n[:, None] * K + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :],
+                    other=0.0)
+        if X_GROUP or SCALE_AT == 1:  # the K tile's partial scaled per x group and/or weight group
+            part = tl.dot(w, tl.trans(x))
+            if X_GROUP:  # the K tile lies in one x group
+                xs = tl.load(xs_ptr + src * stride_xs + (kt * BLOCK_K) // X_GROUP, mask=mask_m, other=0.0)
+                part = part * xs[None, :]
+            if SCALE_AT == 1:
+                s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
+                                  S_MAN, ZP)
+                part = part * s[:, None]
+            acc += part
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    return tl.trans(acc)
+
+
+@triton.jit
+def _plane_loop(x_ptr, p0, p1, p2, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, K, N, stride_xm, stride_s,
+                stride_xs, pid_k, SPLIT_K: tl.constexpr, W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr,
+                W2: tl.constexpr, W_FLOAT: tl.constexpr, W_SIGNED: tl.constexpr, W_EXP: tl.constexpr,
+                W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
+                ZP: tl.constexpr, GROUP_K: tl.constexpr, SCALE_AT: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr,
+                X_GROUP: tl.constexpr):
+    """The K loop of `_moe_plane_rows` over this program's K split: [ROWS, BLOCK_N] fp32, weight scales
+    applied per K tile where they vary along K (SCALE_AT 1/2; 0: the caller scales once)."""
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     if x_ptr.dtype.element_ty == tl.bfloat16:
         magic_off = 128.0
@@ -154,12 +213,7 @@ def _moe_plane_rows(
                     acc += part * s[None, :]
                 else:
                     acc += part
-    if SCALE_AT == 0:
-        s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
-        acc = acc * s[None, :]
-    _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
-                 pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
-                 ROWS, BLOCK_N)
+    return acc
 
 
 @triton.jit
@@ -335,12 +389,15 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
 
 
 def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
-    """What `anybit.moe.layer.moe_tiles` picks prefill tiles by: "wide" (`moe_wide_tile`), "fp8" / "fp8-block"
-    (FP8 experts read as stored under per-token / per-group FP8 x: no decode, a deep K tile), or ""."""
+    """What `anybit.moe.layer.moe_tiles` picks tiles by: "wide" (`moe_wide_tile`), "a8" (other fragment-layout
+    experts under FP8 x), "fp8" / "fp8-block" (FP8 experts read as stored under per-token / per-group FP8
+    x: no decode, a deep K tile), or ""."""
     if moe_wide_tile(tw, x_dtype):
         return "wide"
     act = tw.scheme.act
-    if tw.nk and not tw.frag and act.quantized:
+    if tw.frag and act.quantized:
+        return "a8"
+    if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
     return ""
 

@@ -196,25 +196,30 @@ def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> di
 
 def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     """Grouped-GEMM tile by the average rows per expert: 16-row blocks with deep K tiles when experts
-    see a token or two (decode: bandwidth), 32/64/128-row blocks when they see many (prefill: MMA). kind
-    (`moe_tile_kind`): "wide" 128-row blocks take 256 weight rows per CTA (x is read half as often) and
-    from 17 rows per expert the blocks are 64 rows (DeepSeek-V3 M=1024 w4a16 gate_up 2175 -> 1977 µs,
-    down 1245 -> 1172; mxfp4 2487 -> 2427, 1363 -> 1254: half of a block's rows are padding less often);
-    "fp8" / "fp8-block" (FP8 experts read as stored, x per token / per 128 columns) take 128-deep K
-    tiles — H200, DeepSeek-V3 W8A8-FP8 M=1024 gate_up 3862 -> 1952 µs, M=4096 3990 -> 3056 (128 x 256
-    tiles); FP8-block keeps 64-row blocks (its per-tile promotion spills 128-row ones: 7527 -> 4958 µs)."""
+    see a token or two (decode: bandwidth), 32/64/128-row blocks when they see many (prefill: MMA).
+    kind (`moe_tile_kind`; H200 numbers, DeepSeek-V3 gate_up / down, tools/moe_bench.py):
+    "wide": 128-row blocks take 256 weight rows per CTA (x read half as often); from 17 rows per
+    expert 64-row blocks (M=1024 w4a16 2175 -> 1977 µs, 1245 -> 1172; half-width tails make them pay).
+    "a8" (fragment-layout experts under FP8 x): 64-row blocks from 17 rows per expert on (w4a8 M=1024
+    1695 -> 1515 µs, 993 -> 881; M=4096 4437 -> 4288, 2977 -> 2569).
+    "fp8" / "fp8-block" (FP8 experts read as stored, x per token / per 128 columns): 128-deep K tiles
+    (W8A8 M=1024 3862 -> 1952 µs; M=4096 3990 -> 3056 with 128 x 256 tiles; FP8-block keeps 64-row
+    blocks, its per-tile promotion spills 128-row ones: 7527 -> 4958); W8A8 decode 256-deep (M=1
+    71.5 -> 66.7 µs, M=16 714 -> 672, M=256 1853 -> 1721; FP8-block's K tile must lie in an x group)."""
     if not cuda:
         return dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
     per_expert = rows / experts
     if per_expert <= 16:
+        if kind == "fp8":
+            return dict(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=3)
         return dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4)
     if kind.startswith("fp8"):
         if per_expert <= 96:
             return dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
         return dict(block_m=128 if kind == "fp8" else 64, block_n=256, block_k=128, num_warps=8, num_stages=3)
-    if per_expert <= 48 and kind != "wide":  # wide: 64-row blocks, the short ones half-width (tail_half)
+    if per_expert <= 48 and kind not in ("wide", "a8"):
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4)
-    if per_expert <= 96:
+    if per_expert <= 96 or kind == "a8":
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
     return dict(block_m=128, block_n=256 if kind == "wide" else 128, block_k=64, num_warps=8, num_stages=3)
 

@@ -60,11 +60,13 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     w = qw.dequantize().double()
     ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-    # 32-row blocks whose second half is padding (<= 5 rows per expert here) run half-width
-    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
-    moe_gemm(xq, tw, *moe_align(ids, e, 32), block_m=32, num_rows=t * k, top_k=k, x_scales=xs, x_group=group,
-             out=y, block_k=64, tail_half=True)  # fmt: skip
-    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    # blocks whose second half is padding (<= 5 rows per expert here) run half-width: FP8 experts read as
+    # stored take the transposed MMA up to 32 rows (64: the x rows on the MMA's 64-row side)
+    for bm in (32, 128):
+        y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+        moe_gemm(xq, tw, *moe_align(ids, e, bm), block_m=bm, num_rows=t * k, top_k=k, x_scales=xs, x_group=group,
+                 out=y, block_k=64, tail_half=True)  # fmt: skip
+        assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
     if group:  # K tiles must lie inside one x group
         with pytest.raises(ValueError, match="x_group"):
             moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
@@ -249,11 +251,11 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert not kernels.moe_wide_tile(tw, torch.bfloat16)
     monkeypatch.setattr(kernels, "target_sm", lambda: 90)
     assert kernels.moe_wide_tile(tw, torch.bfloat16) is wide
-    kind = "wide" if wide else ""
+    kind = "wide" if wide else "a8" if scheme == "w4a8" else ""
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
     assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
-    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if wide else 32)
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if kind else 32)
 
 
 @pytest.mark.parametrize("scheme, kind, block_m", [("w8a8-fp8", "fp8", 128), ("fp8-block", "fp8-block", 64)])
@@ -264,7 +266,8 @@ def test_fp8_experts_read_as_stored_take_deep_k_prefill_tiles(scheme, kind, bloc
 
     tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, scheme))
     assert moe_tile_kind(tw, torch.bfloat16) == kind
-    assert moe_tiles(8 * 256, 256, True, kind)["block_m"] == 16  # decode: the shared 16 x 128 x 128 tile
+    decode = moe_tiles(8 * 256, 256, True, kind)
+    assert decode["block_m"] == 16 and decode["block_k"] == (256 if kind == "fp8" else 128)  # in one x group
     assert moe_tiles(32 * 256, 256, True, kind) == dict(block_m=64, block_n=128, block_k=128, num_warps=4,
                                                         num_stages=4)  # fmt: skip
     assert moe_tiles(128 * 256, 256, True, kind)["block_m"] == block_m
