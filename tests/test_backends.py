@@ -243,3 +243,54 @@ def test_call_path_reads_no_whole_settings(monkeypatch, interpret):
 
     monkeypatch.setattr(settings, "load", whole_read)
     assert torch.equal(gemm(x, p), first) and torch.equal(moe(xm, w, ids), first_moe)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w3a16"])  # the fragment-layout and the bit-plane kernel
+def test_a_tile_over_this_gpus_shared_memory_retries_shallower(interpret, monkeypatch, scheme):
+    """sm_86/89 GPUs have 99 KB of shared memory per block, where Hopper tiles ask up to 117 KB: Triton
+    refuses such a launch before it runs, and the backend retries one pipeline stage shallower and keeps
+    that tile for the weight and M (simulated here: launches of > 3 stages are refused)."""
+    from triton.runtime.errors import OutOfResources
+
+    from anybit.backends import triton as tb
+    from anybit.kernels.gemm import GemmConfig
+
+    refused = []
+
+    def limited(kernel):
+        def launch(*args, **kw):
+            stages = kw["num_stages"] if "num_stages" in kw else kw["config"].num_stages
+            if stages > 3:
+                refused.append(stages)
+                raise OutOfResources(110592, 101376, "shared memory")
+            return kernel(*args, **kw)
+
+        return launch
+
+    monkeypatch.setattr(tb, "gemm_frag", limited(tb.gemm_frag))
+    monkeypatch.setattr(tb, "gemm_dense", limited(tb.gemm_dense))
+    qw = anybit.quantize(torch.randn(72, 256), scheme)
+    p = prepare(qw, backend="triton")
+    frag = p.data.frag
+    p.data.configs[5] = GemmConfig(16, 64 if frag else 32, 128 if frag else 32, num_warps=4, num_stages=5)
+    x = torch.randn(5, 256).half()
+    for _ in range(2):
+        y = get_backend("triton").gemm(x, p)
+        assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.float16]
+    assert refused == [5, 4] and p.data.configs[5].num_stages == 3  # the second call launched at once
+
+
+def test_only_shared_memory_over_the_limit_is_retried():
+    from triton.runtime.errors import OutOfResources
+
+    from anybit.kernels.gemm import GemmConfig, fewer_stages
+
+    tile = GemmConfig(64, 128, 64, num_stages=4)
+    assert fewer_stages(OutOfResources(1, 0, "shared memory"), tile).num_stages == 3
+    assert fewer_stages(OutOfResources(1, 0, "shared memory"), dict(num_stages=3, block_m=64)) == dict(
+        num_stages=2, block_m=64
+    )
+    with pytest.raises(OutOfResources):
+        fewer_stages(OutOfResources(1, 0, "threads"), tile)
+    with pytest.raises(OutOfResources):
+        fewer_stages(OutOfResources(1, 0, "shared memory"), dict(num_stages=2))

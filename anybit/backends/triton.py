@@ -21,7 +21,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.gemm import GemmConfig, gemm_dense
+from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
 from anybit.tuning.cache import TuningCache, device_key, problem_key, source_hash
@@ -243,12 +243,26 @@ class TritonBackend:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and m > BLOCKSCALED_MIN_M and blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None:
             return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)
-        if config is None:
+        planned = config is None
+        if planned:
             config = tw.configs.get(m)
             if config is None:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
+        while True:
+            try:
+                return self._launch(x2, tw, prepared, bias, config).reshape(*lead, tw.n)
+            except OutOfResources as e:
+                config = fewer_stages(e, config)
+                if planned:  # this GPU's tile from now on (sm_86/89: 99 KB of shared memory per block)
+                    tw.configs[m] = config
+
+    def _launch(
+        self, x2: torch.Tensor, tw: TritonWeight, prepared: Prepared, bias: torch.Tensor | None, config: GemmConfig
+    ) -> torch.Tensor:
+        """One launch of the Triton GEMM with this tile: [M, N] (FP8 schemes quantize x first)."""
+        m, act = x2.shape[0], tw.scheme.act
         x_scales, x_sums, x_group, out_dtype = None, None, 0, None
-        pdl = tw.frag and pdl_launch(x.device)
+        pdl = tw.frag and pdl_launch(x2.device)
         if act.quantized:
             out_dtype = x2.dtype
             static = None
@@ -262,25 +276,14 @@ class TritonBackend:
         ws = cnt = None
         if config.split_k > 1:
             tiles = cdiv(m, config.block_m) * cdiv(tw.n, config.block_n)
-            ws, cnt = self._workspace.get(x.device, config.split_k * m * tw.n, tiles)
+            ws, cnt = self._workspace.get(x2.device, config.split_k * m * tw.n, tiles)
         if tw.frag:  # the swap-AB kernel; its K block is the layout's 128
             c = config
-            y = gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
-                          num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
-                          x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl)  # fmt: skip
-            return y.reshape(*lead, tw.n)
-        y = gemm_dense(
-            x2,
-            tw,
-            bias,
-            config=config,
-            workspace=ws,
-            counters=cnt,
-            x_scales=x_scales,
-            x_group=x_group,
-            out_dtype=out_dtype,
-        )
-        return y.reshape(*lead, tw.n)
+            return gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
+                             num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
+                             x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl)  # fmt: skip
+        return gemm_dense(x2, tw, bias, config=config, workspace=ws, counters=cnt, x_scales=x_scales,
+                          x_group=x_group, out_dtype=out_dtype)  # fmt: skip
 
     def _tuned_config(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> GemmConfig:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not

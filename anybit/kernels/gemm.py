@@ -20,11 +20,12 @@ resets its counter — one launch, no host synchronisation, replayable in a CUDA
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
 from anybit.kernels.splitk import store_or_reduce
@@ -40,6 +41,17 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     pairs: bool | None = None  # 2/4-bit ints decoded two per instruction (None: where the format allows)
+
+
+def fewer_stages(error: OutOfResources, tile):
+    """`tile` (a GemmConfig or a launch dict with num_stages) one pipeline stage shallower, after its launch
+    asked more shared memory per block than this GPU has (sm_86/sm_89: 99 KB, where the Hopper M=64 and
+    MoE prefill tiles ask 108-117 KB). The launch never ran, so the caller retries; other resources, and
+    tiles at 2 stages already, re-raise."""
+    stages = tile["num_stages"] if isinstance(tile, dict) else tile.num_stages
+    if error.name != "shared memory" or stages <= 2:
+        raise error
+    return dict(tile, num_stages=stages - 1) if isinstance(tile, dict) else replace(tile, num_stages=stages - 1)
 
 
 @triton.jit

@@ -99,16 +99,17 @@ class QuantMoE(nn.Module):
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         xin = grouped_inputs(x, self.gate_up.scheme, gu.frag, launch_gu.get("pdl", False))
-        act = moe_gemm(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=k, silu_mul=fused,
-                       out_dtype=x.dtype, **xin, **launch_gu)  # fmt: skip
+        act = _fitting(launch_gu, lambda **kw: moe_gemm(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids,
+                                                         total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
+                                                         **xin, **kw))  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
         routed = topk_weights.reshape(-1).float().contiguous()
         # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
         ain = grouped_inputs(act, self.down.scheme, dn.frag, launch_dn.get("pdl", False))
-        moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, top_k=1, out=y,
-                 routed_weights=routed, **ain, **launch_dn)  # fmt: skip
+        _fitting(launch_dn, lambda **kw: moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
+                                                   top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
@@ -167,6 +168,18 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def _fitting(launch: dict, run):
+    """run(**launch); a launch that asks more shared memory per block than this GPU has (sm_86/89: 99 KB)
+    retries one pipeline stage shallower, and the layer's plan keeps the stage count that fits."""
+    from anybit.kernels.gemm import OutOfResources, fewer_stages
+
+    while True:
+        try:
+            return run(**launch)
+        except OutOfResources as e:
+            launch.update(fewer_stages(e, launch))
 
 
 def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:

@@ -124,3 +124,30 @@ def test_out_of_range_expert_ids_are_an_error_on_the_grouped_path(interpret):
     ids[0, 0] = 6  # 6 experts: ids 0..5
     with pytest.raises(AnybitError, match="expert id 6 out of range for 6 experts"):
         fast(x, w, ids)
+
+
+def test_grouped_launch_over_shared_memory_retries_shallower(interpret, monkeypatch):
+    """A plan tile that asks more shared memory than the GPU has per block (sm_86/89: 99 KB) is refused
+    before it runs (simulated: > 3 stages); the layer retries one stage shallower and keeps it in its plan."""
+    from triton.runtime.errors import OutOfResources
+
+    from anybit.kernels import moe_gemm as kernels
+    from anybit.moe import layer
+
+    deep = layer.moe_tiles
+    monkeypatch.setattr(layer, "moe_tiles", lambda *a, **kw: dict(deep(*a, **kw), num_stages=5))
+    run, refused = kernels.moe_gemm, []
+
+    def limited(*args, **kw):
+        if kw["num_stages"] > 3:
+            refused.append(kw["num_stages"])
+            raise OutOfResources(110592, 101376, "shared memory")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(kernels, "moe_gemm", limited)
+    fast, exact, x, w, ids = _grouped_and_exact("w4a16")
+    for _ in range(2):
+        assert rel_err(fast(x, w, ids), exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.float16]
+    assert refused == [5, 4, 5, 4]  # gate_up, then down, on the first call only
+    plans = [v for v in fast._plans.values() if isinstance(v, tuple)]
+    assert [(gu["num_stages"], dn["num_stages"]) for _, gu, dn in plans] == [(3, 3)]
