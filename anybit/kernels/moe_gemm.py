@@ -120,6 +120,23 @@ def _moe_plane_rows(
 
 
 @triton.jit
+def _k_tiles(K, pid_k, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The K tiles [lo, hi) of split pid_k."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    return pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)
+
+
+@triton.jit
+def _x_tile(x_ptr, src, mask_m, stride_xm, kt, K, BLOCK_K: tl.constexpr):
+    """K tile kt of the block's x rows (gathered by `src`; padding rows and the K tail 0) and its columns."""
+    offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :],
+                other=0.0)
+    return x, offs_k
+
+
+@triton.jit
 def _nk_swapped(x_ptr, p0, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, K, stride_xm, stride_s, stride_xs,
                 pid_k, SPLIT_K: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                 ZP: tl.constexpr, GROUP_K: tl.constexpr, SCALE_AT: tl.constexpr, ROWS: tl.constexpr,
@@ -128,12 +145,9 @@ def _nk_swapped(x_ptr, p0, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, cols_n, 
     weight rows take the MMA's 64-row side and a few token rows its narrow side (an FP8 wgmma; x rows on
     the 64-row side make it convert both operands to fp16 for mma.sync). Returns [ROWS, BLOCK_N]."""
     acc = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+    lo, hi = _k_tiles(K, pid_k, SPLIT_K, BLOCK_K)
+    for kt in range(lo, hi):
+        x, offs_k = _x_tile(x_ptr, src, mask_m, stride_xm, kt, K, BLOCK_K)
         w = tl.load(p0 + offs_n[:, None] * K + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :],
                     other=0.0)
         if X_GROUP or SCALE_AT == 1:  # the K tile's partial scaled per x group and/or weight group
@@ -168,12 +182,9 @@ def _plane_loop(x_ptr, p0, p1, p2, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, 
         magic_off = 1024.0
     if W_SIGNED:
         magic_off += 1 << (W_BITS - 1)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    for kt in range(pid_k * per_split, tl.minimum(pid_k * per_split + per_split, k_tiles)):
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + src[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+    lo, hi = _k_tiles(K, pid_k, SPLIT_K, BLOCK_K)
+    for kt in range(lo, hi):
+        x, offs_k = _x_tile(x_ptr, src, mask_m, stride_xm, kt, K, BLOCK_K)
         if PAIRS:  # the dense kernel's two-per-instruction decode: MAGIC + code in x's dtype, exact
             v = load_pairs(p0, kt * BLOCK_K, offs_n, mask_n, K, N, BLOCK_K, W0, x_ptr.dtype.element_ty)
             s, z = scale_zero(se, ze, (kt * BLOCK_K) // GROUP_K, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP,
