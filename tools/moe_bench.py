@@ -2,7 +2,7 @@
 gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
-                              [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8]
+                              [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8] [--eager]
                               [--tiles num_stages=6,block_n=64:split_k=2] [--tiles-large block_m=256]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from anybit.bench.timing import median, time_graph  # noqa: E402
+from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats import FloatType  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
@@ -238,6 +238,8 @@ def run(args) -> list[dict]:
                         row["note"] = hum_note
                     try:
                         us = median(time_graph(fns, 20, args.repeats, 20))
+                        if args.eager:  # the same 20 calls launched one by one: host time shows
+                            row["eager_us"] = round(median(time_eager(fns, 20, args.repeats, 20, True)), 2)
                     except Exception as ex:  # noqa: BLE001 - reported per cell
                         rows_out.append(row | dict(part=name, status=f"error: {type(ex).__name__}: {ex}"[:200]))
                         torch.cuda.synchronize()
@@ -259,7 +261,8 @@ def run(args) -> list[dict]:
                     else:
                         row |= dict(part=name, us=round(us, 2))
                     rows_out.append(row | {"status": "ok"})
-                    print(f"{model:14s} {text:8s} M={m:<5d} {name:16s} {us:9.1f} µs  {row.get('pct_floor', '')}",
+                    eager = f"  eager {row['eager_us']:9.1f}" if "eager_us" in row else ""
+                    print(f"{model:14s} {text:8s} M={m:<5d} {name:16s} {us:9.1f} µs  {row.get('pct_floor', '')}{eager}",
                           flush=True)  # fmt: skip
             del moe, hum
             torch.cuda.empty_cache()
@@ -274,6 +277,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
+    ap.add_argument("--eager", action="store_true", help="also time each part eagerly (CUDA events, no graph)")
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
     ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
                     "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip
