@@ -20,9 +20,18 @@ def _explain(args: argparse.Namespace) -> int:
 
     try:
         m, n, k = (int(v) for v in args.shape.split(","))
+        moe = [int(v) for v in args.moe.split(",")] if args.moe else None
+        if moe is not None and len(moe) != 2:
+            raise ValueError
     except ValueError:
-        raise anybit.AnybitError(f"--shape {args.shape!r}: give M,N,K as three integers, e.g. 16,8192,8192") from None
-    print("\n".join(explain_lines(args.scheme, m, n, k, args.device, args.dtype)))
+        what = "--moe E,TOPK and --shape TOKENS,H,I" if args.moe else "--shape M,N,K"
+        raise anybit.AnybitError(f"{what}: give integers, e.g. --shape 16,8192,8192 or --moe 256,8") from None
+    if moe:
+        from anybit.tools.explain import moe_lines
+
+        print("\n".join(moe_lines(args.scheme, *moe, m, n, k, args.device, args.dtype)))
+    else:
+        print("\n".join(explain_lines(args.scheme, m, n, k, args.device, args.dtype)))
     return 0
 
 
@@ -107,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=_formats)
     e = sub.add_parser("explain", help="which backends can run a problem here, why not, and what auto picks")
     e.add_argument("--scheme", required=True, help="a scheme or preset, e.g. w4a16, nvfp4, w8a8-fp8")
-    e.add_argument("--shape", required=True, help="M,N,K of x[M,K] @ W[N,K]^T, e.g. 16,8192,8192")
+    e.add_argument("--shape", required=True, help="M,N,K of x[M,K] @ W[N,K]^T, e.g. 16,8192,8192; --moe: TOKENS,H,I")
+    e.add_argument("--moe", default=None, help="E,TOPK: one QuantMoE layer, e.g. 256,8 --shape 4096,7168,2048")
     e.add_argument("--device", default=None, help="cuda, cpu (default: cuda when there is one)")
     e.add_argument("--dtype", default="bf16", help="activation dtype: bf16 or fp16")
     e.set_defaults(func=_explain)

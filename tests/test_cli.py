@@ -38,3 +38,17 @@ def test_explain_command_names_every_backend_and_the_pick(capsys, monkeypatch):
 def test_explain_bad_shape_is_a_clear_error(capsys):
     assert main(["explain", "--scheme", "w4a16", "--shape", "16,8192"]) == 2
     assert "M,N,K" in capsys.readouterr().err
+
+
+def test_explain_moe_says_grouped_or_loop_and_why(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the grouped path's Triton kernels run on this CPU
+    assert main(["explain", "--scheme", "fp8-block", "--moe", "16,2", "--shape", "64,512,256", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "E=16 top-2, 64 tokens (128 rows, 8.0 per expert)" in out and "grouped Triton GEMMs" in out
+    assert "gate_up N=512 K=512: FP8 as stored" in out and "down    N=512 K=256" in out
+    assert "separate silu*mul" in out and "kind 'fp8-block'" in out  # 128x128 scale blocks span gate/up rows
+    assert main(["explain", "--scheme", "w8a8:e4m3:ch:fp32:e4m3-static", "--moe", "16,2", "--shape", "4,512,256",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    assert "per-expert loop" in capsys.readouterr().out  # static scales differ per expert
+    assert main(["explain", "--scheme", "w4a16", "--moe", "16", "--shape", "4,512,256"]) == 2
+    assert "--moe E,TOPK" in capsys.readouterr().err

@@ -60,22 +60,7 @@ class QuantMoE(nn.Module):
         return self._plans[key]
 
     def _decide_grouped(self, x: torch.Tensor) -> bool:
-        from anybit.backends.base import Problem
-        from anybit.backends.triton import TritonBackend, fp8_unsupported
-        from anybit.backends.triton_layout import fp8_as_is
-        from anybit.formats.scheme import ActMode
-
-        scheme = self.gate_up.scheme
-        act = scheme.act
-        if self.backend not in ("auto", "triton"):
-            return False
-        # static scales differ per expert: the exact loop runs; x scaled per 128-K group needs FP8 experts
-        # read as stored (FP8-block), whose K tiles lie in one group
-        group_ok = act.mode is ActMode.GROUP and act.group % 128 == 0 and fp8_as_is(scheme)
-        if act.quantized and (not (act.mode is ActMode.TOKEN or group_ok) or fp8_unsupported(scheme)):
-            return False
-        ok, _ = TritonBackend().supports(Problem(self.gate_up.scheme, 0, 0, None, x.device, x.dtype))
-        return ok
+        return grouped_why_not(self.gate_up.scheme, self.backend, x.device, x.dtype) is None
 
     def _grouped(self, x, topk_weights, topk_ids):
         from anybit.backends.triton_layout import stack_experts
@@ -113,34 +98,18 @@ class QuantMoE(nn.Module):
         return y.view(t, k, self.hidden).sum(dim=1)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
-        """The grouped GEMM's tile, num_rows, and split-K with its workspace where the launch would leave
-        the GPU idle (decode; `moe_decode_plan`)."""
+        """`launch_plan` and, where it splits K, the split workspace."""
         from anybit.backends.registry import get_backend
-        from anybit.backends.triton import _sm_count, pdl_launch
         from anybit.kernels.dequant import cdiv
-        from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan
 
-        tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
-        if tw.frag and pdl_launch(x.device):
-            tiles["pdl"] = True
-        split = self.split_k or 1
-        if self.split_k is None and x.is_cuda:
-            narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
-            tiles["block_n"], split, maxnreg = moe_decode_plan(rows, self.num_experts, tw.n, tw.k, tiles,
-                                                               _sm_count(x.device), tw.frag, narrow)  # fmt: skip
-            if maxnreg:
-                tiles["maxnreg"] = maxnreg
+        plan = launch_plan(tw, self.num_experts, rows, tiles, silu, x.device, self.split_k)
+        split = plan["split_k"]
         if split == 1:
-            # an expert's last, short block runs a half-width MMA: H200, w4a16, 32-128 row blocks, 2-9 %
-            # faster (DeepSeek-V3 M=4096 gate_up 4845 -> 4622 µs, down 2868 -> 2654; Qwen3 M=1024 191 -> 176);
-            # 16-row decode blocks lose 15-19 % by it
-            if tiles["block_m"] >= 32:
-                tiles["tail_half"] = True
-            return dict(tiles, num_rows=rows)
-        grid_m = cdiv(rows, tiles["block_m"]) + min(self.num_experts, rows)
-        floats = split * grid_m * tiles["block_m"] * tw.n
-        ws, cnt = get_backend("triton").workspace(x.device, floats, grid_m * cdiv(tw.n, tiles["block_n"]))
-        return dict(tiles, num_rows=rows, split_k=split, workspace=ws, counters=cnt)
+            return plan
+        grid_m = cdiv(rows, plan["block_m"]) + min(self.num_experts, rows)
+        floats = split * grid_m * plan["block_m"] * tw.n
+        ws, cnt = get_backend("triton").workspace(x.device, floats, grid_m * cdiv(tw.n, plan["block_n"]))
+        return dict(plan, workspace=ws, counters=cnt)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if (
@@ -168,6 +137,53 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when `QuantMoE` runs these experts as grouped Triton GEMMs, else why the per-expert loop runs."""
+    from anybit.backends.base import Problem
+    from anybit.backends.triton import TritonBackend, fp8_unsupported
+    from anybit.backends.triton_layout import fp8_as_is
+    from anybit.formats.scheme import ActMode
+
+    act = scheme.act
+    if backend not in ("auto", "triton"):
+        return f"backend={backend!r}: the per-expert loop on that backend"
+    # static scales differ per expert: the exact loop runs; x scaled per 128-K group needs FP8 experts
+    # read as stored (FP8-block), whose K tiles lie in one group
+    group_ok = act.mode is ActMode.GROUP and act.group % 128 == 0 and fp8_as_is(scheme)
+    if act.quantized and not (act.mode is ActMode.TOKEN or group_ok):
+        return f"{act.token()} activations: the grouped GEMMs take per-token scales (or FP8-block's 128-column groups)"
+    why = fp8_unsupported(scheme) if act.quantized else None
+    if why:
+        return why
+    ok, why = TritonBackend().supports(Problem(scheme, 0, 0, None, device, dtype))
+    return None if ok else why
+
+
+def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: torch.device,
+                split_k: int | None = None) -> dict:  # fmt: skip
+    """A grouped GEMM's launch keywords but the split workspace: the tile it runs (`moe_block_n`), PDL where
+    it launches right after its quantizer, and on a GPU split-K where the launch would leave SMs idle
+    (decode: `moe_decode_plan`; split_k forces one) — else half-width tail blocks from 32 rows on (H200:
+    w4a16, 32-128 row blocks, 2-9 % faster, e.g. DeepSeek-V3 M=4096 gate_up 4845 -> 4622 µs, down 2868 ->
+    2654; Qwen3 M=1024 191 -> 176; 16-row decode blocks lose 15-19 % by it)."""
+    from anybit.backends.triton import _sm_count, pdl_launch
+    from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan
+
+    tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
+    if tw.frag and pdl_launch(device):
+        tiles["pdl"] = True
+    split = split_k or 1
+    if split_k is None and device.type == "cuda":
+        narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
+        tiles["block_n"], split, maxnreg = moe_decode_plan(rows, experts, tw.n, tw.k, tiles, _sm_count(device),
+                                                           tw.frag, narrow)  # fmt: skip
+        if maxnreg:
+            tiles["maxnreg"] = maxnreg
+    if split == 1 and tiles["block_m"] >= 32:
+        tiles["tail_half"] = True
+    return dict(tiles, num_rows=rows, split_k=split)
 
 
 def _fitting(launch: dict, run):

@@ -80,3 +80,52 @@ def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, 
     if picked == "triton":
         lines.append(f"  path: {triton_plan(scheme, m, n, k, dev, DTYPES[dtype])}")
     return lines
+
+
+def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: int, inter: int, device: str | None,
+              dtype: str) -> list[str]:  # fmt: skip
+    """`anybit explain --moe`: how `QuantMoE` would run one MoE layer here — grouped Triton GEMMs (and
+    each projection's tile, split-K, half-width tails, PDL) or the per-expert loop, and why."""
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.frag_layout import frag_block_k
+    from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
+    from anybit.moe.layer import grouped_why_not, launch_plan, moe_tiles
+    from anybit.quant.weights import QuantizedWeight
+
+    scheme = Scheme.parse(scheme_text)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype not in DTYPES:
+        raise AnybitError(f"--dtype {dtype!r}; valid: {sorted(DTYPES)}")
+    if min(experts, top_k, tokens, hidden, inter) < 1 or top_k > experts:
+        raise AnybitError(f"--moe {experts},{top_k} and --shape {tokens},{hidden},{inter}: positive, top-k <= E")
+    rows = tokens * top_k
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    lines = [
+        f"scheme {scheme} MoE: E={experts} top-{top_k}, {tokens} tokens ({rows} rows, {rows / experts:.1f} per "
+        f"expert), H={hidden} I={inter} on {where}"
+    ]
+    why = grouped_why_not(scheme, "auto", dev, DTYPES[dtype])
+    if why is not None:
+        return lines + [f"  path: per-expert loop over anybit.gemm (exact) — {why}"]
+    lines.append("  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)")
+    # one expert of each projection holds every fact the plan reads (layout, format, N, K)
+    gate_up, down = (stack_experts(QuantizedWeight.empty(scheme, (1, n, k), device=dev))
+                     for n, k in ((2 * inter, hidden), (hidden, inter)))  # fmt: skip
+    kind = moe_tile_kind(gate_up, DTYPES[dtype])
+    tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
+    fused = scheme.granularity.block_shape(2 * inter, hidden)[0] == 1  # gate/up rows interleave: no scale spans rows
+    for name, tw, silu in (("gate_up", gate_up, fused), ("down", down, False)):
+        p = launch_plan(tw, experts, rows, tiles, silu, dev)
+        extras = [f"split-K {p['split_k']}"] + [label for key, label in (
+            ("tail_half", "half-width tail blocks"), ("pdl", "PDL"), ("maxnreg", f"<= {p.get('maxnreg')} registers"))
+            if p.get(key)]  # fmt: skip
+        epilogue = "silu(gate)*up" if silu else ("top-k weights" if name == "down" else "separate silu*mul")
+        layout = "fragment layout" if tw.frag else ("FP8 as stored" if tw.nk else "bit planes")
+        bk = frag_block_k(scheme.weight_bits) if tw.frag else moe_block_k(tw, p["block_k"], scheme.act.quantized)
+        lines.append(
+            f"  {name:7s} N={tw.n} K={tw.k}: {layout}, {p['block_m']} rows x {p['block_n']} weight rows x "
+            f"{bk} K, {p['num_warps']} warps, {p['num_stages']} stages, {', '.join(extras)}; "
+            f"epilogue {epilogue}"
+        )
+    lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
+    return lines

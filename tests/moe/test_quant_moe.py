@@ -151,3 +151,16 @@ def test_grouped_launch_over_shared_memory_retries_shallower(interpret, monkeypa
     assert refused == [5, 4, 5, 4]  # gate_up, then down, on the first call only
     plans = [v for v in fast._plans.values() if isinstance(v, tuple)]
     assert [(gu["num_stages"], dn["num_stages"]) for _, gu, dn in plans] == [(3, 3)]
+
+
+def test_launch_plan_half_width_tails_from_32_rows_without_split():
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.moe.layer import launch_plan
+    from anybit.quant.weights import QuantizedWeight
+
+    tw = stack_experts(QuantizedWeight.empty("w4a16", (1, 256, 512)))
+    tiles = dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    plan = launch_plan(tw, 8, 512, tiles, True, torch.device("cpu"))
+    assert plan["tail_half"] and plan["split_k"] == 1 and plan["num_rows"] == 512
+    assert "tail_half" not in launch_plan(tw, 8, 512, dict(tiles, block_m=16), True, torch.device("cpu"))
+    assert "tail_half" not in launch_plan(tw, 8, 512, tiles, True, torch.device("cpu"), split_k=2)
