@@ -9,15 +9,16 @@ from tests.moe.test_routing_align import align_reference
 pytestmark = pytest.mark.gpu
 
 
-def test_align_captures_and_replays():
-    ids = torch.randint(0, 64, (300, 8), device="cuda", dtype=torch.int32)
-    moe_align(ids, 64, 16)
+@pytest.mark.parametrize("t, e", [(300, 64), (1, 256), (16, 256)])  # chunked; decode's one launch
+def test_align_captures_and_replays(t, e):
+    ids = torch.randint(0, e, (t, 8), device="cuda", dtype=torch.int32)
+    moe_align(ids, e, 16)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_align(ids, 64, 16)
+        out = moe_align(ids, e, 16)
     for seed in range(3):
-        ids.copy_(torch.randint(0, 64, (300, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        ids.copy_(torch.randint(0, e, (t, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
         graph.replay()
-        r_ids, r_blocks, r_total = align_reference(ids.cpu(), 64, 16)
+        r_ids, r_blocks, r_total = align_reference(ids.cpu(), e, 16)
         assert out[0].tolist() == r_ids and out[1].tolist() == r_blocks and int(out[2]) == r_total

@@ -102,3 +102,21 @@ def test_align_many_chunks_and_experts(impl):
         sorted_ids, expert_ids, total = moe_align(ids, 256, block_m, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, 256, block_m)
         assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t", [1, 16, 17])  # <= 128 entries: one Triton launch (decode); 136: the chunked path
+@pytest.mark.parametrize("mapped", [False, True])
+def test_align_decode_sizes_with_many_experts(impl, t, mapped):
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(256, generator=g)[:8] for _ in range(t)]).int()
+    ids[0, 1] = -1
+    emap = None
+    if mapped:  # this rank holds global experts 128..255 as 0..127
+        emap = torch.full((256,), -1, dtype=torch.int32)
+        emap[128:] = torch.arange(128, dtype=torch.int32)
+    e = 128 if mapped else 256
+    for block_m in (16, 64):
+        sorted_ids, expert_ids, total = moe_align(ids, e, block_m, expert_map=emap, impl=impl)
+        r_ids, r_blocks, r_total = align_reference(ids, e, block_m, expert_map=emap)
+        assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
