@@ -37,6 +37,12 @@ def moe_align(
         raise AnybitError(f"block_m={block_m} and num_experts={num_experts} must be positive")
     if impl not in ("auto", "torch", "triton"):
         raise AnybitError(f"moe_align impl {impl!r}; valid: auto, torch, triton")
+    if expert_map is not None:  # a global id past the map would be read out of bounds: an error, not a skip
+        bad = topk_ids >= expert_map.numel()
+        if topk_ids.is_cuda:  # no host synchronisation: a device-side assert
+            torch._assert_async(~bad.any(), f"expert id out of range for an expert_map of {expert_map.numel()}")
+        elif bool(bad.any()):
+            raise AnybitError(f"expert id {int(topk_ids.max())} out of range for an expert_map of {expert_map.numel()}")
     if impl == "auto":
         impl = "triton" if topk_ids.is_cuda or settings.triton_interpret() else "torch"
     if impl == "triton":

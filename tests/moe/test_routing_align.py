@@ -120,3 +120,10 @@ def test_align_decode_sizes_with_many_experts(impl, t, mapped):
         sorted_ids, expert_ids, total = moe_align(ids, e, block_m, expert_map=emap, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, e, block_m, expert_map=emap)
         assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_align_ids_past_the_expert_map_are_an_error(impl):
+    emap = torch.arange(8, dtype=torch.int32)
+    with pytest.raises(AnybitError, match="out of range for an expert_map of 8"):
+        moe_align(torch.tensor([[3, 8]], dtype=torch.int32), 8, 16, expert_map=emap, impl=impl)
