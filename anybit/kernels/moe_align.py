@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from anybit.errors import AnybitError
 from anybit.kernels.dequant import cdiv, next_pow2
 
 CHUNK = 128
@@ -72,12 +73,16 @@ def _chunk_positions(key, base_ptr, sorted_ptr, offs, E, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _align_one(ids_ptr, map_ptr, seg_ptr, sorted_ptr, expert_ptr, total_ptr, numel, E, n_sorted, n_blocks,
+def _align_one(ids_ptr, map_ptr, seg_ptr, sorted_ptr, expert_ptr, total_ptr, ok_ptr, numel, E, n_sorted, n_blocks,
                HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-               BB: tl.constexpr, SB: tl.constexpr):
+               BB: tl.constexpr, SB: tl.constexpr, CHECK: tl.constexpr):
     """The whole alignment of <= CHUNK entries (decode) in one program: counts, segments, the sentinel
-    fill of sorted_ids, then the scatter (after a barrier: the fill and the segment starts land first)."""
+    fill of sorted_ids, then the scatter (after a barrier: the fill and the segment starts land first).
+    CHECK: ok = 1 when no id is >= E (the caller asserts on it), else 0."""
     offs = tl.arange(0, CHUNK)
+    if CHECK:
+        raw = tl.load(ids_ptr + offs, mask=offs < numel, other=0)
+        tl.store(ok_ptr, (tl.max(raw, axis=0) < E).to(tl.int32))
     key = _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP)
     counts = tl.where(tl.arange(0, E_P2) < E, tl.histogram(key, E_P2), 0)
     _segments(counts, seg_ptr, expert_ptr, total_ptr, E, n_blocks, BLOCK_M, E_P2, BB)
@@ -123,10 +128,25 @@ def _scatter(ids_ptr, map_ptr, base_ptr, sorted_ptr, numel, E, HAS_MAP: tl.const
 # fmt: on
 
 
+def assert_ids(ok: torch.Tensor, what: str) -> None:
+    """ok (a one-element tensor) must be nonzero: on a GPU a device-side assert (no host synchronisation),
+    on the CPU an AnybitError naming `what`."""
+    if ok.is_cuda:
+        torch._assert_async(ok, what)
+    elif not bool(ok):
+        raise AnybitError(what)
+
+
 def moe_align_triton(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    expert_map: torch.Tensor | None = None,
+    check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`anybit.moe.moe_align`'s contract, on the GPU (or the Triton interpreter)."""
+    """`anybit.moe.moe_align`'s contract, on the GPU (or the Triton interpreter). check (no expert_map): ids
+    >= num_experts are an error (`assert_ids`; the decode launch finds them itself: one assert kernel
+    instead of four torch ops)."""
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int32).contiguous()
     numel, e = flat.numel(), num_experts
@@ -139,12 +159,19 @@ def moe_align_triton(
     expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     has_map = expert_map is not None
+    check = check and not has_map
+    why = f"expert id out of range for {e} experts"
     if numel <= CHUNK:  # decode: one launch instead of a fill and four (H200 graphs: ~12 µs for the five)
         sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)
-        _align_one[(1,)](flat, emap, seg, sorted_ids, expert_ids, total, numel, e, max_padded, n_blocks,
-                         HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2, BLOCK_M=block_m, BB=16, SB=1024,
+        ok = torch.empty(1, dtype=torch.int32, device=dev) if check else total
+        _align_one[(1,)](flat, emap, seg, sorted_ids, expert_ids, total, ok, numel, e, max_padded, n_blocks,
+                         HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2, BLOCK_M=block_m, BB=16, SB=1024, CHECK=check,
                          num_warps=8)  # fmt: skip
+        if check:
+            assert_ids(ok, why)
         return sorted_ids, expert_ids, total
+    if check:
+        assert_ids((flat < e).all(), why)
     hist = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     base = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=dev)

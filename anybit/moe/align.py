@@ -16,6 +16,7 @@ def moe_align(
     block_m: int,
     expert_map: torch.Tensor | None = None,
     impl: str = "auto",
+    check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_ids [T, k] (global expert ids; -1 = no expert) ->
 
@@ -30,7 +31,8 @@ def moe_align(
 
     impl: "triton" (four small kernels, `anybit.kernels.moe_align`), "torch" (fixed-size torch ops),
     "auto" = triton on a GPU or under TRITON_INTERPRET=1, else torch. Both give identical outputs
-    (tokens of one expert in flat-index order)."""
+    (tokens of one expert in flat-index order). check (without expert_map): ids >= num_experts are an
+    error instead of skipped — AnybitError on the CPU, a device-side assert on a GPU (`QuantMoE`)."""
     if topk_ids.dim() != 2:
         raise AnybitError(f"topk_ids must be [tokens, k], got shape {tuple(topk_ids.shape)}")
     if block_m < 1 or num_experts < 1:
@@ -48,7 +50,11 @@ def moe_align(
     if impl == "triton":
         from anybit.kernels.moe_align import moe_align_triton
 
-        return moe_align_triton(topk_ids, num_experts, block_m, expert_map)
+        return moe_align_triton(topk_ids, num_experts, block_m, expert_map, check)
+    if check and expert_map is None:
+        from anybit.kernels.moe_align import assert_ids
+
+        assert_ids((topk_ids < num_experts).all(), f"expert id out of range for {num_experts} experts")
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()

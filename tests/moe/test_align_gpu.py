@@ -12,11 +12,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("t, e", [(300, 64), (1, 256), (16, 256)])  # chunked; decode's one launch
 def test_align_captures_and_replays(t, e):
     ids = torch.randint(0, e, (t, 8), device="cuda", dtype=torch.int32)
-    moe_align(ids, e, 16)
+    moe_align(ids, e, 16, check=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_align(ids, e, 16)
+        out = moe_align(ids, e, 16, check=True)  # the id check (a device-side assert) captures too
     for seed in range(3):
         ids.copy_(torch.randint(0, e, (t, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
         graph.replay()

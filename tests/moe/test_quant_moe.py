@@ -122,7 +122,7 @@ def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypa
 def test_out_of_range_expert_ids_are_an_error_on_the_grouped_path(interpret):
     fast, _, x, w, ids = _grouped_and_exact("w4a16")
     ids[0, 0] = 6  # 6 experts: ids 0..5
-    with pytest.raises(AnybitError, match="expert id 6 out of range for 6 experts"):
+    with pytest.raises(AnybitError, match="expert id out of range for 6 experts"):
         fast(x, w, ids)
 
 

@@ -127,3 +127,16 @@ def test_align_ids_past_the_expert_map_are_an_error(impl):
     emap = torch.arange(8, dtype=torch.int32)
     with pytest.raises(AnybitError, match="out of range for an expert_map of 8"):
         moe_align(torch.tensor([[3, 8]], dtype=torch.int32), 8, 16, expert_map=emap, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t", [2, 40])  # 16 entries: the decode launch checks them itself; 320: chunked
+def test_align_check_makes_ids_past_the_experts_an_error(impl, t):
+    ids = torch.randint(0, 8, (t, 8), generator=torch.Generator().manual_seed(t)).int()
+    ids[0, 0] = -1  # dropped slots are fine
+    r_ids, _, _ = align_reference(ids, 8, 16)
+    assert moe_align(ids, 8, 16, impl=impl, check=True)[0].tolist() == r_ids
+    ids[-1, 3] = 8
+    assert moe_align(ids, 8, 16, impl=impl)[0].tolist() == align_reference(ids, 8, 16)[0]  # unchecked: skipped
+    with pytest.raises(AnybitError, match="expert id out of range for 8 experts"):
+        moe_align(ids, 8, 16, impl=impl, check=True)
