@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
-from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, plane_args
+from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, next_pow2, plane_args
 from anybit.kernels.frag import (
     frag_constexprs,
     frag_fold,
@@ -344,6 +344,31 @@ def _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, S
         y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 # fmt: on
+
+
+@triton.jit
+def _moe_sum_kernel(y_ptr, ids_ptr, out_ptr, H, E, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = the sum of y's rows t*TOP_K + j whose expert id is in [0, E) (the rows the down GEMM wrote)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros_like(offs))  # the slot's id on every lane
+        row = tl.load(y_ptr + (t * TOP_K + j) * H + offs, mask=(offs < H) & (e >= 0) & (e < E), other=0.0)
+        acc += row.to(tl.float32)
+    tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=offs < H)
+
+
+def moe_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """y [T*k, H] (one row per token x slot, rows of dropped slots never written) -> [T, H]: each token's
+    rows of a valid expert summed in fp32 — no zero-filled y needed (H200 DeepSeek-V3 M=4096: a 470 MB
+    memset), one launch."""
+    t, k = topk_ids.shape
+    h = y.shape[1]
+    out = torch.empty((t, h), device=y.device, dtype=y.dtype)
+    block_h = min(1024, next_pow2(h))
+    _moe_sum_kernel[(t, cdiv(h, block_h))](y, topk_ids.contiguous(), out, h, num_experts, TOP_K=k, BLOCK_H=block_h)
+    return out
 
 
 def _pairs_format(tw) -> bool:

@@ -64,7 +64,7 @@ class QuantMoE(nn.Module):
 
     def _grouped(self, x, topk_weights, topk_ids):
         from anybit.backends.triton_layout import stack_experts
-        from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind
+        from anybit.kernels.moe_gemm import moe_gemm, moe_sum, moe_tile_kind
         from anybit.moe.align import moe_align
 
         if self._stacked is None or self._stacked[0].scales.device != x.device:
@@ -90,13 +90,13 @@ class QuantMoE(nn.Module):
                                                          **xin, **kw))  # fmt: skip
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
-        y = torch.zeros((t * k, self.hidden), device=x.device, dtype=x.dtype)  # dropped slots stay 0
+        y = torch.empty((t * k, self.hidden), device=x.device, dtype=x.dtype)  # moe_sum skips dropped slots
         routed = topk_weights.reshape(-1).float().contiguous()
         # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
         ain = grouped_inputs(act, self.down.scheme, dn.frag, launch_dn.get("pdl", False))
         _fitting(launch_dn, lambda **kw: moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
                                                    top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
-        return y.view(t, k, self.hidden).sum(dim=1)
+        return moe_sum(y, topk_ids, self.num_experts)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
         """`launch_plan` and, where it splits K, the split workspace."""

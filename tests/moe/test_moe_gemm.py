@@ -271,3 +271,20 @@ def test_fp8_experts_read_as_stored_take_deep_k_prefill_tiles(scheme, kind, bloc
     assert moe_tiles(32 * 256, 256, True, kind) == dict(block_m=64, block_n=128, block_k=128, num_warps=4,
                                                         num_stages=4)  # fmt: skip
     assert moe_tiles(128 * 256, 256, True, kind)["block_m"] == block_m
+
+
+def test_moe_sum_skips_rows_the_down_gemm_never_wrote(interpret):
+    """Each token's rows of valid experts summed in fp32; rows of dropped (-1) or out-of-range slots hold
+    garbage (NaN here) and are skipped; H off the 1024-wide tile."""
+    from anybit.kernels.moe_gemm import moe_sum
+
+    g = torch.Generator().manual_seed(2)
+    t, k, h, e = 5, 3, 1300, 4
+    ids = torch.randint(0, e, (t, k), generator=g).int()
+    ids[1, 0], ids[3, 2] = -1, e
+    y = torch.randn(t * k, h, generator=g).half()
+    y[(ids.reshape(-1) < 0) | (ids.reshape(-1) >= e)] = float("nan")
+    out = moe_sum(y, ids, e)
+    keep = ((ids >= 0) & (ids < e)).reshape(t * k, 1)
+    ref = torch.where(keep, y.double(), 0).view(t, k, h).sum(dim=1)
+    assert out.dtype == torch.float16 and rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
