@@ -15,6 +15,7 @@ from torch import nn
 from anybit.backends.registry import gemm, prepare
 from anybit.errors import AnybitError
 from anybit.formats.scheme import Scheme
+from anybit.kernels.gemm import OutOfResources, fewer_stages
 from anybit.quant.weights import QuantizedWeight, quantize
 
 
@@ -188,8 +189,6 @@ def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: to
 def _fitting(launch: dict, run):
     """run(**launch); a launch that asks more shared memory per block than this GPU has (sm_86/89: 99 KB)
     retries one pipeline stage shallower, and the layer's plan keeps the stage count that fits."""
-    from anybit.kernels.gemm import OutOfResources, fewer_stages
-
     while True:
         try:
             return run(**launch)
