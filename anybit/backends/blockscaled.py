@@ -100,9 +100,8 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
 
     m = x.shape[0]
     pad = -m % 16  # cuBLAS has no block-scaled algorithm for other M (H200: M=65 not supported, 300 is)
-    xq, xs = quantize_act(torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x, tw.scheme.act)
-    # cuBLAS reads 1x128 scales M-major ([M, K/128] with stride (1, M))
-    sx = xs.t().expand(tw.k // BLOCK, m + pad).contiguous().t() if xs.shape[1] == 1 else xs.t().contiguous().t()
+    # cuBLAS reads 1x128 x scales M-major ([M, K/128] with strides (1, M)): the quantizer writes them so
+    xq, sx = quantize_act(torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x, tw.scheme.act, blockwise=True)
     wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn) if tw.blockscaled == "1x128" else tw.planes[0]
     y = _scaled_mm(xq, sx, wq, tw.blockscaled_scales, tw.blockscaled, x.dtype)[:m]
     return y + bias if bias is not None else y

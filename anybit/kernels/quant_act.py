@@ -26,12 +26,14 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
-    ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False, stride_sg=1, COLS: tl.constexpr = 1,
 ):  # fmt: skip
-    """GROUP == 0: one scale per row (s_ptr [M, 1]); GROUP == -1: the static scale at s_ptr[M] (read,
-    copied to each row's s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK a multiple
-    of GROUP (BLOCK // GROUP groups per step). ONE_PASS (K <= BLOCK): the row is read once and kept in
-    registers, else per token it is read twice (amax, then cast).
+    """GROUP == 0: one scale per row (s_ptr [M, 1]; COLS > 1: written to each of the K/128 columns, COLS
+    their power-of-two bound); GROUP == -1: the static scale at s_ptr[M] (read, copied to each row's
+    s_ptr [M, 1]); else one per GROUP columns (s_ptr [M, K/GROUP]), BLOCK a multiple of GROUP (BLOCK //
+    GROUP groups per step). Scale columns are stride_sg apart (M-major for cuBLAS: 1x128 x scales).
+    ONE_PASS (K <= BLOCK): the row is read once and kept in registers, else per token it is read twice
+    (amax, then cast).
     SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
     fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`)."""
     if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
@@ -51,7 +53,11 @@ def _quant_act_kernel(
         else:
             x = tl.zeros((BLOCK,), dtype=tl.float32)
             scale = tl.load(s_ptr + tl.num_programs(0) * stride_sm)
-        tl.store(s_ptr + row * stride_sm, scale)
+        if COLS == 1:
+            tl.store(s_ptr + row * stride_sm, scale)
+        else:
+            c = tl.arange(0, COLS)
+            tl.store(s_ptr + row * stride_sm + c * stride_sg, tl.zeros((COLS,), tl.float32) + scale, mask=c < K // 128)
         for k0 in range(0, K, BLOCK):
             if not ONE_PASS or GROUP != 0:
                 x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
@@ -67,22 +73,38 @@ def _quant_act_kernel(
             x = tl.reshape(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32), (GB, GROUP))
             scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, MIN_SCALE)
             g = k0 // GROUP + tl.arange(0, GB)
-            tl.store(s_ptr + row * stride_sm + g, scale, mask=g < K // GROUP)
+            tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g < K // GROUP)
             y = tl.reshape(tl.clamp(tl.math.div_rn(x, scale[:, None]), -QMAX, QMAX), (BLOCK,))
             tl.store(q_row + k0 + offs, y.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
 
 
 def quantize_act(
     x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False,
-    pdl: bool = False,
+    pdl: bool = False, blockwise: bool = False,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
     FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device).
     block_sums (per-token or static specs): also fp32 [ceil(K/128), M], the sum of each row's quantized
     values over each 128-K block (the FP8 fragment kernel subtracts bias times it; `gemm_frag`).
-    pdl: the next kernel is a programmatic dependent (`gemm_frag(pdl=True)`) and may launch at once."""
+    pdl: the next kernel is a programmatic dependent (`gemm_frag(pdl=True)`) and may launch at once.
+    blockwise (per token or per 128 columns, K a multiple of 128): scales [M, K/128] M-major (strides
+    (1, M); per-token scales repeated per 128 columns) — the 1x128 x scales cuBLAS's block-scaled GEMM
+    reads, written by the quantizer itself (no transposing copy)."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
+    if blockwise:
+        if k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128):
+            raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")
+        scales = torch.empty((k // 128, m), device=x.device, dtype=torch.float32)  # M-major
+        group = 128 if spec.mode is ActMode.GROUP else 0
+        block = max(min(next_pow2(k), 1024 if group else 4096), 128)
+        if m:
+            _quant_act_kernel[(m,)](
+                x, xq, scales, scales, k, x.stride(0), xq.stride(0), 1, 0, QMAX=act_qmax(spec),
+                MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, ONE_PASS=k <= block, stride_sg=m,
+                COLS=1 if group else next_pow2(k // 128), num_warps=8 if k > block else 4,
+            )  # fmt: skip
+        return xq, scales.t()
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")

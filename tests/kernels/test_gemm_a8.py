@@ -57,6 +57,20 @@ def test_quantizer_matches_reference(interpret, text):
     assert ((a == r) | lost_carry | tie).all()
 
 
+@pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block"])
+def test_quantizer_writes_cublas_blockwise_scales(interpret, text):
+    """blockwise=True: the same codes, scales [M, K/128] with strides (1, M) (per-token ones repeated
+    per 128 columns) — what cuBLAS's 1x128 block-scaled GEMM reads; bad specs / K are named."""
+    spec = Scheme.parse(text).act
+    x = torch.randn(9, 640).half() * 3
+    xq, xs = quantize_act(x, spec)
+    bq, bs = quantize_act(x, spec, blockwise=True)
+    assert torch.equal(bq.float(), xq.float()) and bs.shape == (9, 5) and bs.stride() == (1, 9)
+    assert torch.equal(bs, xs.expand(9, 5) if xs.shape[1] == 1 else xs)
+    with pytest.raises(ValueError, match="K=600"):
+        quantize_act(x[:, :600], spec, blockwise=True)
+
+
 @pytest.mark.parametrize("text", A8_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 257])
 def test_every_fp8_scheme_matches_reference(interpret, text, m):
