@@ -1,5 +1,6 @@
 """Time anybit's grouped MoE GEMMs on the GPU at the MoE issue's shapes (DeepSeek-V3, Qwen3-30B-A3B):
-gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer.
+gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the whole QuantMoE layer; with
+`--peers humming` Humming's two indexed GEMMs and a whole layer around them (`_humming_layer_parts`).
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
                               [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8] [--eager]
@@ -188,6 +189,45 @@ def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) 
     return out
 
 
+def _humming_layer_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) -> dict:
+    """A whole MoE layer around Humming's two indexed GEMMs, timed like ours (alignment included): anybit's
+    `moe_align` (vLLM's contract) at each GEMM's block rows, torch's silu·mul between them and the top-k
+    weighted sum after (vLLM fuses those two into one kernel each, so this glue is a few launches
+    slower); checked against our layer's output first."""
+    from humming.tune import get_heuristics_config
+
+    e, i, h = moe.num_experts, moe.intermediate, moe.hidden
+    m, top_k = routes[0][1].shape
+    cc = json.dumps({"gemm_type": "indexed"})
+    plans = []
+    for layer in layers:
+        cfg = json.loads(json.dumps(get_heuristics_config(layer.humming_config, shape_m=m * top_k,
+                                                          gemm_type="indexed"),
+                                    default=lambda o: getattr(o, "value", None) or str(o)))  # fmt: skip
+        plans.append((layer, int(cfg["block_shape"][0]), json.dumps([[0, 1 << 30, cfg]])))
+
+    def layer_call(w, ids):
+        def run():
+            a = {bm: moe_align(ids, e, bm) for bm in {bm for _, bm, _ in plans}}
+            (gu, bm_gu, tc_gu), (dn, bm_dn, tc_dn) = plans
+            hid = gu(x, sorted_ids=a[bm_gu][0], expert_ids=a[bm_gu][1], num_tokens_padded=a[bm_gu][2], top_k=top_k,
+                     compute_config=cc, tuning_config=tc_gu)  # fmt: skip
+            act = (torch.nn.functional.silu(hid[:, :i].float()) * hid[:, i:].float()).to(x.dtype)
+            y = dn(act, sorted_ids=a[bm_dn][0], expert_ids=a[bm_dn][1], num_tokens_padded=a[bm_dn][2], top_k=1,
+                   compute_config=cc, tuning_config=tc_dn)  # fmt: skip
+            return (y.view(m, top_k, h).float() * w[..., None]).sum(dim=1).to(x.dtype)
+
+        return run
+
+    calls = [layer_call(w, ids) for w, ids in routes]
+    w, ids = routes[0]
+    ours = moe(x, w, ids).float()
+    err = float((calls[0]().float() - ours).norm() / ours.norm())
+    if not err < (8e-2 if moe.gate_up.scheme.act.quantized else 3e-2):
+        raise RuntimeError(f"humming layer: rel. error {err:.2e} against anybit's layer")
+    return {"humming:layer": calls}
+
+
 def run(args) -> list[dict]:
     dev = torch.device("cuda")
     rows_out, t0 = [], time.time()
@@ -222,11 +262,12 @@ def run(args) -> list[dict]:
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
                 parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large))
                 if hum is not None:
-                    try:
-                        parts |= _humming_parts(hum, moe, x, routes)
-                    except Exception as ex:  # noqa: BLE001
-                        rows_out.append(dict(model=model, scheme=text, m=m, part="humming",
-                                             status=f"error: {type(ex).__name__}: {ex}"[:300]))  # fmt: skip
+                    for what, fn in (("humming", _humming_parts), ("humming:layer", _humming_layer_parts)):
+                        try:
+                            parts |= fn(hum, moe, x, routes)
+                        except Exception as ex:  # noqa: BLE001
+                            rows_out.append(dict(model=model, scheme=text, m=m, part=what,
+                                                 status=f"error: {type(ex).__name__}: {ex}"[:300]))  # fmt: skip
                 elif hum_why:
                     rows_out.append(dict(model=model, scheme=text, m=m, part="humming", status=hum_why))
                 if bf16 is not None and text == args.schemes.split(",")[0]:
@@ -255,7 +296,7 @@ def run(args) -> list[dict]:
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
                     elif name.startswith("down") or name == "humming:down":
                         row |= cell(name, us, r, h, i, touched * per_expert["down"], r * i * 2, r * h * 2)
-                    elif name == "layer":
+                    elif name in ("layer", "humming:layer"):
                         wb = touched * (per_expert["gate_up"] + per_expert["down"])
                         row |= cell(name, us, r, 3 * i, h, wb, m * h * 2, m * h * 2)
                     else:
