@@ -98,7 +98,8 @@ def loop_stats(sass: str) -> dict:
     out = {"loop": len(body)}
     out["LDG128"] = sum(v for k, v in ops.items() if k.startswith("LDG") and k.endswith(".128"))
     out["LDGSTS"] = short["LDGSTS"]
-    keys = "LDG HGMMA QGMMA HMMA STS LDS LDSM BAR SHFL FFMA FMUL FADD LOP3 SHF IMAD PRMT I2F F2F HADD2 HMUL2 HFMA2 F2FP"
+    keys = "LDG HGMMA QGMMA HMMA QMMA STS LDS LDSM BAR SHFL FFMA FMUL FADD LOP3 SHF IMAD PRMT I2F F2F HADD2 HMUL2 HFMA2"
+    keys += " F2FP"
     for key in keys.split():
         if short[key]:
             out[key] = short[key]
