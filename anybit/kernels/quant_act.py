@@ -92,19 +92,8 @@ def quantize_act(
     reads, written by the quantizer itself (no transposing copy)."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
-    if blockwise:
-        if k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128):
-            raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")
-        scales = torch.empty((k // 128, m), device=x.device, dtype=torch.float32)  # M-major
-        group = 128 if spec.mode is ActMode.GROUP else 0
-        block = max(min(next_pow2(k), 1024 if group else 4096), 128)
-        if m:
-            _quant_act_kernel[(m,)](
-                x, xq, scales, scales, k, x.stride(0), xq.stride(0), 1, 0, QMAX=act_qmax(spec),
-                MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, ONE_PASS=k <= block, stride_sg=m,
-                COLS=1 if group else next_pow2(k // 128), num_warps=8 if k > block else 4,
-            )  # fmt: skip
-        return xq, scales.t()
+    if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):
+        raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
@@ -112,15 +101,21 @@ def quantize_act(
     else:  # rows up to 4096 are held in registers (one read), longer rows are read twice
         block = max(min(next_pow2(k), 4096), 128 if block_sums else 1)
         group, cols = (0 if spec.mode is ActMode.TOKEN else -1), 1
-    # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
-    scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
-    if group == -1:
-        scales[m] = static_scale
+    if blockwise:  # [K/128, M] written M-major: the view returned is [M, K/128] with strides (1, M)
+        scales = torch.empty((k // 128, m), device=x.device, dtype=torch.float32)
+        stride_sm, stride_sg, expand = 1, m, 1 if group else next_pow2(k // 128)
+    else:  # static: one more row holds the calibrated scale the kernel reads (no host synchronisation)
+        scales = torch.empty((m + (group == -1), cols), device=x.device, dtype=torch.float32)
+        stride_sm, stride_sg, expand = scales.stride(0), 1, 1
+        if group == -1:
+            scales[m] = static_scale
     sums = torch.empty((cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
     if m:
         _quant_act_kernel[(m,)](
-            x, xq, scales, sums, k, x.stride(0), xq.stride(0), scales.stride(0), sums.stride(0),
+            x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
-            ONE_PASS=k <= block, PDL=pdl, num_warps=8 if k > block else 4,
+            ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand, num_warps=8 if k > block else 4,
         )  # fmt: skip
+    if blockwise:
+        return xq, scales.t()
     return (xq, scales[:m], sums) if block_sums else (xq, scales[:m])
