@@ -1,5 +1,5 @@
 """`moe_align` in four small Triton launches (the torch version is ~15 ops, 60–150 µs on the H200), or
-for <= CHUNK entries (decode) in one (`_align_one`):
+for <= CHUNK entries (decode) in one (`_align_one`, which works from the entries alone, never per expert):
 same outputs, element for element, including the order of tokens within an expert (stable: by flat
 index), so it is deterministic and matches the reference.
 
@@ -73,24 +73,39 @@ def _chunk_positions(key, base_ptr, sorted_ptr, offs, E, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _align_one(ids_ptr, map_ptr, seg_ptr, sorted_ptr, expert_ptr, total_ptr, ok_ptr, numel, E, n_sorted, n_blocks,
-               HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-               BB: tl.constexpr, SB: tl.constexpr, CHECK: tl.constexpr):
-    """The whole alignment of <= CHUNK entries (decode) in one program: counts, segments, the sentinel
-    fill of sorted_ids, then the scatter (after a barrier: the fill and the segment starts land first).
-    CHECK: ok = 1 when no id is >= E (the caller asserts on it), else 0."""
+def _align_one(ids_ptr, map_ptr, sorted_ptr, expert_ptr, total_ptr, ok_ptr, numel, E, n_sorted, n_blocks,
+               HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, MAXB: tl.constexpr,
+               SB: tl.constexpr, CHECK: tl.constexpr):
+    """The whole alignment of <= CHUNK entries (decode) in one program, with no work per expert (E = 256
+    made the per-expert histogram, scan and block search cost ~15 µs): every entry finds its expert's
+    count, its rank in it and its segment's start among the entries themselves (CHUNK x CHUNK compares);
+    the first entry of each expert writes that expert into its blocks. Sentinel fills of sorted_ids and
+    expert_ids first, then a barrier, then the scatters. CHECK: ok = 1 when no id is >= E, else 0."""
     offs = tl.arange(0, CHUNK)
     if CHECK:
         raw = tl.load(ids_ptr + offs, mask=offs < numel, other=0)
         tl.store(ok_ptr, (tl.max(raw, axis=0) < E).to(tl.int32))
     key = _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP)
-    counts = tl.where(tl.arange(0, E_P2) < E, tl.histogram(key, E_P2), 0)
-    _segments(counts, seg_ptr, expert_ptr, total_ptr, E, n_blocks, BLOCK_M, E_P2, BB)
+    valid = key < E
+    same = key[:, None] == key[None, :]
+    rank = tl.sum((same & (offs[None, :] < offs[:, None])).to(tl.int32), axis=1)
+    first = valid & (rank == 0)  # one entry per expert present
+    padded = (tl.sum(same.to(tl.int32), axis=1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    before = (key[None, :] < key[:, None]) & first[None, :]
+    start = tl.sum(tl.where(before, padded[None, :], 0), axis=1)
+    tl.store(total_ptr, tl.sum(tl.where(first, padded, 0), axis=0))
     for s0 in range(0, n_sorted, SB):
         s = s0 + tl.arange(0, SB)
         tl.store(sorted_ptr + s, tl.zeros_like(s) + numel, mask=s < n_sorted)
+    for b0 in range(0, n_blocks, SB):
+        b = b0 + tl.arange(0, SB)
+        tl.store(expert_ptr + b, tl.zeros_like(b) - 1, mask=b < n_blocks)
     tl.debug_barrier()
-    _chunk_positions(key, seg_ptr, sorted_ptr, offs, E, CHUNK)
+    tl.store(sorted_ptr + start + rank, offs.to(tl.int32), mask=valid)
+    j = tl.arange(0, MAXB)
+    blocks = start[:, None] // BLOCK_M + j[None, :]
+    own = first[:, None] & (j[None, :] < (padded // BLOCK_M)[:, None])
+    tl.store(expert_ptr + blocks, key[:, None] + tl.zeros_like(blocks), mask=own)
 
 
 @triton.jit
@@ -155,7 +170,6 @@ def moe_align_triton(
     chunks = max(1, cdiv(numel, CHUNK))
     e_p2 = next_pow2(e + 1)  # one bin more: entries without a local expert
     emap = expert_map.to(torch.int32).contiguous() if expert_map is not None else flat
-    seg = torch.empty(e, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     has_map = expert_map is not None
@@ -164,14 +178,15 @@ def moe_align_triton(
     if numel <= CHUNK:  # decode: one launch instead of a fill and four (H200 graphs: ~12 µs for the five)
         sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)
         ok = torch.empty(1, dtype=torch.int32, device=dev) if check else total
-        _align_one[(1,)](flat, emap, seg, sorted_ids, expert_ids, total, ok, numel, e, max_padded, n_blocks,
-                         HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2, BLOCK_M=block_m, BB=16, SB=1024, CHECK=check,
-                         num_warps=8)  # fmt: skip
+        _align_one[(1,)](flat, emap, sorted_ids, expert_ids, total, ok, numel, e, max_padded, n_blocks,
+                         HAS_MAP=has_map, CHUNK=CHUNK, BLOCK_M=block_m, MAXB=next_pow2(cdiv(CHUNK, block_m)),
+                         SB=1024, CHECK=check, num_warps=8)  # fmt: skip
         if check:
             assert_ids(ok, why)
         return sorted_ids, expert_ids, total
     if check:
         assert_ids((flat < e).all(), why)
+    seg = torch.empty(e, dtype=torch.int32, device=dev)
     hist = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     base = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=dev)
