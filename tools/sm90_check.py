@@ -183,6 +183,18 @@ def check_moe(
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 
 
+def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None) -> str:
+    """The warp-specialised large-M Gluon kernel (`anybit.kernels.frag_ws`) on a frag weight."""
+    from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
+
+    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
+    tile = ws_tile(m) | (tiles or {})
+    _compiled.clear()
+    gemm_frag_ws(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
+    return _report(f"ws {fmt:25s} M={m:<4d}", _compiled[-1], 64, tile["block_n"], tile["dq_warps"], cuobjdump,
+                   sass_dir and (sass_dir, f"ws_{fmt}_{m}"))  # fmt: skip
+
+
 def _report(label: str, kernel, block_k: int, block_n: int, warps: int, cuobjdump: str, sass_to) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -220,6 +232,7 @@ def main() -> int:
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     ap.add_argument("--tiles", default="", help="with --moe: tile overrides, e.g. block_m=256:num_warps=8")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     args = ap.parse_args()
@@ -231,12 +244,15 @@ def main() -> int:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
+    tiles = {a: int(b) for a, b in (kv.split("=") for kv in filter(None, args.tiles.split(":")))}
     run = (
-        functools.partial(
+        functools.partial(check_ws, tiles=tiles)
+        if args.ws
+        else functools.partial(
             check_moe,
             maxnreg=args.maxnreg,
             pdl=args.pdl,
-            tiles={a: int(b) for a, b in (kv.split("=") for kv in filter(None, args.tiles.split(":")))},
+            tiles=tiles,
         )
         if args.moe
         else functools.partial(check, pdl=args.pdl)

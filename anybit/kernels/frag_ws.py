@@ -1,0 +1,97 @@
+"""Large-M W4A16 on Hopper without a dequantize pass: `gemm_frag_ws` runs the warp-specialised Gluon kernel
+(`anybit.kernels.frag_ws_kernel`) on a fragment-layout weight — a decode partition writes each 64-K
+slice of the weight tile into shared memory as x's dtype while two MMA warpgroups multiply the slice before
+(wgmma, both operands in shared memory). It replaces dequantize-then-cuBLAS, which writes and reads the
+whole bf16 weight once per call (N*K*2 bytes: 40 µs of a 200 µs M=1024 call at 8192^2 on the H200).
+
+Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales in x's dtype
+per channel or per whole 128-K blocks, bf16 or fp16 activations; sm_90 with Gluon's Hopper API (Triton
+3.6). `frag_ws_why_not` names what is missing otherwise, and the caller keeps dequantize-then-cuBLAS.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from anybit import settings
+from anybit.kernels.dequant import cdiv
+from anybit.kernels.frag_layout import FRAG_PANEL
+
+WS_BM, WS_BK = 128, 64  # x rows per CTA tile (two MMA warpgroups of 64), K per step (half a frag block)
+
+
+@functools.cache
+def _gluon_missing() -> str | None:
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+
+        from anybit.kernels import frag_ws_kernel  # noqa: F401
+    except Exception as ex:  # ImportError, or names this Triton spells otherwise
+        return f"Gluon's Hopper API is not importable here ({type(ex).__name__}: {ex})"
+    return None
+
+
+@functools.cache
+def _is_hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def frag_ws_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when `gemm_frag_ws` runs this weight with x of `x_dtype` on `device`, else why not."""
+    if device.type != "cuda" or settings.triton_interpret():
+        return "a Gluon kernel: a CUDA GPU, not the interpreter"
+    if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
+        return "Hopper (sm_90) only: wgmma, TMA and warp specialisation"
+    missing = _gluon_missing()
+    if missing:
+        return missing
+    fmt = tw.fmt
+    if not tw.frag or fmt["W_BITS"] != 4 or fmt["W_FLOAT"] or tw.scheme.act.quantized:
+        return "4-bit integer weights in the fragment layout with bf16/fp16 activations only"
+    if fmt["ZP"] != 0 or tw.global_scale is not None:
+        return "no zero points or global scale yet"
+    if x_dtype not in (torch.bfloat16, torch.float16) or tw.scales.dtype != x_dtype:
+        return f"scales in x's dtype only (scales {tw.scales.dtype}, x {x_dtype}): the decoder multiplies in it"
+    if tw.group_n != 1 or (tw.group_k < tw.k and tw.group_k % 128):
+        return f"scales per channel or per whole 128-K blocks only (group {tw.group_k} x {tw.group_n})"
+    if tw.k % 8:
+        return f"K={tw.k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
+    return None
+
+
+def ws_tile(m: int) -> dict:
+    """The kernel's tile: 128 x 256 (x rows x weight rows), 64-K steps, 4 decode warps. (Measured: not
+    yet — the first H200 run sets it.)"""
+    return dict(block_n=256, stages=4, group_m=8, dq_warps=4, dq_regs=160)
+
+
+def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                 block_n: int = 256, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
+                 dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a weight `frag_ws_why_not` accepts
+    (the caller checks). x: contiguous bf16/fp16 [M, K]."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from anybit.kernels.frag_ws_kernel import frag_ws_kernel
+
+    m, k = x.shape
+    n = tw.n
+    if k != tw.k or not x.is_contiguous():
+        raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    x_desc = TensorDescriptor.from_tensor(x, [WS_BM, WS_BK], gl.NVMMASharedLayout.get_default_for([WS_BM, WS_BK], gdt))
+    per_block = tw.group_k < tw.k
+    grid = (cdiv(m, WS_BM) * cdiv(n, block_n),)
+    # fmt: off
+    frag_ws_kernel[grid](
+        x_desc, tw.planes[0], tw.scales, bias if bias is not None else y, y, m, n, k, tw.planes[0].stride(-2),
+        tw.scales.stride(0), y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
+        DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, num_warps=8,
+    )
+    # fmt: on
+    return y

@@ -1,0 +1,208 @@
+"""The Gluon kernel of `anybit.kernels.frag_ws` (sm_90a): y = x @ dequantize(W)^T for 4-bit integer weights
+in the fragment layout, warp-specialised so that decoding the weight never stalls the tensor cores.
+
+Per CTA tile (BM rows of x, BN weight rows), two partitions meet at two shared-memory rings:
+
+* decoder (DQ warps): reads each 128-K block of frag words from global memory one block ahead, turns each
+  64-K half into (q - bias) * s in x's dtype with one LOP3, one packed subtraction and one packed multiply
+  per pair of weights (inline PTX), and stores the [BN, 64] tile into the w ring;
+* MMA (the default partition, 2 warpgroups): TMA copies of x [BM, 64] into the x ring, STAGES - 1 steps
+  ahead, and wgmma with both operands in shared memory, one group in flight; a slot of each ring is
+  refilled once the wgmma that read it has retired.
+
+Both wgmma operands come from shared memory, so the register-operand hazard of Triton issue #9433 (a
+pending wgmma's A registers rewritten) cannot arise here. Imported only where it runs (Gluon + Hopper).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# word -> four pairs ((MAGIC + nibble j of each half) - OFF) * (s, s), j = 0..3: one LOP3, one packed
+# subtraction and one packed multiply per pair (the subtraction is exact, the multiply rounds once: the bits
+# of dequantize() rounded to x's dtype, as the dequantize-then-cuBLAS path gives)
+_PAIRS_SCALED = """{
+.reg .b32 t, m, g, c, s;
+mov.b32 m, 0x000F000F;
+mov.b32 g, MAGIC;
+mov.b32 c, OFF;
+mov.b32 s, {$5, $5};
+lop3.b32 $0, $4, m, g, 0xea;
+sub.rn.OP $0, $0, c;
+mul.rn.OP $0, $0, s;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, m, g, 0xea;
+sub.rn.OP $1, $1, c;
+mul.rn.OP $1, $1, s;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, m, g, 0xea;
+sub.rn.OP $2, $2, c;
+mul.rn.OP $2, $2, s;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, m, g, 0xea;
+sub.rn.OP $3, $3, c;
+mul.rn.OP $3, $3, s;
+}"""
+
+
+def _pairs_scaled(op: str, magic: str, off: str) -> gl.constexpr:
+    return gl.constexpr(_PAIRS_SCALED.replace("OP", op).replace("MAGIC", magic).replace("OFF", off))
+
+
+_BF16_SIGNED = _pairs_scaled("bf16x2", "0x43004300", "0x43084308")  # MAGIC 128; minus 128 + 8 (biased int4)
+_BF16 = _pairs_scaled("bf16x2", "0x43004300", "0x43004300")
+_F16_SIGNED = _pairs_scaled("f16x2", "0x64006400", "0x64086408")  # MAGIC 1024; minus 1024 + 8
+_F16 = _pairs_scaled("f16x2", "0x64006400", "0x64006400")
+
+
+# fmt: off
+@gluon.jit
+def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr):
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    s = ki % STAGES
+    p = ki < num_k
+    mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes, pred=p)
+    tma.async_copy_global_to_shared(x_desc, [off_m, ki * BK], x_ready.index(s), x_bufs.index(s), pred=p)
+
+
+@gluon.jit
+def _decode_half(words, s, SIGNED: gl.constexpr):
+    """words [BN, 4, 2] int32 — word 4t + 2h + cl of each row's block, as (t, cl) — and s [BN, 4, 2] the
+    rows' scales (x's dtype) -> the half block [BN, 64] in x's dtype, natural K order: nibble j (e = 0) and j + 4
+    (e = 1) of word (t, cl) hold k = 32 cl + 8 j + 2 t + e (`anybit.kernels.frag_layout`)."""
+    BN: gl.constexpr = words.shape[0]
+    DTYPE: gl.constexpr = s.dtype
+    if DTYPE == gl.bfloat16:
+        if SIGNED:
+            asm: gl.constexpr = _BF16_SIGNED
+        else:
+            asm: gl.constexpr = _BF16
+    else:
+        if SIGNED:
+            asm: gl.constexpr = _F16_SIGNED
+        else:
+            asm: gl.constexpr = _F16
+    r0, r1, r2, r3 = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,h", [words, s],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    rr = gl.join(gl.join(r0, r2), gl.join(r1, r3))  # [BN, 4, 2, 2, 2]: the last two dims are j = 2a + b
+    lo = rr.to(gl.int16).to(DTYPE, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(gl.int16).to(DTYPE, bitcast=True)  # e = 1
+    v = gl.reshape(gl.join(lo, hi), [BN, 4, 2, 4, 2])  # (t, cl, j, e)
+    return gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, 64])  # (cl, j, t, e)
+
+
+@gluon.jit
+def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks,
+               SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
+               PANEL: gl.constexpr):
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
+    rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
+    rmask = rows < N
+    base = (rows // PANEL).to(gl.int64) * (PANEL * stride_wn) + (rows % PANEL) * 16
+    ptrs = w_ptr + gl.expand_dims(base, 1) + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, ld)), 0)
+    mask = gl.expand_dims(rmask, 1)
+    WSTEP: gl.constexpr = 16 * PANEL  # words of one block of a panel
+    nxt = gl.load(ptrs, mask=mask, other=0)
+    for b in range(num_blocks):
+        cur = nxt
+        nxt = gl.load(ptrs + (b + 1) * WSTEP, mask=mask & (b + 1 < num_blocks), other=0)  # one block ahead
+        if SCALE_PER_BLOCK:
+            srow = b // GB
+        else:
+            srow = 0
+        sc = gl.load(s_ptr + srow * stride_s + rows, mask=rmask, other=0)
+        sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
+        h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
+        s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
+        for h in gl.static_range(2):
+            ki = 2 * b + h
+            slot = ki % STAGES
+            if h == 0:
+                v = _decode_half(h0, s0, SIGNED)
+            else:
+                v = _decode_half(h1, s1, SIGNED)
+            mbarrier.wait(w_empty.index(slot), ((ki // STAGES) & 1) ^ 1)
+            w_bufs.index(slot).store(v)
+            fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+            mbarrier.arrive(w_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, num_k,
+         STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """The default partition: x through TMA (STAGES - 1 steps ahead, into the slot the last retired wgmma
+    read), the weight slices from the decoder, wgmma with one group in flight; then the epilogue (here, at
+    this partition's register count: the kernel's own is the 64K register file over every warp)."""
+    BM: gl.constexpr = x_bufs.type.shape[1]
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, BN, 16])
+    for i in gl.static_range(STAGES - 1):
+        _x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+    for ki in range(num_k):
+        s = ki % STAGES
+        phase = (ki // STAGES) & 1
+        mbarrier.wait(x_ready.index(s), phase)
+        mbarrier.wait(w_ready.index(s), phase)
+        acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        # the wgmma of step ki - 1 has retired: its slots take step ki + STAGES - 1
+        mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
+        _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
+    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
+    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+
+
+@gluon.jit
+def frag_ws_kernel(x_desc, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, stride_wn, stride_s, stride_ym,
+                   BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
+                   DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
+                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr):
+    BM: gl.constexpr = x_desc.block_type.shape[0]
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
+    dtype: gl.constexpr = x_desc.dtype
+    # grouped tile order (L2: GROUP_M row tiles of x share each decoded weight tile's neighbours)
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % group) % size) * BM
+    off_n = ((pid % group) // size) * BN
+
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_desc.layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x_ready.index(i), count=1)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=1)
+    num_blocks = gl.cdiv(K, 2 * BK)
+    num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
+    gl.warp_specialize([
+        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
+                num_k, STAGES, HAS_BIAS)),
+        (_w_decoder, (w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks,
+                      SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+    ], [DQ_WARPS], [DQ_REGS])
+# fmt: on

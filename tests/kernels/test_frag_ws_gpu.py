@@ -1,0 +1,61 @@
+"""The warp-specialised large-M Gluon kernel on a Hopper GPU: against float64 products of `dequantize()`,
+awkward shapes (M, N off the tile, K off the 128-K block), every tile the chooser can pick, bias, poisoned
+outputs, bit-equal relaunches."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends.triton_layout import to_triton_layout
+from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
+    ),
+]
+
+
+def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, text)
+    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    return x, to_triton_layout(qw), x.double() @ qw.dequantize().double().T
+
+
+@pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("w4a16:int4:g128:fp16", torch.float16),
+                                         ("w4a16:uint4:g128:bf16", torch.bfloat16),
+                                         ("w4a16:int4:ch:bf16", torch.bfloat16),
+                                         ("w4a16:int4:g256:bf16", torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1536), (1024, 2048, 4224)])
+def test_matches_the_exact_product(text, dtype, m, n, k):
+    if "g256" in text:
+        k = 2 * 1024
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_ws_why_not(tw, dtype, x.device) is None
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_ws(x, tw, out=out)
+    assert rel_err(y, ref) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_ws(x, tw))  # relaunch: the same bits
+
+
+def test_k_tail_half_a_block_and_channel_scales():
+    x, tw, ref = _case("w4a16:int4:ch:bf16", 300, 1000, 2880)  # 2880 = 22.5 blocks of 128
+    assert rel_err(gemm_frag_ws(x, tw), ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=4), dict(group_m=1), dict(block_n=128)])
+def test_every_tile(tile):
+    x, tw, ref = _case("w4a16", 777, 3000, 2048, seed=3)
+    b = torch.randn(3000, device="cuda").bfloat16()
+    y = gemm_frag_ws(x, tw, b, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_not_taken_with_a_reason():
+    x, tw, _ = _case("w4a16:uint4:g128:fp16:zp-int", 16, 256, 512, torch.float16)
+    assert "zero points" in frag_ws_why_not(tw, torch.float16, x.device)
+    x, tw, _ = _case("w4a16", 16, 256, 512)
+    assert "scales in x's dtype" in frag_ws_why_not(tw, torch.float16, x.device)

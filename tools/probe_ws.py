@@ -1,0 +1,122 @@
+"""The warp-specialised large-M W4A16 kernel (`anybit.kernels.frag_ws`) against what it replaces and its
+peers, one GPU call: dequantize-then-cuBLAS (today's large-M path), cuBLAS bf16 on a weight dequantized
+once (the ceiling a fused kernel aims at), and Humming W4A16 on the same float weight.
+
+    python tools/probe_ws.py [--shapes 8192x8192,28672x8192,8192x28672] [--m 256,1024,4096,8192]
+                             [--tiles "stages=4;stages=3;block_n=128"] [--peers humming] [--out DIR]
+
+Every variant is first checked against the exact product (a float64 reference of a few rows from
+`dequantize()`) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do not
+fit L2 together. Prints µs and TF/s per cell, writes DIR/probe_ws.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from probe_out import write_probe  # noqa: E402
+
+from anybit import quantize  # noqa: E402
+from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
+from anybit.bench.timing import median, time_eager  # noqa: E402
+from anybit.formats.scheme import Scheme  # noqa: E402
+from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
+from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile  # noqa: E402
+
+
+def _tiles(text: str) -> list[dict]:
+    out = []
+    for part in filter(None, text.split(";")):
+        out.append({a: int(b) for a, b in (kv.split("=") for kv in part.split(":"))})
+    return out or [{}]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scheme", default="w4a16")
+    ap.add_argument("--shapes", default="8192x8192,28672x8192,8192x28672")
+    ap.add_argument("--m", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--tiles", default="stages=4;stages=3", help="ws variants, ';'-separated k=v:k=v")
+    ap.add_argument("--peers", default="humming")
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    scheme = Scheme.parse(args.scheme)
+    rows, errors = [], {}
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        ws_list, tws, humm = [], [], None
+        for _ in range(args.copies):
+            w = torch.randn(n, k, device=dev) * 0.02
+            qw = quantize(w, scheme)
+            tw = to_triton_layout(qw)
+            tws.append(tw)
+            ws_list.append(w)
+        why = frag_ws_why_not(tws[0], torch.bfloat16, dev)
+        if why:
+            errors[shape] = why
+            continue
+        wdeq = [dequantize_frag(tw, dtype=torch.bfloat16) for tw in tws]
+        if "humming" in args.peers:
+            try:
+                from anybit.bench.peers import humming
+
+                humm = [humming(w, scheme) for w in ws_list]
+            except Exception as ex:  # reported, not hidden
+                errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        del ws_list
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            ref = (x[:64].double() @ quantize_ref(tws[0]).T) if m else None
+            cells = {
+                "dequant+cublas": [lambda tw=tw, x=x: torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype))
+                                   for tw in tws],  # fmt: skip
+                "cublas-bf16 (W dequantized once)": [lambda wd=wd, x=x: torch.nn.functional.linear(x, wd)
+                                                     for wd in wdeq],  # fmt: skip
+            }
+            if humm:
+                cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
+            for tile in _tiles(args.tiles):
+                name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
+                t = ws_tile(m) | tile
+                try:
+                    y1 = gemm_frag_ws(x, tws[0], **t)
+                    y2 = gemm_frag_ws(x, tws[0], **t)
+                    err = float((y1[:64].double() - ref).norm() / ref.norm())
+                    same = bool(torch.equal(y1, y2))
+                    if err > 1.6e-2 or not same:
+                        errors[f"{name} {shape} M={m}"] = f"rel err {err:.2e}, relaunch equal {same}"
+                        continue
+                    cells[name] = [lambda tw=tw, t=t, x=x: gemm_frag_ws(x, tw, **t) for tw in tws]
+                except Exception as ex:
+                    errors[f"{name} {shape} M={m}"] = f"{type(ex).__name__}: {str(ex)[:400]}"
+            flops = 2 * m * n * k
+            for name, fns in cells.items():
+                us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
+                rows.append(dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6))
+                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s", flush=True)
+    print(write_probe(args.out, "probe_ws", rows, errors))
+    return 0
+
+
+def quantize_ref(tw) -> torch.Tensor:
+    """float64 W [N, K] of the prepared weight, from the frag layout's own unpacker (the exact values)."""
+    from anybit.kernels.frag_layout import unpack_frag
+
+    q = unpack_frag(tw.planes[0], tw.k, n=tw.n).double()
+    if tw.fmt["W_SIGNED"]:
+        q = q - 8
+    s = tw.scales.double()
+    g = tw.group_k if tw.group_k < tw.k else tw.k
+    return (q.reshape(tw.n, -1, g) * s.T.reshape(tw.n, -1, 1)[:, : tw.k // g]).reshape(tw.n, tw.k)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
