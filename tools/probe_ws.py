@@ -76,10 +76,12 @@ def main() -> int:
             x = torch.randn(m, k, device=dev).bfloat16()
             ref = (x[:64].double() @ quantize_ref(tws[0]).T) if m else None
             cells = {
-                "dequant+cublas": [lambda tw=tw, x=x: torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype))
-                                   for tw in tws],  # fmt: skip
-                "cublas-bf16 (W dequantized once)": [lambda wd=wd, x=x: torch.nn.functional.linear(x, wd)
-                                                     for wd in wdeq],  # fmt: skip
+                "dequant+cublas": [
+                    lambda tw=tw, x=x: torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype)) for tw in tws
+                ],  # fmt: skip
+                "cublas-bf16 (W dequantized once)": [
+                    lambda wd=wd, x=x: torch.nn.functional.linear(x, wd) for wd in wdeq
+                ],  # fmt: skip
             }
             if humm:
                 cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
