@@ -19,7 +19,7 @@ from anybit import settings
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 
-WS_BM, WS_BK = 128, 64  # x rows per CTA tile (two MMA warpgroups of 64), K per step (half a frag block)
+WS_BK = 64  # K per step (half a frag block)
 
 
 @functools.cache
@@ -64,11 +64,11 @@ def frag_ws_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | Non
 def ws_tile(m: int) -> dict:
     """The kernel's tile: 128 x 256 (x rows x weight rows), 64-K steps, 4 decode warps. (Measured: not
     yet — the first H200 run sets it.)"""
-    return dict(block_n=256, stages=4, group_m=8, dq_warps=4, dq_regs=160)
+    return dict(block_m=128, block_n=256, stages=4, group_m=8, dq_warps=4, dq_regs=160)
 
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                 block_n: int = 256, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
+                 block_m: int = 128, block_n: int = 256, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
                  dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a weight `frag_ws_why_not` accepts
     (the caller checks). x: contiguous bf16/fp16 [M, K]."""
@@ -83,9 +83,10 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
     gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    x_desc = TensorDescriptor.from_tensor(x, [WS_BM, WS_BK], gl.NVMMASharedLayout.get_default_for([WS_BM, WS_BK], gdt))
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_m, WS_BK], gdt)
+    x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], x_layout)
     per_block = tw.group_k < tw.k
-    grid = (cdiv(m, WS_BM) * cdiv(n, block_n),)
+    grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     # fmt: off
     frag_ws_kernel[grid](
         x_desc, tw.planes[0], tw.scales, bias if bias is not None else y, y, m, n, k, tw.planes[0].stride(-2),

@@ -123,17 +123,16 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
         h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
         s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
-        for h in gl.static_range(2):
-            ki = 2 * b + h
-            slot = ki % STAGES
-            if h == 0:
-                v = _decode_half(h0, s0, SIGNED)
-            else:
-                v = _decode_half(h1, s1, SIGNED)
-            mbarrier.wait(w_empty.index(slot), ((ki // STAGES) & 1) ^ 1)
-            w_bufs.index(slot).store(v)
-            fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
-            mbarrier.arrive(w_ready.index(slot), count=1)
+        k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
+        v = _decode_half(h0, s0, SIGNED)
+        mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
+        w_bufs.index(k0 % STAGES).store(v)
+        v = _decode_half(h1, s1, SIGNED)
+        mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
+        w_bufs.index((k0 + 1) % STAGES).store(v)
+        fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+        mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
+        mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
 
 
 @gluon.jit
