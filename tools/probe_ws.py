@@ -59,7 +59,7 @@ def main() -> int:
             tw = to_triton_layout(qw)
             tws.append(tw)
             ws_list.append(w)
-        why = frag_ws_why_not(tws[0], torch.bfloat16, dev)
+        why = frag_ws_why_not(tws[0].scheme, tws[0].k, torch.bfloat16, dev)
         if why:
             errors[shape] = why
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import warnings
 
 import torch
 
@@ -13,7 +14,7 @@ from anybit.backends.base import Prepared, Problem
 from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not
 from anybit.backends.torch_ref import TorchBackend
 from anybit.backends.triton_layout import TritonWeight, frag_format, to_triton_layout
-from anybit.errors import KernelFailure
+from anybit.errors import FallbackWarning, KernelFailure
 from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
@@ -21,6 +22,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
+from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -310,9 +312,28 @@ class TritonBackend:
         cache.put(key, dataclasses.asdict(best), us)
         return best
 
+    @staticmethod
+    def _ws_route(x: torch.Tensor, tw: TritonWeight) -> bool:
+        """Whether this large-M call of a frag weight takes `gemm_frag_ws` (decided once per weight and dtype)."""
+        if x.shape[0] > settings.frag_ws_max_m() or tw.ws_failed:
+            return False
+        ok = tw.ws_ok.get(x.dtype)
+        if ok is None:
+            ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device) is None
+        return ok
+
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies."""
+        """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer
+        frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
+        decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass)."""
         if tw.frag:
+            if self._ws_route(x, tw):
+                try:
+                    return gemm_frag_ws(x, tw, bias, **ws_tile(x.shape[0]))
+                except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
+                    tw.ws_failed = f"{type(e).__name__}: {e}"
+                    warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
+                                  f"cuBLAS: {tw.ws_failed}", FallbackWarning, stacklevel=3)  # fmt: skip
             return torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype), bias)
         y = x @ dequantize_a16(tw, dtype=x.dtype)
         return y + bias if bias is not None else y

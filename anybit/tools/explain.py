@@ -32,7 +32,18 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
     if frag and m > FRAG_MAX_M and not scheme.act.quantized:
-        return f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS"
+        from anybit import settings
+        from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
+
+        limit = settings.frag_ws_max_m()
+        why = frag_ws_why_not(scheme, k, dtype, device) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
+        if why is None:
+            t = ws_tile(m)
+            return (f"{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised Gluon "
+                    f"kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
+                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages")  # fmt: skip
+        return (f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS "
+                f"(warp-specialised kernel not used: {why})")  # fmt: skip
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)

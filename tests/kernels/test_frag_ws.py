@@ -42,4 +42,4 @@ def test_decoder_order_is_the_frag_layout():
 )
 def test_why_not_on_the_cpu(text, why):
     tw = to_triton_layout(quantize(torch.randn(256, 512), text))
-    assert why in frag_ws_why_not(tw, torch.bfloat16, torch.device("cpu"))
+    assert why in frag_ws_why_not(tw.scheme, tw.k, torch.bfloat16, torch.device("cpu"))

@@ -34,7 +34,7 @@ def test_matches_the_exact_product(text, dtype, m, n, k):
     if "g256" in text:
         k = 2 * 1024
     x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
-    assert frag_ws_why_not(tw, dtype, x.device) is None
+    assert frag_ws_why_not(tw.scheme, tw.k, dtype, x.device) is None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     y = gemm_frag_ws(x, tw, out=out)
     assert rel_err(y, ref) < GEMM_REL_ERR[dtype]
@@ -66,6 +66,6 @@ def test_every_tile(tile):
 
 def test_not_taken_with_a_reason():
     x, tw, _ = _case("w4a16:uint4:g128:fp16:zp-int", 16, 256, 512, torch.float16)
-    assert "zero points" in frag_ws_why_not(tw, torch.float16, x.device)
+    assert "zero points" in frag_ws_why_not(tw.scheme, tw.k, torch.float16, x.device)
     x, tw, _ = _case("w4a16", 16, 256, 512)
-    assert "scales in x's dtype" in frag_ws_why_not(tw, torch.float16, x.device)
+    assert "scales in x's dtype" in frag_ws_why_not(tw.scheme, tw.k, torch.float16, x.device)
