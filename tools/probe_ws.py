@@ -87,7 +87,7 @@ def main() -> int:
                 cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
             for tile in _tiles(args.tiles):
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
-                t = ws_tile(m) | tile
+                t = ws_tile(m, n) | tile
                 try:
                     y1 = gemm_frag_ws(x, tws[0], **t)
                     y2 = gemm_frag_ws(x, tws[0], **t)

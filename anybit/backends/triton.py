@@ -329,7 +329,7 @@ class TritonBackend:
         if tw.frag:
             if self._ws_route(x, tw):
                 try:
-                    return gemm_frag_ws(x, tw, bias, **ws_tile(x.shape[0]))
+                    return gemm_frag_ws(x, tw, bias, **ws_tile(x.shape[0], tw.n, _sm_count(x.device)))
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
                     tw.ws_failed = f"{type(e).__name__}: {e}"
                     warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "

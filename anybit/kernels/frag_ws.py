@@ -65,11 +65,13 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) 
     return None
 
 
-def ws_tile(m: int) -> dict:
-    """The kernel's tile: 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (H200, same run:
-    8192^2 M=1024 212 µs; 128 x 256 decoded each weight tile for half as many rows and took 267 µs, 3 stages
-    234); 128 x 128 at M <= 256, where 256-row tiles leave half the SMs idle (not yet measured)."""
-    return dict(block_m=256 if m > 256 else 128, block_n=128, stages=4, group_m=8, dq_warps=4, dq_regs=160)
+def ws_tile(m: int, n: int, num_sms: int = 132) -> dict:
+    """The kernel's tile, from the H200 sweeps (`tools/probe_ws.py`, BENCHMARKS.md): 256 x-rows x 128 weight
+    rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs; 128 x 256 decodes each weight tile for
+    half as many rows: 267; 3 stages: 234) — where those tiles fill ~a wave of the GPU; else 128 x 128
+    (8192^2 M=256 110 vs 113 µs, 8192x28672 265 vs 327; M=512 8192^2 the other way: 121 vs 158)."""
+    wide = m > 128 and cdiv(m, 256) * cdiv(n, 128) >= 0.9 * num_sms
+    return dict(block_m=256 if wide else 128, block_n=128, stages=4, group_m=8, dq_warps=4, dq_regs=160)
 
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
