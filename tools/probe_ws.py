@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -24,7 +25,7 @@ from probe_out import write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.bench.timing import median, time_eager  # noqa: E402
+from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile  # noqa: E402
@@ -45,6 +46,7 @@ def main() -> int:
     ap.add_argument("--tiles", default="stages=4;stages=3", help="ws variants, ';'-separated k=v:k=v")
     ap.add_argument("--peers", default="humming")
     ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--graph", action="store_true", help="also CUDA-graph replay and the host µs per call")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -102,8 +104,19 @@ def main() -> int:
             flops = 2 * m * n * k
             for name, fns in cells.items():
                 us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
-                rows.append(dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6))
-                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s", flush=True)
+                row = dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6)
+                extra = ""
+                if args.graph:
+                    row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for f in fns * 5:
+                        f()
+                    row["host_us"] = (time.perf_counter() - t0) / (5 * len(fns)) * 1e6
+                    torch.cuda.synchronize()
+                    extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
+                rows.append(row)
+                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}", flush=True)
     print(write_probe(args.out, "probe_ws", rows, errors))
     return 0
 
