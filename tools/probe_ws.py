@@ -116,7 +116,8 @@ def main() -> int:
                     torch.cuda.synchronize()
                     extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
                 rows.append(row)
-                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}", flush=True)
+                tf = flops / us / 1e6
+                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {tf:7.1f} TF/s{extra}", flush=True)
     print(write_probe(args.out, "probe_ws", rows, errors))
     return 0
 
