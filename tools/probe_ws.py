@@ -89,7 +89,7 @@ def main() -> int:
                 cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
             for tile in _tiles(args.tiles):
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
-                t = ws_tile(m, n) | tile
+                t = (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # the named tile even where auto says no
                 try:
                     y1 = gemm_frag_ws(x, tws[0], **t)
                     y2 = gemm_frag_ws(x, tws[0], **t)

@@ -188,7 +188,7 @@ def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
 
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
-    tile = ws_tile(m, n) | (tiles or {})
+    tile = (ws_tile(m, n) or ws_tile(1024, 8192)) | (tiles or {})
     _compiled.clear()
     gemm_frag_ws(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
     return _report(f"ws {fmt:25s} M={m:<4d}", _compiled[-1], 64, tile["block_n"], tile["dq_warps"], cuobjdump,

@@ -313,23 +313,26 @@ class TritonBackend:
         return best
 
     @staticmethod
-    def _ws_route(x: torch.Tensor, tw: TritonWeight) -> bool:
-        """Whether this large-M call of a frag weight takes `gemm_frag_ws` (decided once per weight and dtype)."""
-        if x.shape[0] > settings.frag_ws_max_m() or tw.ws_failed:
-            return False
+    def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
+        """`gemm_frag_ws`'s tile for this large-M call of a frag weight, or None: dequantize + cuBLAS (the
+        kernel's availability is decided once per weight and dtype, the tile per M)."""
+        m = x.shape[0]
+        if m > settings.frag_ws_max_m() or tw.ws_failed:
+            return None
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
             ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device) is None
-        return ok
+        return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer
         frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
         decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass)."""
         if tw.frag:
-            if self._ws_route(x, tw):
+            tile = self._ws_tile(x, tw)
+            if tile is not None:
                 try:
-                    return gemm_frag_ws(x, tw, bias, **ws_tile(x.shape[0], tw.n, _sm_count(x.device)))
+                    return gemm_frag_ws(x, tw, bias, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
                     tw.ws_failed = f"{type(e).__name__}: {e}"
                     warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "

@@ -65,17 +65,27 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) 
     return None
 
 
-def ws_tile(m: int, n: int, num_sms: int = 132) -> dict:
-    """The kernel's tile, from the H200 sweeps (`tools/probe_ws.py`, BENCHMARKS.md): 256 x-rows x 128 weight
-    rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs; 128 x 256 decodes each weight tile for
-    half as many rows: 267; 3 stages: 234) — where those tiles fill ~a wave of the GPU; else 128 x 128
-    (8192^2 M=256 110 vs 113 µs, 8192x28672 265 vs 327; M=512 8192^2 the other way: 121 vs 158)."""
-    wide = m > 128 and cdiv(m, 256) * cdiv(n, 128) >= 0.9 * num_sms
-    return dict(block_m=256 if wide else 128, block_n=128, stages=4, group_m=8, dq_warps=4, dq_regs=160)
+WS_MIN_WAVE_FILL = 0.84  # of the last wave of CTAs: the kernel is not persistent, a thin last wave idles SMs
+
+
+def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
+    """The kernel's tile, or None where dequantize + cuBLAS is faster (H200 sweeps, `tools/probe_ws.py`,
+    BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs;
+    128 x 256 decodes each weight tile for half as many rows: 267; 3 stages: 234); 128 x 128 only at
+    M <= 256, where 256-row tiles are half padding (28672x8192 M=128 152 vs 288 µs; above, 128-row tiles are
+    1.3-1.6x slower). Only where the CTAs fill their waves: 6144x4096 M=1024 (192 CTAs, 1.45 waves) took 108 µs
+    against 84 for dequantize + cuBLAS, 4096x4096 M=1024 (128 CTAs) 54 against 56."""
+    for bm in (256, 128):
+        if (bm == 256 and m <= 128) or (bm == 128 and m > 256):
+            continue
+        ctas = cdiv(m, bm) * cdiv(n, 128)
+        if ctas / (cdiv(ctas, num_sms) * num_sms) >= WS_MIN_WAVE_FILL:
+            return dict(block_m=bm, block_n=128, stages=4, group_m=8, dq_warps=4, dq_regs=160)
+    return None
 
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                 block_m: int = 128, block_n: int = 256, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
+                 block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
                  dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a fragment-layout weight whose scheme
     `frag_ws_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""

@@ -37,8 +37,10 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
         limit = settings.frag_ws_max_m()
         why = frag_ws_why_not(scheme, k, dtype, device) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        if why is None:
-            t = ws_tile(m, n, _sm_count(device))
+        t = ws_tile(m, n, _sm_count(device)) if why is None else None
+        if why is None and t is None:
+            why = "its CTAs would leave the last wave of SMs thin here (the kernel is not persistent)"
+        if t is not None:
             return (f"{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised Gluon "
                     f"kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
                     f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages")  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws import frag_ws_why_not
+from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
 
 def _decode_half_like_the_kernel(words: torch.Tensor, h: int) -> torch.Tensor:
@@ -43,3 +43,15 @@ def test_decoder_order_is_the_frag_layout():
 def test_why_not_on_the_cpu(text, why):
     tw = to_triton_layout(quantize(torch.randn(256, 512), text))
     assert why in frag_ws_why_not(tw.scheme, tw.k, torch.bfloat16, torch.device("cpu"))
+
+
+# (M, N) -> the block_m the H200 sweeps found fastest, or None where dequantize + cuBLAS won (BENCHMARKS.md)
+MEASURED = {(128, 28672): 128, (128, 8192): None, (256, 28672): 256, (256, 8192): 128, (256, 4096): None,
+            (512, 8192): 256, (512, 6144): None, (512, 4096): None, (1024, 8192): 256, (1024, 6144): None,
+            (1024, 4096): 256, (1024, 28672): 256}  # fmt: skip
+
+
+@pytest.mark.parametrize("m, n", sorted(MEASURED))
+def test_tile_rule_follows_the_h200_sweeps(m, n):
+    tile = ws_tile(m, n, 132)
+    assert (tile["block_m"] if tile else None) == MEASURED[(m, n)]
