@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from host_profile import _host_us  # noqa: E402
 from probe_out import write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
@@ -54,13 +54,12 @@ def main() -> int:
     rows, errors = [], {}
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
-        ws_list, tws, humm = [], [], None
+        ws_list, qws, humm = [], [], None
         for _ in range(args.copies):
             w = torch.randn(n, k, device=dev) * 0.02
-            qw = quantize(w, scheme)
-            tw = to_triton_layout(qw)
-            tws.append(tw)
+            qws.append(quantize(w, scheme))
             ws_list.append(w)
+        tws = [to_triton_layout(qw) for qw in qws]
         why = frag_ws_why_not(tws[0].scheme, tws[0].k, torch.bfloat16, dev)
         if why:
             errors[shape] = why
@@ -76,7 +75,7 @@ def main() -> int:
         del ws_list
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()
-            ref = (x[:64].double() @ quantize_ref(tws[0]).T) if m else None
+            ref = x[:64].double() @ qws[0].dequantize().double().T
             cells = {
                 "dequant+cublas": [
                     lambda tw=tw, x=x: torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype)) for tw in tws
@@ -108,30 +107,13 @@ def main() -> int:
                 extra = ""
                 if args.graph:
                     row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for f in fns * 5:
-                        f()
-                    row["host_us"] = (time.perf_counter() - t0) / (5 * len(fns)) * 1e6
-                    torch.cuda.synchronize()
+                    row["host_us"] = median([_host_us(f, 5) for f in fns])
                     extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
                 rows.append(row)
                 tf = flops / us / 1e6
                 print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {tf:7.1f} TF/s{extra}", flush=True)
     print(write_probe(args.out, "probe_ws", rows, errors))
     return 0
-
-
-def quantize_ref(tw) -> torch.Tensor:
-    """float64 W [N, K] of the prepared weight, from the frag layout's own unpacker (the exact values)."""
-    from anybit.kernels.frag_layout import unpack_frag
-
-    q = unpack_frag(tw.planes[0], tw.k, n=tw.n).double()
-    if tw.fmt["W_SIGNED"]:
-        q = q - 8
-    s = tw.scales.double()
-    g = tw.group_k if tw.group_k < tw.k else tw.k
-    return (q.reshape(tw.n, -1, g) * s.T.reshape(tw.n, -1, 1)[:, : tw.k // g]).reshape(tw.n, tw.k)
 
 
 if __name__ == "__main__":

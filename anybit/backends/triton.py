@@ -317,7 +317,7 @@ class TritonBackend:
         """`gemm_frag_ws`'s tile for this large-M call of a frag weight, or None: dequantize + cuBLAS (the
         kernel's availability is decided once per weight and dtype, the tile per M)."""
         m = x.shape[0]
-        if m > settings.frag_ws_max_m() or tw.ws_failed:
+        if m > settings.frag_ws_max_m():
             return None
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
@@ -334,9 +334,9 @@ class TritonBackend:
                 try:
                     return gemm_frag_ws(x, tw, bias, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
-                    tw.ws_failed = f"{type(e).__name__}: {e}"
+                    tw.ws_ok[x.dtype] = False
                     warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
-                                  f"cuBLAS: {tw.ws_failed}", FallbackWarning, stacklevel=3)  # fmt: skip
+                                  f"cuBLAS: {type(e).__name__}: {e}", FallbackWarning, stacklevel=3)  # fmt: skip
             return torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype), bias)
         y = x @ dequantize_a16(tw, dtype=x.dtype)
         return y + bias if bias is not None else y

@@ -44,8 +44,7 @@ class TritonWeight:
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
-    ws_ok: dict = field(default_factory=dict)  # x dtype -> whether large M takes `gemm_frag_ws` (`frag_ws_why_not`)
-    ws_failed: str | None = None  # why `gemm_frag_ws` failed here: dequantize + cuBLAS from then on
+    ws_ok: dict = field(default_factory=dict)  # x dtype -> whether large M takes `gemm_frag_ws` (False after a failure)
 
     @property
     def device(self) -> torch.device:

@@ -16,6 +16,8 @@ import functools
 import torch
 
 from anybit import settings
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 
@@ -23,14 +25,23 @@ WS_BK = 64  # K per step (half a frag block)
 
 
 @functools.cache
-def _gluon_missing() -> str | None:
+def _gluon():
+    """(gl, TensorDescriptor, the kernel) where this Triton has Gluon's Hopper API, else the reason (a str)."""
     try:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from anybit.kernels import frag_ws_kernel  # noqa: F401
+        from anybit.kernels.frag_ws_kernel import frag_ws_kernel
     except Exception as ex:  # ImportError, or names this Triton spells otherwise
         return f"Gluon's Hopper API is not importable here ({type(ex).__name__}: {ex})"
-    return None
+    return gl, TensorDescriptor, frag_ws_kernel
+
+
+@functools.cache
+def _x_layout(block_m: int, dtype: torch.dtype):
+    gl = _gluon()[0]
+    gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([block_m, WS_BK], gdt)
 
 
 @functools.cache
@@ -40,16 +51,12 @@ def _is_hopper(index: int) -> bool:
 
 def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `gemm_frag_ws` runs weights of `scheme` (K = k) with x of `x_dtype` on `device`, else why not."""
-    from anybit.formats.dtypes import IntType
-    from anybit.formats.scheme import ScaleKind, ZeroPoint
-
     if device.type != "cuda" or settings.triton_interpret():
         return "a Gluon kernel: a CUDA GPU, not the interpreter"
     if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
         return "Hopper (sm_90) only: wgmma, TMA and warp specialisation"
-    missing = _gluon_missing()
-    if missing:
-        return missing
+    if isinstance(_gluon(), str):
+        return _gluon()
     w, g = scheme.weight, scheme.granularity
     if not isinstance(w, IntType) or w.bits != 4 or scheme.act.quantized:
         return "4-bit integer weights with bf16/fp16 activations only"
@@ -89,19 +96,15 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
                  dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a fragment-layout weight whose scheme
     `frag_ws_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from anybit.kernels.frag_ws_kernel import frag_ws_kernel
-
+    _, TensorDescriptor, frag_ws_kernel = _gluon()
     m, k = x.shape
     n = tw.n
     if k != tw.k or not x.is_contiguous():
         raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
-    gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    x_layout = gl.NVMMASharedLayout.get_default_for([block_m, WS_BK], gdt)
-    x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], x_layout)
+    x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
     per_block = tw.group_k < tw.k
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     # fmt: off

@@ -53,14 +53,22 @@ mul.rn.OP $3, $3, s;
 }"""
 
 
-def _pairs_scaled(op: str, magic: str, off: str) -> gl.constexpr:
-    return gl.constexpr(_PAIRS_SCALED.replace("OP", op).replace("MAGIC", magic).replace("OFF", off))
+def _pairs_scaled(op: str, magic: str, off: str) -> str:
+    return _PAIRS_SCALED.replace("OP", op).replace("MAGIC", magic).replace("OFF", off)
 
 
-_BF16_SIGNED = _pairs_scaled("bf16x2", "0x43004300", "0x43084308")  # MAGIC 128; minus 128 + 8 (biased int4)
-_BF16 = _pairs_scaled("bf16x2", "0x43004300", "0x43004300")
-_F16_SIGNED = _pairs_scaled("f16x2", "0x64006400", "0x64086408")  # MAGIC 1024; minus 1024 + 8
-_F16 = _pairs_scaled("f16x2", "0x64006400", "0x64006400")
+# (x is bf16, codes are signed int4 stored biased) -> the block; MAGIC 128 (bf16) / 1024 (fp16), minus it (+ 8)
+_ASM = {
+    (True, True): _pairs_scaled("bf16x2", "0x43004300", "0x43084308"),
+    (True, False): _pairs_scaled("bf16x2", "0x43004300", "0x43004300"),
+    (False, True): _pairs_scaled("f16x2", "0x64006400", "0x64086408"),
+    (False, False): _pairs_scaled("f16x2", "0x64006400", "0x64006400"),
+}
+
+
+@gluon.constexpr_function
+def _pairs_asm(dtype, signed):
+    return _ASM[(dtype == gl.bfloat16, bool(signed))]
 
 
 # fmt: off
@@ -80,17 +88,7 @@ def _decode_half(words, s, SIGNED: gl.constexpr):
     (e = 1) of word (t, cl) hold k = 32 cl + 8 j + 2 t + e (`anybit.kernels.frag_layout`)."""
     BN: gl.constexpr = words.shape[0]
     DTYPE: gl.constexpr = s.dtype
-    if DTYPE == gl.bfloat16:
-        if SIGNED:
-            asm: gl.constexpr = _BF16_SIGNED
-        else:
-            asm: gl.constexpr = _BF16
-    else:
-        if SIGNED:
-            asm: gl.constexpr = _F16_SIGNED
-        else:
-            asm: gl.constexpr = _F16
-    r0, r1, r2, r3 = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,h", [words, s],
+    r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(DTYPE, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     rr = gl.join(gl.join(r0, r2), gl.join(r1, r3))  # [BN, 4, 2, 2, 2]: the last two dims are j = 2a + b
     lo = rr.to(gl.int16).to(DTYPE, bitcast=True)  # e = 0
