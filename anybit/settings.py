@@ -34,6 +34,10 @@ class Settings:
     this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
     cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
     pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
+    moe_ws_min_rows: int
+    """ANYBIT_MOE_WS_MIN_ROWS (default 96; 0 turns it off), Hopper: a `QuantMoE` call whose experts see at least
+    this many rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel
+    (`anybit.kernels.moe_ws`, 4-bit integer A16 experts) instead of `moe_gemm`."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -75,6 +79,14 @@ def frag_ws_max_m() -> int:
     return int(value)
 
 
+def moe_ws_min_rows() -> int:
+    """ANYBIT_MOE_WS_MIN_ROWS alone (see `Settings.moe_ws_min_rows`)."""
+    value = os.environ.get("ANYBIT_MOE_WS_MIN_ROWS", "96").strip()
+    if not value.isdigit():
+        raise ValueError(f"ANYBIT_MOE_WS_MIN_ROWS={value!r}: expected rows per expert (0 turns the kernel off)")
+    return int(value)
+
+
 def frag_ptx() -> int:
     """ANYBIT_FRAG_PTX alone (see `Settings.frag_ptx`)."""
     return _level("ANYBIT_FRAG_PTX", 2, (0, 1, 2))
@@ -83,7 +95,7 @@ def frag_ptx() -> int:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`,
-    `frag_ws_max_m`)."""
+    `frag_ws_max_m`, `moe_ws_min_rows`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -93,5 +105,6 @@ def load() -> Settings:
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
         pdl=pdl(),
         frag_ws_max_m=frag_ws_max_m(),
+        moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),
     )

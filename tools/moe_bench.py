@@ -28,6 +28,7 @@ from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats import FloatType  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
+from anybit.kernels.moe_ws import moe_gemm_ws  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 from anybit.moe.layer import grouped_inputs, moe_tiles  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
@@ -72,9 +73,10 @@ def _variants(splits: list, tiles_arg: str) -> list:
     return out
 
 
-def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: list) -> dict:
+def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: list, ws_tiles: str = "") -> dict:
     """Callables per timed part, one per routing: the two grouped GEMMs alone (with the layer's own
-    split-K plan and tile, and each of `variants`), the alignment, the layer."""
+    split-K plan and tile, and each of `variants`; where the layer takes the warp-specialised kernel, it too as
+    "@ws", and each of `ws_tiles`), the alignment, the layer."""
     gu, dn, fused = moe._stacked
     e, i, h = moe.num_experts, moe.intermediate, moe.hidden
     m, top_k = routes[0][1].shape
@@ -101,6 +103,23 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
     moe.split_k = None
+    ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
+    for tag, over in [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""),
+                                       {a: int(b) for a, b in (kv.split("=") for kv in v.split(":"))})
+                                      for v in filter(None, ws_tiles.split(","))] if ws else []:  # fmt: skip
+        kw = ws | over
+        bm = kw["block_m"]
+        aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
+        out["gate_up" + tag] = [
+            (lambda a=a, kw=kw: moe_gemm_ws(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
+                                            num_rows=m * top_k, silu_mul=fused, **xin, **kw))
+            for a in aligned[bm]
+        ]  # fmt: skip
+        out["down" + tag] = [
+            (lambda a=a, w=w, kw=kw: moe_gemm_ws(tw=dn, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=1,
+                                                 num_rows=m * top_k, out=y, routed_weights=_rw(w), **ain, **kw))
+            for a, (w, _) in zip(aligned[bm], routes, strict=True)
+        ]  # fmt: skip
 
     def align(ids):
         return lambda: moe_align(ids, e, tiles["block_m"])
@@ -260,7 +279,9 @@ def run(args) -> list[dict]:
                 tiles = moe_tiles(m * top_k, e, True, moe_tile_kind(moe._stacked[0], x.dtype))  # the layer's
                 touched = sum(len(torch.unique(ids)) for _, ids in routes) / len(routes)
                 splits = [int(v) for v in args.splits.split(",") if v] if m <= 64 else []
-                parts = _parts(moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large))
+                parts = _parts(
+                    moe, x, routes, tiles, _variants(splits, args.tiles if m <= 64 else args.tiles_large), args.ws_tiles
+                )
                 if hum is not None:
                     for what, fn in (("humming", _humming_parts), ("humming:layer", _humming_layer_parts)):
                         try:
@@ -323,6 +344,8 @@ def main() -> int:
     ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
                     "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip
     ap.add_argument("--tiles-large", default="", help="tile overrides at M > 64, e.g. block_m=256:num_warps=8")
+    ap.add_argument("--ws-tiles", default="", help="where the layer takes moe_ws: also these of its tiles, e.g. "
+                    "block_m=256:stages=4,stages=4")  # fmt: skip
     ap.add_argument("--peers", default="", help="humming: its indexed MoE GEMMs on the same weights; bf16: a "
                     "plain Triton grouped GEMM on bf16 weights (tools/moe_bf16.py)")  # fmt: skip
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -195,6 +195,25 @@ def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
                    sass_dir and (sass_dir, f"ws_{fmt}_{m}"))  # fmt: skip
 
 
+def check_moe_ws(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
+                 tiles: dict | None = None) -> str:  # fmt: skip
+    """The warp-specialised grouped MoE kernel (`anybit.kernels.moe_ws`), gate_up with silu * mul."""
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.moe_ws import moe_gemm_ws, moe_ws_tile
+    from anybit.moe.align import moe_align
+
+    e, top_k = 8, 2
+    tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
+    t = max(1, per_expert * e // top_k)
+    tile = moe_ws_tile(t * top_k, e) | (tiles or {})
+    sorted_ids, expert_ids, total = moe_align(torch.randint(0, e, (t, top_k)), e, tile["block_m"])
+    _compiled.clear()
+    moe_gemm_ws(torch.randn(t, k, dtype=torch.bfloat16), tw, sorted_ids, expert_ids, total, num_rows=t * top_k,
+                top_k=top_k, silu_mul=True, **tile)  # fmt: skip
+    return _report(f"moe-ws {fmt:21s} rows/E={per_expert:<4d}", _compiled[-1], 64, tile["block_n"],
+                   tile["dq_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_ws_{fmt}_{per_expert}"))  # fmt: skip
+
+
 def _report(label: str, kernel, block_k: int, block_n: int, warps: int, cuobjdump: str, sass_to) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -246,7 +265,9 @@ def main() -> int:
     failed = 0
     tiles = {a: int(b) for a, b in (kv.split("=") for kv in filter(None, args.tiles.split(":")))}
     run = (
-        functools.partial(check_ws, tiles=tiles)
+        functools.partial(check_moe_ws, tiles=tiles)
+        if args.ws and args.moe
+        else functools.partial(check_ws, tiles=tiles)
         if args.ws
         else functools.partial(
             check_moe,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     tma,
@@ -98,9 +99,26 @@ def _decode_half(words, s, SIGNED: gl.constexpr):
 
 
 @gluon.jit
+def _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, ki, STAGES: gl.constexpr):
+    """K step ki of the block's x rows (`src_off`: each row's offset in x; padding rows and the K tail
+    zero-filled) copied into its slot by cp.async, 16 bytes a thread; the slot's barrier counts this thread's
+    arrival once its copies have landed (the MMA warps wait for all of them)."""
+    s = ki % STAGES
+    k = ki * x_bufs.type.shape[2] + cols
+    ptrs = x_ptr + gl.expand_dims(src_off, 1) + gl.expand_dims(k, 0)
+    async_copy.async_copy_global_to_shared(x_bufs.index(s), ptrs,
+                                           mask=gl.expand_dims(rmask, 1) & gl.expand_dims(k < K, 0))
+    async_copy.mbarrier_arrive(x_ready.index(s), increment_count=False)
+
+
+@gluon.jit
 def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks,
+               x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-               PANEL: gl.constexpr):
+               PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr):
+    """Decodes the weight tile's 64-K slices into the w ring. GATHER (the grouped MoE GEMM): also copies
+    each step's x rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and
+    where the entry is padding (>= num_rows) — into the x ring, as soon as the step's slots are free."""
     BN: gl.constexpr = w_bufs.type.shape[1]
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
     rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
@@ -109,10 +127,25 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
     ptrs = w_ptr + gl.expand_dims(base, 1) + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, ld)), 0)
     mask = gl.expand_dims(rmask, 1)
     WSTEP: gl.constexpr = 16 * PANEL  # words of one block of a panel
+    if GATHER:
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BK: gl.constexpr = x_bufs.type.shape[2]
+        xl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])  # 16 bytes of x a thread
+        pos = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, xl))
+        slot = gl.load(rows_ptr + pos, mask=pos < n_rows, other=num_rows)
+        xmask = slot < num_rows
+        src_off = (slot // TOP_K).to(gl.int64) * stride_xm
+        cols = gl.arange(0, BK, layout=gl.SliceLayout(0, xl))
     nxt = gl.load(ptrs, mask=mask, other=0)
     for b in range(num_blocks):
         cur = nxt
         nxt = gl.load(ptrs + (b + 1) * WSTEP, mask=mask & (b + 1 < num_blocks), other=0)  # one block ahead
+        k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
+        if GATHER:  # x first: its copies fly while the weight is decoded
+            mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
+            _x_gather(x_ptr, x_bufs, x_ready, src_off, xmask, cols, K, k0, STAGES)
+            mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
+            _x_gather(x_ptr, x_bufs, x_ready, src_off, xmask, cols, K, k0 + 1, STAGES)
         if SCALE_PER_BLOCK:
             srow = b // GB
         else:
@@ -121,7 +154,6 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
         h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
         s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
-        k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
         v = _decode_half(h0, s0, SIGNED)
         mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
         w_bufs.index(k0 % STAGES).store(v)
@@ -134,31 +166,43 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
 
 
 @gluon.jit
-def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, num_k,
-         STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """The default partition: x through TMA (STAGES - 1 steps ahead, into the slot the last retired wgmma
-    read), the weight slices from the decoder, wgmma with one group in flight; then the epilogue (here, at
-    this partition's register count: the kernel's own is the 64K register file over every warp)."""
+def _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES: gl.constexpr,
+              GATHER: gl.constexpr):
+    """The K loop of the default partition: x through TMA (STAGES - 1 steps ahead, into the slot the last
+    retired wgmma read) unless the decoder gathers it (GATHER), the weight slices from the decoder, wgmma
+    with one group in flight. Returns the fp32 [BM, BN] accumulator."""
     BM: gl.constexpr = x_bufs.type.shape[1]
     BN: gl.constexpr = w_bufs.type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                      instr_shape=[16, BN, 16])
-    for i in gl.static_range(STAGES - 1):
-        _x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
+    if not GATHER:
+        for i in gl.static_range(STAGES - 1):
+            _x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
     for ki in range(num_k):
         s = ki % STAGES
         phase = (ki // STAGES) & 1
         mbarrier.wait(x_ready.index(s), phase)
+        if GATHER:
+            fence_async_shared()  # x came by cp.async (generic proxy); the wgmma reads it through the async one
         mbarrier.wait(w_ready.index(s), phase)
         acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         # the wgmma of step ki - 1 has retired: its slots take step ki + STAGES - 1
         mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
-        _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        if not GATHER:
+            _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, num_k,
+         STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """The dense default partition: the K loop, then the epilogue (here, at this partition's register count:
+    the kernel's own is the 64K register file over every warp)."""
+    acc = _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES, False)
+    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
     if HAS_BIAS:
         acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
     ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
@@ -199,7 +243,7 @@ def frag_ws_kernel(x_desc, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, stride_wn, st
     gl.warp_specialize([
         (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
                 num_k, STAGES, HAS_BIAS)),
-        (_w_decoder, (w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks,
-                      SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+        (_w_decoder, (w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks, y_ptr,
+                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1)),
     ], [DQ_WARPS], [DQ_REGS])
 # fmt: on

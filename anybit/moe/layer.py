@@ -9,11 +9,14 @@ contribute nothing."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
+from anybit import settings
 from anybit.backends.registry import gemm, prepare
-from anybit.errors import AnybitError
+from anybit.errors import AnybitError, FallbackWarning
 from anybit.formats.scheme import Scheme
 from anybit.kernels.gemm import OutOfResources, fewer_stages
 from anybit.quant.weights import QuantizedWeight, quantize
@@ -36,6 +39,7 @@ class QuantMoE(nn.Module):
         self._stacked = None
         self.split_k: int | None = None  # None: `moe_decode_plan` decides per call (GPU); 1 on the CPU
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
+        self._ws_failed = False  # the warp-specialised kernel failed once here: moe_gemm from then on
         self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: an async device assert)
 
     @classmethod
@@ -64,8 +68,10 @@ class QuantMoE(nn.Module):
         return grouped_why_not(self.gate_up.scheme, self.backend, x.device, x.dtype) is None
 
     def _grouped(self, x, topk_weights, topk_ids):
+        from anybit.backends.triton import _triton_errors
         from anybit.backends.triton_layout import stack_experts
         from anybit.kernels.moe_gemm import moe_gemm, moe_sum, moe_tile_kind
+        from anybit.kernels.moe_ws import moe_gemm_ws
         from anybit.moe.align import moe_align
 
         if self._stacked is None or self._stacked[0].scales.device != x.device:
@@ -78,26 +84,53 @@ class QuantMoE(nn.Module):
         t, k = topk_ids.shape
         key = (x.device, x.dtype, t * k, self.split_k)
         if key not in self._plans:
+            ws = self._ws_plan(x, t * k)
             tiles = moe_tiles(t * k, self.num_experts, x.is_cuda, moe_tile_kind(gu, x.dtype))
-            self._plans[key] = (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
-                                self._launch(x, dn, t * k, tiles, False))  # fmt: skip
-        block_m, launch_gu, launch_dn = self._plans[key]
+            self._plans[key] = (
+                (ws["block_m"], dict(ws, num_rows=t * k), dict(ws, num_rows=t * k), moe_gemm_ws)
+                if ws
+                else (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
+                      self._launch(x, dn, t * k, tiles, False), moe_gemm)
+            )  # fmt: skip
+        block_m, launch_gu, launch_dn, run = self._plans[key]
         # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
         xin = grouped_inputs(x, self.gate_up.scheme, gu.frag, launch_gu.get("pdl", False))
-        act = _fitting(launch_gu, lambda **kw: moe_gemm(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids,
-                                                         total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
-                                                         **xin, **kw))  # fmt: skip
+        try:
+            act = _fitting(launch_gu, lambda **kw: run(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids,
+                                                        total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
+                                                        **xin, **kw))  # fmt: skip
+        except _triton_errors() as e:
+            if run is not moe_gemm_ws:
+                raise
+            self._ws_failed = True  # loud, and this layer keeps moe_gemm from now on
+            self._plans.pop(key)
+            warnings.warn(f"moe_ws kernel failed for {self.gate_up.scheme}, using moe_gemm: {type(e).__name__}: {e}",
+                          FallbackWarning, stacklevel=3)  # fmt: skip
+            return self._grouped(x, topk_weights, topk_ids)
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
         y = torch.empty((t * k, self.hidden), device=x.device, dtype=x.dtype)  # moe_sum skips dropped slots
         routed = topk_weights.reshape(-1).float().contiguous()
         # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
         ain = grouped_inputs(act, self.down.scheme, dn.frag, launch_dn.get("pdl", False))
-        _fitting(launch_dn, lambda **kw: moe_gemm(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
+        _fitting(launch_dn, lambda **kw: run(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
                                                    top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
         return moe_sum(y, topk_ids, self.num_experts)
+
+    def _ws_plan(self, x: torch.Tensor, rows: int) -> dict | None:
+        """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`):
+        Hopper, 4-bit integer A16 experts (`moe_ws_why_not`), >= `settings.moe_ws_min_rows()` rows per expert."""
+        from anybit.kernels.moe_ws import moe_ws_tile, moe_ws_why_not
+
+        least = settings.moe_ws_min_rows()
+        if self._ws_failed or not least or rows < least * self.num_experts:
+            return None
+        gu, dn, _ = self._stacked
+        if moe_ws_why_not(gu, x.dtype, x.device) or moe_ws_why_not(dn, x.dtype, x.device):
+            return None
+        return moe_ws_tile(rows, self.num_experts)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
         """`launch_plan` and, where it splits K, the split workspace."""

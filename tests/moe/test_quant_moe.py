@@ -150,7 +150,7 @@ def test_grouped_launch_over_shared_memory_retries_shallower(interpret, monkeypa
         assert rel_err(fast(x, w, ids), exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.float16]
     assert refused == [5, 4, 5, 4]  # gate_up, then down, on the first call only
     plans = [v for v in fast._plans.values() if isinstance(v, tuple)]
-    assert [(gu["num_stages"], dn["num_stages"]) for _, gu, dn in plans] == [(3, 3)]
+    assert [(gu["num_stages"], dn["num_stages"]) for _, gu, dn, _ in plans] == [(3, 3)]
 
 
 def test_launch_plan_half_width_tails_from_32_rows_without_split():
