@@ -118,7 +118,7 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
                PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr):
     """Decodes the weight tile's 64-K slices into the w ring. GATHER (the grouped MoE GEMM): also copies
     each step's x rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and
-    where the entry is padding (>= num_rows) — into the x ring, as soon as the step's slots are free."""
+    where the entry is padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice."""
     BN: gl.constexpr = w_bufs.type.shape[1]
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
     rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
@@ -137,15 +137,13 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         src_off = (slot // TOP_K).to(gl.int64) * stride_xm
         cols = gl.arange(0, BK, layout=gl.SliceLayout(0, xl))
     nxt = gl.load(ptrs, mask=mask, other=0)
+    if GATHER:
+        for j in gl.static_range(STAGES - 2):
+            _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, j, 2 * num_blocks, STAGES)
     for b in range(num_blocks):
         cur = nxt
         nxt = gl.load(ptrs + (b + 1) * WSTEP, mask=mask & (b + 1 < num_blocks), other=0)  # one block ahead
         k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
-        if GATHER:  # x first: its copies fly while the weight is decoded
-            mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
-            _x_gather(x_ptr, x_bufs, x_ready, src_off, xmask, cols, K, k0, STAGES)
-            mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
-            _x_gather(x_ptr, x_bufs, x_ready, src_off, xmask, cols, K, k0 + 1, STAGES)
         if SCALE_PER_BLOCK:
             srow = b // GB
         else:
@@ -154,15 +152,40 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
         h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
         s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
-        v = _decode_half(h0, s0, SIGNED)
-        mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
-        w_bufs.index(k0 % STAGES).store(v)
-        v = _decode_half(h1, s1, SIGNED)
-        mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
-        w_bufs.index((k0 + 1) % STAGES).store(v)
-        fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
-        mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
-        mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
+        if GATHER:  # each step's x goes out STAGES - 2 steps ahead of its weight; each slice is handed over alone
+            _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 2, 2 * num_blocks,
+                     STAGES)
+            _put(_decode_half(h0, s0, SIGNED), w_bufs, w_ready, w_empty, k0, STAGES)
+            _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 1, 2 * num_blocks,
+                     STAGES)
+            _put(_decode_half(h1, s1, SIGNED), w_bufs, w_ready, w_empty, k0 + 1, STAGES)
+        else:
+            v = _decode_half(h0, s0, SIGNED)
+            mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
+            w_bufs.index(k0 % STAGES).store(v)
+            v = _decode_half(h1, s1, SIGNED)
+            mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
+            w_bufs.index((k0 + 1) % STAGES).store(v)
+            fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+            mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
+            mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
+
+
+@gluon.jit
+def _put(v, w_bufs, w_ready, w_empty, j, STAGES: gl.constexpr):
+    """Step j's decoded slice into its slot once the slot is free, handed to the MMA partition."""
+    mbarrier.wait(w_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+    w_bufs.index(j % STAGES).store(v)
+    fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+    mbarrier.arrive(w_ready.index(j % STAGES), count=1)
+
+
+@gluon.jit
+def _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, rmask, cols, K, j, num_k, STAGES: gl.constexpr):
+    """Step j's x copies, once its slot is free (nothing past the last step)."""
+    if j < num_k:
+        mbarrier.wait(w_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+        _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, j, STAGES)
 
 
 @gluon.jit
