@@ -136,26 +136,19 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         xmask = slot < num_rows
         src_off = (slot // TOP_K).to(gl.int64) * stride_xm
         cols = gl.arange(0, BK, layout=gl.SliceLayout(0, xl))
-    # words and scales two blocks ahead: at 128-row tiles a block's MMA is shorter than a load's latency
-    # (H200 28672x8192 M=256, one block ahead: SMs 46 % busy, a third of the decoder's cycles on its loads)
-    w1 = gl.load(ptrs, mask=mask, other=0)
-    w2 = gl.load(ptrs + WSTEP, mask=mask & (1 < num_blocks), other=0)
-    sa = gl.load(s_ptr + rows, mask=rmask, other=0)
-    sb = sa
-    if SCALE_PER_BLOCK:
-        sb = gl.load(s_ptr + (1 // GB) * stride_s + rows, mask=rmask & (1 < num_blocks), other=0)
+    nxt = gl.load(ptrs, mask=mask, other=0)
     if GATHER:
         for j in gl.static_range(STAGES - 2):
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, j, 2 * num_blocks, STAGES)
     for b in range(num_blocks):
-        cur = w1
-        w1 = w2
-        w2 = gl.load(ptrs + (b + 2) * WSTEP, mask=mask & (b + 2 < num_blocks), other=0)
-        sc = sa
-        if SCALE_PER_BLOCK:
-            sa = sb
-            sb = gl.load(s_ptr + ((b + 2) // GB) * stride_s + rows, mask=rmask & (b + 2 < num_blocks), other=0)
+        cur = nxt
+        nxt = gl.load(ptrs + (b + 1) * WSTEP, mask=mask & (b + 1 < num_blocks), other=0)  # one block ahead
         k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
+        if SCALE_PER_BLOCK:
+            srow = b // GB
+        else:
+            srow = 0
+        sc = gl.load(s_ptr + srow * stride_s + rows, mask=rmask, other=0)
         sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
         h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
         s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
