@@ -178,9 +178,11 @@ def moe_align_triton(
     if numel <= CHUNK:  # decode: one launch instead of a fill and four (H200 graphs: ~12 µs for the five)
         sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)
         ok = torch.empty(1, dtype=torch.int32, device=dev) if check else total
+        # as many lanes as entries (a power of two >= 16): one token's top-8 compares 16 x 16, not 128 x 128
+        lanes = max(16, next_pow2(numel))
         _align_one[(1,)](flat, emap, sorted_ids, expert_ids, total, ok, numel, e, max_padded, n_blocks,
-                         HAS_MAP=has_map, CHUNK=CHUNK, BLOCK_M=block_m, MAXB=next_pow2(cdiv(CHUNK, block_m)),
-                         SB=1024, CHECK=check, num_warps=8)  # fmt: skip
+                         HAS_MAP=has_map, CHUNK=lanes, BLOCK_M=block_m, MAXB=next_pow2(cdiv(lanes, block_m)),
+                         SB=1024, CHECK=check, num_warps=8 if lanes == CHUNK else 4)  # fmt: skip
         if check:
             assert_ids(ok, why)
         return sorted_ids, expert_ids, total
