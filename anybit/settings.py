@@ -35,9 +35,11 @@ class Settings:
     cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
     pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
     moe_ws_min_rows: int
-    """ANYBIT_MOE_WS_MIN_ROWS (default 96; 0 turns it off), Hopper: a `QuantMoE` call whose experts see at least
-    this many rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel
-    (`anybit.kernels.moe_ws`, 4-bit integer A16 experts) instead of `moe_gemm`."""
+    """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
+    rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
+    4-bit integer A16 experts) instead of `moe_gemm`. Off by default: H200 w4a16, it is 1.5-2.6x slower than
+    `moe_gemm` in every cell measured (DeepSeek-V3 M=4096 gate_up 7439 vs 4684 µs; 128-row blocks are half
+    padding at ~128 rows per expert, and its 128-row tiles run at ~420 TF/s even dense)."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -81,7 +83,7 @@ def frag_ws_max_m() -> int:
 
 def moe_ws_min_rows() -> int:
     """ANYBIT_MOE_WS_MIN_ROWS alone (see `Settings.moe_ws_min_rows`)."""
-    value = os.environ.get("ANYBIT_MOE_WS_MIN_ROWS", "96").strip()
+    value = os.environ.get("ANYBIT_MOE_WS_MIN_ROWS", "0").strip()
     if not value.isdigit():
         raise ValueError(f"ANYBIT_MOE_WS_MIN_ROWS={value!r}: expected rows per expert (0 turns the kernel off)")
     return int(value)

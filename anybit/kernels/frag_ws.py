@@ -73,6 +73,7 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) 
 
 
 WS_MIN_WAVE_FILL = 0.84  # of the last wave of CTAs: the kernel is not persistent, a thin last wave idles SMs
+WS_ONE_WAVE_MIN_N = 8192  # a launch of one partial wave still beats dequantize + cuBLAS from this N on
 
 
 def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
@@ -80,15 +81,21 @@ def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
     BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs;
     128 x 256 decodes each weight tile for half as many rows: 267; 3 stages: 234); 128 x 128 only at
     M <= 256, where 256-row tiles are half padding (28672x8192 M=128 152 vs 288 µs; above, 128-row tiles are
-    1.3-1.6x slower). Only where the CTAs fill their waves: 6144x4096 M=1024 (192 CTAs, 1.45 waves) took 108 µs
-    against 84 for dequantize + cuBLAS, 4096x4096 M=1024 (128 CTAs) 54 against 56."""
-    for bm in (256, 128):
-        if (bm == 256 and m <= 128) or (bm == 128 and m > 256):
-            continue
-        ctas = cdiv(m, bm) * cdiv(n, 128)
-        if ctas / (cdiv(ctas, num_sms) * num_sms) >= WS_MIN_WAVE_FILL:
-            return dict(block_m=bm, block_n=128, stages=4, group_m=8, dq_warps=4, dq_regs=160)
-    return None
+    1.3-1.6x slower), with 6 stages (half-size x slices: CUDA graphs, 28672x8192 M=128 143 -> 136 µs,
+    8192x28672 M=128 229 -> 219, every 128-row cell 1-5 % faster). Only where the CTAs fill their waves:
+    6144x4096 M=1024 (192 CTAs, 1.45 waves) took 108 µs against 84 for dequantize + cuBLAS, 4096x4096 M=1024
+    (128 CTAs) 54 against 56 — or, in a single partial wave, where N >= 8192: the dequantize pass grows with
+    N x K, one CTA's walk only with K (graphs: 8192^2 M=128, 64 CTAs, 67 vs 89 µs; 8192x28672 M=128 219 vs 317;
+    4096^2 M=128, 32 CTAs, 35 vs 26)."""
+    fits = [bm for bm in (256, 128) if not ((bm == 256 and m <= 128) or (bm == 128 and m > 256))]
+    ctas = {bm: cdiv(m, bm) * cdiv(n, 128) for bm in fits}
+    filled = [bm for bm in fits if ctas[bm] / (cdiv(ctas[bm], num_sms) * num_sms) >= WS_MIN_WAVE_FILL]
+    # a single partial wave: the most CTAs (8192^2 M=256: 128 x 128 tiles 69 µs, 256 x 128 72)
+    one_wave = [bm for bm in reversed(fits) if ctas[bm] <= num_sms and n >= WS_ONE_WAVE_MIN_N]
+    bm = (filled or one_wave or [None])[0]
+    if bm is None:
+        return None
+    return dict(block_m=bm, block_n=128, stages=4 if bm == 256 else 6, group_m=8, dq_warps=4, dq_regs=160)
 
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
