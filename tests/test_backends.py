@@ -294,3 +294,12 @@ def test_only_shared_memory_over_the_limit_is_retried():
         fewer_stages(OutOfResources(1, 0, "threads"), tile)
     with pytest.raises(OutOfResources):
         fewer_stages(OutOfResources(1, 0, "shared memory"), dict(num_stages=2))
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("bias, what", [(torch.zeros(255), r"\(255,\)"), (torch.zeros(1, 256), r"\(1, 256\)"),
+                                        (torch.zeros(256, dtype=torch.float32), "float32")])  # fmt: skip
+def test_bias_of_the_wrong_shape_or_dtype_is_named(backend, bias, what):
+    p = prepare(anybit.quantize(torch.randn(256, 128) * 0.05, "w4a16"), backend)
+    with pytest.raises(AnybitError, match=r"bias must be \[256\].*" + what):
+        gemm(torch.randn(3, 128).half(), p, bias)

@@ -109,6 +109,11 @@ def gemm(x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None) 
         raise AnybitError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
     if x.device != qw.device:
         raise AnybitError(f"x is on {x.device}, the weight on {qw.device}")
+    if bias is not None and (bias.shape != (qw.n,) or bias.dtype != x.dtype or bias.device != x.device):
+        raise AnybitError(
+            f"bias must be [{qw.n}] in x's dtype {x.dtype} on {x.device}, got {tuple(bias.shape)} {bias.dtype} "
+            f"on {bias.device}"
+        )
     if not prepared.auto:
         return get_backend(prepared.backend).gemm(x, prepared, bias)
     m = x.numel() // qw.k

@@ -321,7 +321,7 @@ class TritonBackend:
             return None
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
-            ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device) is None
+            ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device, tw.n) is None
         return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:

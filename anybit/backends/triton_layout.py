@@ -45,6 +45,7 @@ class TritonWeight:
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype -> whether large M takes `gemm_frag_ws` (False after a failure)
+    ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`)
 
     @property
     def device(self) -> torch.device:

@@ -45,12 +45,35 @@ def _x_layout(block_m: int, dtype: torch.dtype):
 
 
 @functools.cache
+def _flat_layout(bits: int):
+    """The unswizzled shared layout of the decoder's TMA ring (words: 32 bits, scales: 16)."""
+    return _gluon()[0].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+
+
+WS_WORD_DEPTH = 3  # blocks of words and scales in the decoder's TMA ring (two in flight while one is decoded)
+
+
+def weight_descs(tw, block_n: int) -> tuple:
+    """TMA descriptors of a frag weight (or expert stack) for the decoder: its words as rows of 256 (a 64-row
+    panel's 128-K block is 4 of them, `frag_layout.to_panels`) and its scales as [groups (x experts), N] rows
+    of `block_n`; cached on the weight."""
+    if block_n not in tw.ws_desc:
+        TensorDescriptor = _gluon()[1]
+        words = tw.planes[0].reshape(-1, 256)
+        scales = tw.scales.reshape(-1, tw.scales.shape[-1])
+        tw.ws_desc[block_n] = (TensorDescriptor.from_tensor(words, [4, 256], _flat_layout(32)),
+                               TensorDescriptor.from_tensor(scales, [1, block_n], _flat_layout(16)))  # fmt: skip
+    return tw.ws_desc[block_n]
+
+
+@functools.cache
 def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
-    """None when `gemm_frag_ws` runs weights of `scheme` (K = k) with x of `x_dtype` on `device`, else why not."""
+def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None) -> str | None:
+    """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on
+    `device`, else why not."""
     if device.type != "cuda" or settings.triton_interpret():
         return "a Gluon kernel: a CUDA GPU, not the interpreter"
     if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
@@ -69,6 +92,8 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device) 
         return f"scales per channel or per whole 128-K blocks only ({g.token()})"
     if k % 8:
         return f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
+    if n is not None and n % 8:
+        return f"N={n} must be a multiple of 8 (TMA reads scale rows 16-byte aligned)"
     return None
 
 
@@ -112,14 +137,16 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
+    w_desc, s_desc = weight_descs(tw, block_n)
     per_block = tw.group_k < tw.k
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     # fmt: off
     frag_ws_kernel[grid](
-        x_desc, tw.planes[0], tw.scales, bias if bias is not None else y, y, m, n, k, tw.planes[0].stride(-2),
-        tw.scales.stride(0), y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
+        x_desc, w_desc, s_desc, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
+        y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, num_warps=8,
+        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
+        num_warps=8,
     )
     # fmt: on
     return y

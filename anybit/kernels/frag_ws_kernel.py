@@ -112,21 +112,41 @@ def _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, ki, STAGES: gl.co
 
 
 @gluon.jit
-def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks,
+def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b, num_blocks, GB: gl.constexpr,
+             SCALE_PER_BLOCK: gl.constexpr):
+    """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into slot b % depth
+    of the word ring. TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC)
+    waits for every load the thread has in flight, so loads issued ahead were waited on once per block anyway."""
+    D: gl.constexpr = wq.type.shape[0]
+    PANELS: gl.constexpr = wq.type.shape[1] // 4
+    slot = b % D
+    p = b < num_blocks
+    mbarrier.expect(wq_bar.index(slot), PANELS * w_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=p)
+    for q in gl.static_range(PANELS):
+        tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + b) * 4, 0], wq_bar.index(slot),
+                                        wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
+    if SCALE_PER_BLOCK:
+        srow = s_row0 + b // GB
+    else:
+        srow = s_row0
+    tma.async_copy_global_to_shared(s_desc, [srow, off_n], wq_bar.index(slot), sq.index(slot), pred=p)
+
+
+@gluon.jit
+def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks,
                x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
                PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr):
-    """Decodes the weight tile's 64-K slices into the w ring. GATHER (the grouped MoE GEMM): also copies
-    each step's x rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and
-    where the entry is padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice."""
+    """Decodes the weight tile's 64-K slices into the w ring, its words and scales arriving by TMA into a ring of
+    their own (`_w_fetch`, depth - 1 blocks ahead). GATHER (the grouped MoE GEMM): also copies each step's x
+    rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and where the entry is
+    padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice."""
     BN: gl.constexpr = w_bufs.type.shape[1]
+    D: gl.constexpr = wq.type.shape[0]
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
-    rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ld))
-    rmask = rows < N
-    base = (rows // PANEL).to(gl.int64) * (PANEL * stride_wn) + (rows % PANEL) * 16
-    ptrs = w_ptr + gl.expand_dims(base, 1) + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, ld)), 0)
-    mask = gl.expand_dims(rmask, 1)
-    WSTEP: gl.constexpr = 16 * PANEL  # words of one block of a panel
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    p0 = off_n // PANEL
     if GATHER:
         BM: gl.constexpr = x_bufs.type.shape[1]
         BK: gl.constexpr = x_bufs.type.shape[2]
@@ -136,19 +156,18 @@ def _w_decoder(w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stri
         xmask = slot < num_rows
         src_off = (slot // TOP_K).to(gl.int64) * stride_xm
         cols = gl.arange(0, BK, layout=gl.SliceLayout(0, xl))
-    nxt = gl.load(ptrs, mask=mask, other=0)
-    if GATHER:
         for j in gl.static_range(STAGES - 2):
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, j, 2 * num_blocks, STAGES)
+    for j in gl.static_range(D - 1):
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, j, num_blocks, GB, SCALE_PER_BLOCK)
     for b in range(num_blocks):
-        cur = nxt
-        nxt = gl.load(ptrs + (b + 1) * WSTEP, mask=mask & (b + 1 < num_blocks), other=0)  # one block ahead
+        gl.thread_barrier()  # every thread has read slot (b - 1) % D: it takes block b + D - 1
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b + D - 1, num_blocks, GB,
+                 SCALE_PER_BLOCK)
+        mbarrier.wait(wq_bar.index(b % D), (b // D) & 1)
+        cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
+        sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
         k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
-        if SCALE_PER_BLOCK:
-            srow = b // GB
-        else:
-            srow = 0
-        sc = gl.load(s_ptr + srow * stride_s + rows, mask=rmask, other=0)
         sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
         h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
         s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
@@ -233,10 +252,22 @@ def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, 
 
 
 @gluon.jit
-def frag_ws_kernel(x_desc, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, stride_wn, stride_s, stride_ym,
+def _word_ring(w_desc, s_desc, BN: gl.constexpr, DEPTH: gl.constexpr):
+    """The decoder's TMA ring: DEPTH blocks of the tile's words (4 rows of 256 words per 64-row panel), their
+    scale rows, one barrier per slot."""
+    wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
+    sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(DEPTH):
+        mbarrier.init(wq_bar.index(i), count=1)
+    return wq, sq, wq_bar
+
+
+@gluon.jit
+def frag_ws_kernel(x_desc, w_desc, s_desc, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
-                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr):
+                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
@@ -261,12 +292,13 @@ def frag_ws_kernel(x_desc, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, stride_wn, st
         mbarrier.init(x_ready.index(i), count=1)
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=1)
+    wq, sq, wq_bar = _word_ring(w_desc, s_desc, BN, DEPTH)
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
         (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
                 num_k, STAGES, HAS_BIAS)),
-        (_w_decoder, (w_ptr, s_ptr, w_bufs, w_ready, w_empty, off_n, N, stride_wn, stride_s, num_blocks, y_ptr,
+        (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
                       x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1)),
     ], [DQ_WARPS], [DQ_REGS])
 # fmt: on

@@ -13,7 +13,7 @@ import torch
 
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import frag_ws_why_not
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, frag_ws_why_not, weight_descs
 from anybit.kernels.moe_gemm import moe_grid_m
 
 
@@ -28,7 +28,7 @@ def moe_ws_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None
     """None when `moe_gemm_ws` runs these stacked experts (`stack_experts`) with x of `x_dtype`, else why not."""
     if not tw.frag:
         return "fragment-layout experts only"
-    return frag_ws_why_not(tw.scheme, tw.k, x_dtype, device)
+    return frag_ws_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
 
 
 def moe_ws_tile(rows: int, experts: int) -> dict:
@@ -61,15 +61,16 @@ def moe_gemm_ws(x, tw, sorted_ids, expert_ids, total, *, block_m: int, num_rows:
     n_out = n // 2 if silu_mul else n
     y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=x.dtype)
     grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)
-    w = tw.planes[0]
+    w_desc, s_desc = weight_descs(tw, block_n)
+    words = tw.planes[0]
     # fmt: off
     _kernel()[(grid_m * cdiv(n, block_n),)](
-        x, w, tw.scales, y, sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else y,
-        sorted_ids.numel(), num_rows, n, k, x.stride(0), y.stride(0), w.stride(0), w.stride(-2),
-        tw.scales.stride(0), tw.scales.stride(1), BM=block_m, BN=block_n, STAGES=stages, DQ_WARPS=dq_warps,
+        x, w_desc, s_desc, y, sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else y,
+        sorted_ids.numel(), num_rows, n, k, x.stride(0), y.stride(0), words.stride(0) // 256, tw.scales.shape[1],
+        words.shape[-1] // 16, BM=block_m, BN=block_n, STAGES=stages, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=tw.group_k < k, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), PANEL=FRAG_PANEL, TOP_K=top_k, SILU_MUL=silu_mul,
-        MUL_ROUTED=routed_weights is not None, num_warps=8,
+        MUL_ROUTED=routed_weights is not None, DEPTH=WS_WORD_DEPTH, num_warps=8,
     )
     # fmt: on
     return y

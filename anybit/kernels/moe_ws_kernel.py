@@ -14,7 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_ws_kernel import _mma_loop, _w_decoder
+from anybit.kernels.frag_ws_kernel import _mma_loop, _w_decoder, _word_ring
 
 
 # fmt: off
@@ -44,11 +44,12 @@ def _mma_moe(x_bufs, w_bufs, x_ready, w_ready, w_empty, y_ptr, rows_ptr, rw_ptr,
 
 
 @gluon.jit
-def moe_ws_kernel(x_ptr, w_ptr, s_ptr, y_ptr, rows_ptr, expert_ptr, total_ptr, rw_ptr, n_rows, num_rows, N, K,
-                  stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s,
+def moe_ws_kernel(x_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr, total_ptr, rw_ptr, n_rows, num_rows, N, K,
+                  stride_xm, stride_ym, w_rows_e, s_rows_e, nb,
                   BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, DQ_WARPS: gl.constexpr,
                   DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
-                  PANEL: gl.constexpr, TOP_K: gl.constexpr, SILU_MUL: gl.constexpr, MUL_ROUTED: gl.constexpr):
+                  PANEL: gl.constexpr, TOP_K: gl.constexpr, SILU_MUL: gl.constexpr, MUL_ROUTED: gl.constexpr,
+                  DEPTH: gl.constexpr):
     BK: gl.constexpr = 64  # a K step is half a 128-K frag block
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     # N tiles fastest: the CTAs in flight share a few blocks' x rows and their experts' whole weights in L2
@@ -59,7 +60,7 @@ def moe_ws_kernel(x_ptr, w_ptr, s_ptr, y_ptr, rows_ptr, expert_ptr, total_ptr, r
     off_n = (pid % num_n) * BN
     e = gl.load(expert_ptr + pid_m)
     valid = (off_m < gl.load(total_ptr)) & (e >= 0)
-    e64 = gl.maximum(e, 0).to(gl.int64)
+    e = gl.maximum(e, 0)
     num_blocks = gl.where(valid, gl.cdiv(K, 2 * BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
@@ -73,11 +74,12 @@ def moe_ws_kernel(x_ptr, w_ptr, s_ptr, y_ptr, rows_ptr, expert_ptr, total_ptr, r
         mbarrier.init(x_ready.index(i), count=DQ_WARPS * 32)  # every decoder thread's copies of the step
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=1)
+    wq, sq, wq_bar = _word_ring(w_desc, s_desc, BN, DEPTH)
     gl.warp_specialize([
         (_mma_moe, (x_bufs, w_bufs, x_ready, w_ready, w_empty, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows,
                     num_rows, N, stride_ym, 2 * num_blocks, valid, STAGES, SILU_MUL, MUL_ROUTED)),
-        (_w_decoder, (w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, w_bufs, w_ready, w_empty, off_n, N,
-                      stride_wn, stride_s, num_blocks, x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows,
-                      stride_xm, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, True, TOP_K)),
+        (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, e * w_rows_e, e * s_rows_e, nb, w_bufs, w_ready, w_empty,
+                      off_n, num_blocks, x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
+                      SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, True, TOP_K)),
     ], [DQ_WARPS], [DQ_REGS])
 # fmt: on

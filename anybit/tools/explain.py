@@ -36,10 +36,11 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
         limit = settings.frag_ws_max_m()
-        why = frag_ws_why_not(scheme, k, dtype, device) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
+        why = frag_ws_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
         t = ws_tile(m, n, _sm_count(device)) if why is None else None
         if why is None and t is None:
-            why = "its CTAs would leave the last wave of SMs thin here (the kernel is not persistent)"
+            why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
+                   "partial wave pays only from N >= 8192")  # fmt: skip
         if t is not None:
             return (f"{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised Gluon "
                     f"kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
