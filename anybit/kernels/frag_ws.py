@@ -103,8 +103,9 @@ WS_ONE_WAVE_MIN_N = 8192  # a launch of one partial wave still beats dequantize 
 
 def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
     """The kernel's tile, or None where dequantize + cuBLAS is faster (H200 sweeps, `tools/probe_ws.py`,
-    BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs;
-    128 x 256 decodes each weight tile for half as many rows: 267; 3 stages: 234); 128 x 128 only at
+    BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs,
+    196 under graphs since the decoder's words come by TMA; 128 x 256 decodes each weight tile for half as many
+    rows: 267; 3 stages: 234); 128 x 128 only at
     M <= 256, where 256-row tiles are half padding (28672x8192 M=128 152 vs 288 µs; above, 128-row tiles are
     1.3-1.6x slower), with 6 stages (half-size x slices: CUDA graphs, 28672x8192 M=128 143 -> 136 µs,
     8192x28672 M=128 229 -> 219, every 128-row cell 1-5 % faster). Only where the CTAs fill their waves:

@@ -3,9 +3,10 @@ in the fragment layout, warp-specialised so that decoding the weight never stall
 
 Per CTA tile (BM rows of x, BN weight rows), two partitions meet at two shared-memory rings:
 
-* decoder (DQ warps): reads each 128-K block of frag words from global memory one block ahead, turns each
-  64-K half into (q - bias) * s in x's dtype with one LOP3, one packed subtraction and one packed multiply
-  per pair of weights (inline PTX), and stores the [BN, 64] tile into the w ring;
+* decoder (DQ warps): takes each 128-K block of frag words and its scale row by TMA into a ring of its own
+  (DEPTH blocks, `_w_fetch`), turns each 64-K half into (q - bias) * s in x's dtype with one LOP3, one packed
+  subtraction and one packed multiply per pair of weights (inline PTX), and stores the [BN, 64] tile into the
+  w ring;
 * MMA (the default partition, 2 warpgroups): TMA copies of x [BM, 64] into the x ring, STAGES - 1 steps
   ahead, and wgmma with both operands in shared memory, one group in flight; a slot of each ring is
   refilled once the wgmma that read it has retired.
