@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from anybit import settings
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import WS_WORD_DEPTH, frag_ws_why_not, weight_descs
@@ -29,6 +30,19 @@ def moe_ws_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None
     if not tw.frag:
         return "fragment-layout experts only"
     return frag_ws_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+
+
+def moe_ws_plan(gate_up, down, rows: int, experts: int, x_dtype: torch.dtype, device: torch.device) -> tuple:
+    """(tile, None) when a `QuantMoE` call of `rows` token x slot rows runs both stacked projections through
+    `moe_gemm_ws`, else (None, why not): Hopper, experts `moe_ws_why_not` accepts, and at least
+    `settings.moe_ws_min_rows()` rows per expert (0, the default: off)."""
+    least = settings.moe_ws_min_rows()
+    if not least:
+        return None, "off (ANYBIT_MOE_WS_MIN_ROWS=0, the default: slower than moe_gemm on the H200)"
+    if rows < least * experts:
+        return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_WS_MIN_ROWS={least}"
+    why = moe_ws_why_not(gate_up, x_dtype, device) or moe_ws_why_not(down, x_dtype, device)
+    return (None, why) if why else (moe_ws_tile(rows, experts), None)
 
 
 def moe_ws_tile(rows: int, experts: int) -> dict:

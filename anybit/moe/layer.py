@@ -14,7 +14,6 @@ import warnings
 import torch
 from torch import nn
 
-from anybit import settings
 from anybit.backends.registry import gemm, prepare
 from anybit.errors import AnybitError, FallbackWarning
 from anybit.formats.scheme import Scheme
@@ -120,17 +119,14 @@ class QuantMoE(nn.Module):
         return moe_sum(y, topk_ids, self.num_experts)
 
     def _ws_plan(self, x: torch.Tensor, rows: int) -> dict | None:
-        """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`):
-        Hopper, 4-bit integer A16 experts (`moe_ws_why_not`), >= `settings.moe_ws_min_rows()` rows per expert."""
-        from anybit.kernels.moe_ws import moe_ws_tile, moe_ws_why_not
+        """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`;
+        `anybit.kernels.moe_ws.moe_ws_plan` says why)."""
+        from anybit.kernels.moe_ws import moe_ws_plan
 
-        least = settings.moe_ws_min_rows()
-        if self._ws_failed or not least or rows < least * self.num_experts:
+        if self._ws_failed:
             return None
         gu, dn, _ = self._stacked
-        if moe_ws_why_not(gu, x.dtype, x.device) or moe_ws_why_not(dn, x.dtype, x.device):
-            return None
-        return moe_ws_tile(rows, self.num_experts)
+        return moe_ws_plan(gu, dn, rows, self.num_experts, x.dtype, x.device)[0]
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
         """`launch_plan` and, where it splits K, the split workspace."""

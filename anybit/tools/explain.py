@@ -103,6 +103,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.frag_layout import frag_block_k
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
+    from anybit.kernels.moe_ws import moe_ws_plan
     from anybit.moe.layer import grouped_why_not, launch_plan, moe_tiles
     from anybit.quant.weights import QuantizedWeight
 
@@ -121,10 +122,17 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     why = grouped_why_not(scheme, "auto", dev, DTYPES[dtype])
     if why is not None:
         return lines + [f"  path: per-expert loop over anybit.gemm (exact) — {why}"]
-    lines.append("  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)")
     # one expert of each projection holds every fact the plan reads (layout, format, N, K)
     gate_up, down = (stack_experts(QuantizedWeight.empty(scheme, (1, n, k), device=dev))
                      for n, k in ((2 * inter, hidden), (hidden, inter)))  # fmt: skip
+    ws, ws_why = moe_ws_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
+    if ws:
+        return lines + [
+            "  path: warp-specialised grouped Gluon GEMMs (moe_ws: the decoder gathers x rows by cp.async and writes W "
+            f"per 64-K step into shared memory), {ws['block_m']} rows x {ws['block_n']} weight rows x 64 K, "
+            f"{ws['stages']} stages; epilogues silu(gate)*up, top-k weights"
+        ]
+    lines.append("  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)")
     kind = moe_tile_kind(gate_up, DTYPES[dtype])
     tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
     fused = scheme.granularity.block_shape(2 * inter, hidden)[0] == 1  # gate/up rows interleave: no scale spans rows
@@ -142,4 +150,4 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"epilogue {epilogue}"
         )
     lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
-    return lines
+    return lines + [f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]

@@ -7,7 +7,7 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import stack_experts
 from anybit.kernels.moe_ws import moe_gemm_ws, moe_ws_tile, moe_ws_why_not
-from anybit.moe import QuantMoE, moe_align
+from anybit.moe import moe_align
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +44,30 @@ def test_tile_by_rows_per_expert():
     assert moe_ws_tile(4096 * 8, 256)["block_m"] == 128  # DeepSeek-V3 M=4096: 128
 
 
-def test_layer_keeps_moe_gemm_unless_asked(monkeypatch):
-    moe = QuantMoE.from_float(torch.randn(4, 256, 128) * 0.05, torch.randn(4, 128, 128) * 0.05, "w4a16")
-    x = torch.randn(600, 128)
+def test_plan_is_off_unless_asked(experts, monkeypatch):
+    from anybit.kernels.moe_ws import moe_ws_plan
+
+    def plan():
+        return moe_ws_plan(experts, experts, 1200, 4, torch.bfloat16, torch.device("cpu"))
+
     monkeypatch.delenv("ANYBIT_MOE_WS_MIN_ROWS", raising=False)
-    assert moe._ws_plan(x, 1200) is None  # off by default
+    assert plan()[0] is None and "off" in plan()[1]  # off by default
+    monkeypatch.setenv("ANYBIT_MOE_WS_MIN_ROWS", "96")
+    assert "CUDA GPU" in plan()[1]
     monkeypatch.setenv("ANYBIT_MOE_WS_MIN_ROWS", "bad")
     with pytest.raises(ValueError, match="ANYBIT_MOE_WS_MIN_ROWS='bad'"):
-        moe._ws_plan(x, 1200)
+        plan()
+
+
+def test_explain_says_why_the_layer_keeps_moe_gemm(interpret, monkeypatch):
+    from anybit.tools.explain import moe_lines
+
+    def last(**env):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return moe_lines("w4a16", 16, 2, 600, 512, 256, "cpu", "bf16")[-1]
+
+    monkeypatch.delenv("ANYBIT_MOE_WS_MIN_ROWS", raising=False)
+    assert "not used: off (ANYBIT_MOE_WS_MIN_ROWS=0" in last()
+    assert "75.0 rows per expert < ANYBIT_MOE_WS_MIN_ROWS=100" in last(ANYBIT_MOE_WS_MIN_ROWS="100")
+    assert "CUDA GPU" in last(ANYBIT_MOE_WS_MIN_ROWS="32")
