@@ -73,20 +73,21 @@ def pdl() -> bool:
     return _level("ANYBIT_PDL", 1, (0, 1)) == 1
 
 
+def _rows(name: str, default: int, what: str) -> int:
+    value = os.environ.get(name, str(default)).strip()
+    if not value.isdigit():
+        raise ValueError(f"{name}={value!r}: expected {what} (0 turns the kernel off)")
+    return int(value)
+
+
 def frag_ws_max_m() -> int:
     """ANYBIT_FRAG_WS_MAX_M alone (see `Settings.frag_ws_max_m`)."""
-    value = os.environ.get("ANYBIT_FRAG_WS_MAX_M", "1024").strip()
-    if not value.isdigit():
-        raise ValueError(f"ANYBIT_FRAG_WS_MAX_M={value!r}: expected a row count (0 turns the kernel off)")
-    return int(value)
+    return _rows("ANYBIT_FRAG_WS_MAX_M", 1024, "a row count")
 
 
 def moe_ws_min_rows() -> int:
     """ANYBIT_MOE_WS_MIN_ROWS alone (see `Settings.moe_ws_min_rows`)."""
-    value = os.environ.get("ANYBIT_MOE_WS_MIN_ROWS", "0").strip()
-    if not value.isdigit():
-        raise ValueError(f"ANYBIT_MOE_WS_MIN_ROWS={value!r}: expected rows per expert (0 turns the kernel off)")
-    return int(value)
+    return _rows("ANYBIT_MOE_WS_MIN_ROWS", 0, "rows per expert")
 
 
 def frag_ptx() -> int:

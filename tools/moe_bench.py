@@ -24,6 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from probe_out import tile_overrides  # noqa: E402
+
 from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats import FloatType  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
@@ -65,11 +67,10 @@ def _variants(splits: list, tiles_arg: str) -> list:
     variant ("num_stages=6:block_n=64", split_k among the keys)."""
     out = [("", None, {})] + [(f"@sk{s}", s, {}) for s in splits]
     for v in filter(None, tiles_arg.split(",")):
-        kv = dict(item.split("=") for item in v.split(":"))
-        split = int(kv.pop("split_k")) if "split_k" in kv else None
+        kv = tile_overrides(v)
+        split = kv.pop("split_k", None)
         out.append(("@" + v.replace("num_stages=", "s").replace("block_n=", "bn").replace("split_k=", "sk")
-                    .replace("block_m=", "bm").replace("num_warps=", "w")
-                    .replace(":", ""), split, {key: int(val) for key, val in kv.items()}))  # fmt: skip
+                    .replace("block_m=", "bm").replace("num_warps=", "w").replace(":", ""), split, kv))  # fmt: skip
     return out
 
 
@@ -104,9 +105,9 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         ]  # fmt: skip
     moe.split_k = None
     ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
-    for tag, over in [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""),
-                                       {a: int(b) for a, b in (kv.split("=") for kv in v.split(":"))})
-                                      for v in filter(None, ws_tiles.split(","))] if ws else []:  # fmt: skip
+    variants = [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""), tile_overrides(v))
+                                for v in filter(None, ws_tiles.split(","))]  # fmt: skip
+    for tag, over in variants if ws else []:
         kw = ws | over
         bm = kw["block_m"]
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])

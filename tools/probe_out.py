@@ -1,4 +1,5 @@
-"""What the probe scripts share: their rows, and what failed, as DIR/NAME.json with where they ran."""
+"""What the probe scripts share: their rows, and what failed, as DIR/NAME.json with where they ran; the
+"key=value:key=value" tile overrides their command lines take."""
 
 from __future__ import annotations
 
@@ -20,3 +21,8 @@ def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None)
     with open(path, "w") as f:
         json.dump(dict(env=env, rows=rows, errors=errors or {}), f, indent=1)
     return path
+
+
+def tile_overrides(text: str) -> dict:
+    """ "block_m=128:stages=6" -> {"block_m": 128, "stages": 6} (empty text: {})."""
+    return {a: int(b) for a, b in (kv.split("=") for kv in filter(None, text.split(":")))}

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from host_profile import _host_us  # noqa: E402
-from probe_out import write_probe  # noqa: E402
+from probe_out import tile_overrides, write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
@@ -34,7 +34,7 @@ from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile  # noq
 def _tiles(text: str) -> list[dict]:
     out = []
     for part in filter(None, text.split(";")):
-        out.append({a: int(b) for a, b in (kv.split("=") for kv in part.split(":"))})
+        out.append(tile_overrides(part))
     return out or [{}]
 
 

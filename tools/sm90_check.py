@@ -29,6 +29,8 @@ from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from probe_out import tile_overrides  # noqa: E402
+
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton import a8_config, default_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
@@ -263,7 +265,7 @@ def main() -> int:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
-    tiles = {a: int(b) for a, b in (kv.split("=") for kv in filter(None, args.tiles.split(":")))}
+    tiles = tile_overrides(args.tiles)
     run = (
         functools.partial(check_moe_ws, tiles=tiles)
         if args.ws and args.moe

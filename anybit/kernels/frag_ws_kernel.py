@@ -253,15 +253,27 @@ def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, 
 
 
 @gluon.jit
-def _word_ring(w_desc, s_desc, BN: gl.constexpr, DEPTH: gl.constexpr):
-    """The decoder's TMA ring: DEPTH blocks of the tile's words (4 rows of 256 words per 64-row panel), their
-    scale rows, one barrier per slot."""
+def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.constexpr, BN: gl.constexpr,
+           BK: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr):
+    """Both kernels' shared memory: the x and w rings (STAGES slots, x's barrier counting X_ARRIVALS: 1 for a TMA
+    copy, every decoder thread for a gather), and the decoder's TMA ring of DEPTH blocks of the tile's words (4
+    rows of 256 words per 64-row panel) and scale rows, one barrier per slot."""
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x_ready.index(i), count=X_ARRIVALS)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=1)
     wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, 1, BN], s_desc.layout)
     wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DEPTH):
         mbarrier.init(wq_bar.index(i), count=1)
-    return wq, sq, wq_bar
+    return x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar
 
 
 @gluon.jit
@@ -283,17 +295,9 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, bias_ptr, y_ptr, M, N, K, nb, stride_
     off_m = (first_m + (pid % group) % size) * BM
     off_n = ((pid % group) // size) * BN
 
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_desc.layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(w_empty.index(i), count=1)
-    wq, sq, wq_bar = _word_ring(w_desc, s_desc, BN, DEPTH)
+    x_layout: gl.constexpr = x_desc.layout
+    x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
+                                                                       STAGES, DEPTH, 1)  # x by one TMA copy
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([

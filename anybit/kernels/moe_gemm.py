@@ -375,6 +375,13 @@ def _pairs_format(tw) -> bool:
     return not tw.fmt["W_FLOAT"] and len(tw.plane_bits) == 1 and tw.plane_bits[0] in (2, 4) and tw.fmt["ZP"] != 2
 
 
+def check_aligned(sorted_ids, expert_ids, block_m: int) -> None:
+    """The grouped GEMMs' inputs must come from one `moe_align(..., block_m)` call: one expert id per block."""
+    if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
+        have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
+        raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
+
+
 def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int:
     """Blocks the launch covers: at most cdiv(rows, block_m) full blocks plus one partial block per
     expert that has rows — a static bound, so the launch stays graph-capturable (at decode ~10 blocks,
@@ -504,9 +511,7 @@ def moe_gemm(
     group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
     (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
     rows)."""
-    if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
-        have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
-        raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
+    check_aligned(sorted_ids, expert_ids, block_m)
     n, k = tw.n, tw.k
     if tail_half and split_k > 1:
         raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")

@@ -15,7 +15,7 @@ from anybit import settings
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import WS_WORD_DEPTH, frag_ws_why_not, weight_descs
-from anybit.kernels.moe_gemm import moe_grid_m
+from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 
 
 @functools.cache
@@ -62,9 +62,7 @@ def moe_gemm_ws(x, tw, sorted_ids, expert_ids, total, *, block_m: int, num_rows:
     n, k = tw.n, tw.k
     if block_m not in (128, 256):
         raise ValueError(f"block_m must be 128 or 256 (two warpgroups of wgmma rows), got {block_m}")
-    if expert_ids.numel() != cdiv(sorted_ids.numel(), block_m):
-        have = f"{expert_ids.numel()} expert ids for {sorted_ids.numel()} sorted rows"
-        raise ValueError(f"{have}: not one moe_align call with block_m={block_m}")
+    check_aligned(sorted_ids, expert_ids, block_m)
     if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.stride(0) % 8:
         raise ValueError(f"x must be [rows, {k}] with unit column stride and rows 16-byte aligned, got "
                          f"{tuple(x.shape)} strides {x.stride()}")  # fmt: skip

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_ws_kernel import _mma_loop, _w_decoder, _word_ring
+from anybit.kernels.frag_ws_kernel import _mma_loop, _rings, _w_decoder
 
 
 # fmt: off
@@ -64,17 +63,9 @@ def moe_ws_kernel(x_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr, total_ptr,
     num_blocks = gl.where(valid, gl.cdiv(K, 2 * BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x_ready.index(i), count=DQ_WARPS * 32)  # every decoder thread's copies of the step
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(w_empty.index(i), count=1)
-    wq, sq, wq_bar = _word_ring(w_desc, s_desc, BN, DEPTH)
+    # x's barrier counts every decoder thread's copies of the step
+    x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
+                                                                       STAGES, DEPTH, DQ_WARPS * 32)
     gl.warp_specialize([
         (_mma_moe, (x_bufs, w_bufs, x_ready, w_ready, w_empty, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows,
                     num_rows, N, stride_ym, 2 * num_blocks, valid, STAGES, SILU_MUL, MUL_ROUTED)),
