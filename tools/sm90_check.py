@@ -197,6 +197,19 @@ def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
                    sass_dir and (sass_dir, f"ws_{fmt}_{m}"))  # fmt: skip
 
 
+def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
+                tiles: dict | None = None) -> str:  # fmt: skip
+    """The warp-specialised large-M W4A8 Gluon kernel (`anybit.kernels.frag_ws_a8`) on an FP8-frag weight."""
+    from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8
+
+    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
+    tile = dict(dq_warps=4) | (tiles or {})
+    _compiled.clear()
+    gemm_frag_ws_a8(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
+    return _report(f"ws-a8 {fmt:22s} M={m:<4d}", _compiled[-1], 128, tile.get("block_n", 128), tile["dq_warps"],
+                   cuobjdump, sass_dir and (sass_dir, f"ws_a8_{fmt}_{m}"))  # fmt: skip
+
+
 def check_moe_ws(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                  tiles: dict | None = None) -> str:  # fmt: skip
     """The warp-specialised grouped MoE kernel (`anybit.kernels.moe_ws`), gate_up with silu * mul."""
@@ -269,6 +282,8 @@ def main() -> int:
     run = (
         functools.partial(check_moe_ws, tiles=tiles)
         if args.ws and args.moe
+        else functools.partial(check_ws_a8, tiles=tiles)
+        if args.ws and "a8" in args.formats
         else functools.partial(check_ws, tiles=tiles)
         if args.ws
         else functools.partial(

@@ -46,7 +46,7 @@ def _x_layout(block_m: int, dtype: torch.dtype):
 
 @functools.cache
 def _flat_layout(bits: int):
-    """The unswizzled shared layout of the decoder's TMA ring (words: 32 bits, scales: 16)."""
+    """The unswizzled shared layout of the decoder's TMA ring (words: 32 bits, scales: their width)."""
     return _gluon()[0].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
@@ -61,8 +61,9 @@ def weight_descs(tw, block_n: int) -> tuple:
         TensorDescriptor = _gluon()[1]
         words = tw.planes[0].reshape(-1, 256)
         scales = tw.scales.reshape(-1, tw.scales.shape[-1])
+        s_layout = _flat_layout(8 * scales.element_size())
         tw.ws_desc[block_n] = (TensorDescriptor.from_tensor(words, [4, 256], _flat_layout(32)),
-                               TensorDescriptor.from_tensor(scales, [1, block_n], _flat_layout(16)))  # fmt: skip
+                               TensorDescriptor.from_tensor(scales, [1, block_n], s_layout))  # fmt: skip
     return tw.ws_desc[block_n]
 
 

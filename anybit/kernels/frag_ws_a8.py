@@ -1,0 +1,96 @@
+"""Large-M W4A8 on Hopper without a codes pass: `gemm_frag_ws_a8` quantizes x to e4m3 per token and runs the
+warp-specialised Gluon kernel (`anybit.kernels.frag_ws_a8_kernel`) on a weight in the FP8 fragment layout — a
+decode partition writes each 128-K step of the weight tile into shared memory as e4m3 (q - 8) / 512 while two
+MMA warpgroups run the FP8 wgmma of the step before and promote it in fp32 with the block's scales. It
+replaces writing the weight's integers out as e4m3 for cuBLAS's block-scaled GEMM each call (N*K bytes, 33 µs
+at 8192^2 on the H200, plus the 1x128 scale reads in cuBLAS's loop).
+
+Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales per channel or
+per whole 128-K blocks, e4m3 activations per token or static; sm_90 with Gluon's Hopper API (Triton 3.6).
+`frag_ws_a8_why_not` names what is missing otherwise, and the caller keeps the block-scaled route.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from anybit import settings
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ActMode, ScaleKind, ZeroPoint
+from anybit.kernels.dequant import cdiv
+from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, _is_hopper, weight_descs
+from anybit.kernels.quant_act import quantize_act
+
+A8_BK = 128  # K per step: one frag block
+
+
+@functools.cache
+def _kernel():
+    from anybit.kernels.frag_ws_a8_kernel import frag_ws_a8_kernel
+
+    return frag_ws_a8_kernel
+
+
+@functools.cache
+def _x_layout(rows: int):
+    gl = _gluon()[0]
+    return gl.NVMMASharedLayout.get_default_for([rows, A8_BK], gl.float8e4nv)
+
+
+def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | None:
+    """None when `gemm_frag_ws_a8` runs weights of `scheme` (K = k, N = n) on `device`, else why not."""
+    if device.type != "cuda" or settings.triton_interpret():
+        return "a Gluon kernel: a CUDA GPU, not the interpreter"
+    if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
+        return "Hopper (sm_90) only: FP8 wgmma, TMA and warp specialisation"
+    if isinstance(_gluon(), str):
+        return _gluon()
+    w, g, act = scheme.weight, scheme.granularity, scheme.act
+    if not isinstance(w, IntType) or w.bits != 4:
+        return "4-bit integer weights only"
+    if not act.quantized or act.dtype.name != "e4m3" or act.mode not in (ActMode.TOKEN, ActMode.STATIC):
+        return f"e4m3 activations per token or static only ({act.token()})"
+    if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
+        return "no zero points or global scale yet"
+    if scheme.scale_dtype.name not in ("fp32", "bf16", "fp16"):
+        return f"fp32 / bf16 / fp16 scales only ({scheme.scale_dtype.name})"
+    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % 128 == 0)):
+        return f"scales per channel or per whole 128-K blocks only ({g.token()})"
+    if k % 16:
+        return f"K={k} must be a multiple of 16 (TMA reads e4m3 x rows 16-byte aligned)"
+    if n % 8:
+        return f"N={n} must be a multiple of 8 (TMA reads scale rows 16-byte aligned)"
+    return None
+
+
+def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                    static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 5, group_m: int = 8,
+                    dq_warps: int = 4, dq_regs: int = 152, mma_regs: int = 168) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
+    `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]; static activation
+    schemes pass their calibrated scale (fp32 [] on x's device)."""
+    TensorDescriptor = _gluon()[1]
+    m, k = x.shape
+    n = tw.n
+    if k != tw.k or not x.is_contiguous():
+        raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    xq, xs = quantize_act(x, tw.scheme.act, static_scale)
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    x_desc = TensorDescriptor.from_tensor(xq, [64, A8_BK], _x_layout(64))
+    w_desc, s_desc = weight_descs(tw, block_n)
+    grid = (cdiv(m, 128) * cdiv(n, block_n),)
+    # fmt: off
+    _kernel()[grid](
+        x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
+        y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
+        MMA_REGS=mma_regs, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
+        num_warps=4,
+    )
+    # fmt: on
+    return y

@@ -1,0 +1,198 @@
+"""The Gluon kernel of `anybit.kernels.frag_ws_a8` (sm_90a): y = sx * (xq @ (q - 8)^T) * s for e4m3 x quantized
+per token and 4-bit integer weights in the FP8 fragment layout with a scale per 128-K block (or per channel),
+warp-specialised like `anybit.kernels.frag_ws_kernel`, with the FP8 tensor cores.
+
+Per CTA tile (128 rows of x, 128 weight rows), three partitions:
+
+* decoder (DQ warps): takes each 128-K block's words and scale row by TMA into its ring (`_w_fetch`, shared with
+  the A16 kernel), turns each word into eight e4m3 bytes of (q - 8) / 512 — e4m3 holds every integer of
+  magnitude <= 15 times 2**-9 exactly (subnormals and the first binade), so a byte is sign | magnitude:
+  one shift, LOP3, subtraction, PRMT and select per four weights (`_A8_SIGNED`) — and stores the [BN, 128]
+  step into the w ring with 512 times the block's scale row beside it;
+* two MMA partitions of one warpgroup each (the default and a worker: they run apart, so one's promotion
+  overlaps the other's wgmma): each takes its 64 rows of x by TMA into a ring of its own, STAGES - 1 steps
+  ahead, runs the step's four k32 wgmma into a fresh fp32 tile and adds it, times the block's scales, to its
+  accumulator (FP8 wgmma accumulates with ~14 bits; a 128-K promotion keeps fp32, as DeepGEMM does); the
+  epilogue multiplies by each row's x scale.
+
+Both wgmma operands come from shared memory (no register-operand hazard, Triton #9433). Imported only where it
+runs (Gluon + Hopper).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from anybit.kernels.frag_ws_kernel import _w_fetch
+
+# word (nibble 2i + j = code of k = i + 4t + 16j + 32c, stored biased: q + 8) -> two registers of four e4m3 bytes,
+# j = 0 and 1, each byte sign | |q| (|q| * 2**-9: subnormal or the first binade). Per register: the magnitude of a
+# non-negative q is the low three bits (m), of a negative one 8 - m (0x88 - m also sets the sign bit), and PRMT's
+# sign replication turns each code's bit 3 (q >= 0) into a byte mask that selects between them (LOP3 0xE4).
+_A8_SIGNED = """{
+.reg .b32 a, m, n, p, lo, c88;
+mov.b32 lo, 0x07070707;
+mov.b32 c88, 0x88888888;
+shl.b32 a, $2, 4;
+and.b32 m, $2, lo;
+sub.u32 n, c88, m;
+prmt.b32 p, a, 0, 0xBA98;
+lop3.b32 $0, m, n, p, 0xE4;
+shr.u32 a, $2, 4;
+and.b32 m, a, lo;
+sub.u32 n, c88, m;
+prmt.b32 p, $2, 0, 0xBA98;
+lop3.b32 $1, m, n, p, 0xE4;
+}"""
+
+# unsigned codes (uint4): the byte is the code itself (q * 2**-9)
+_A8_UNSIGNED = """{
+.reg .b32 a, f;
+mov.b32 f, 0x0F0F0F0F;
+and.b32 $0, $2, f;
+shr.u32 a, $2, 4;
+and.b32 $1, a, f;
+}"""
+
+
+@gluon.constexpr_function
+def _a8_asm(signed):
+    return _A8_SIGNED if signed else _A8_UNSIGNED
+
+
+# fmt: off
+@gluon.jit
+def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k,
+                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
+                PANEL: gl.constexpr):
+    """Decodes the weight tile's 128-K steps into the w ring (e4m3 (q - 8) / 512) and each step's scales (times
+    512, fp32) beside them; words and scales arrive by TMA, depth - 1 blocks ahead."""
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    D: gl.constexpr = wq.type.shape[0]
+    ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    # the w slot as int32 [BN, 32]: the same 128-byte rows and 128-byte swizzle as its e4m3 [BN, 128] view
+    w32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    sl: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    p0 = off_n // PANEL
+    for j in gl.static_range(D - 1):
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, 0, 0, p0, nb, off_n, j, num_k, GB, SCALE_PER_BLOCK)
+    for b in range(num_k):
+        gl.thread_barrier()  # every thread has read slot (b - 1) % D: it takes block b + D - 1
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, 0, 0, p0, nb, off_n, b + D - 1, num_k, GB, SCALE_PER_BLOCK)
+        mbarrier.wait(wq_bar.index(b % D), (b // D) & 1)
+        cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)  # word 4t + c of each row
+        sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(sl).to(gl.float32) * 512.0
+        r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [cur], dtype=(gl.int32, gl.int32),
+                                           is_pure=True, pack=1)
+        # register j of word (t, c) holds k = 4 (8c + 4j + t) + i, i = 0..3: int32 column 8c + 4j + t of the row
+        v = gl.reshape(gl.permute(gl.reshape(gl.join(r0, r1), [BN, 4, 4, 2]), [0, 2, 3, 1]), [BN, 32])
+        s = b % STAGES
+        mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
+        w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(v)
+        s_bufs.index(s).store(sc)
+        fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+        mbarrier.arrive(w_ready.index(s), count=1)
+
+
+@gluon.jit
+def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
+    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias)."""
+    BMH: gl.constexpr = x_bufs.type.shape[1]
+    BK: gl.constexpr = x_bufs.type.shape[2]
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, BN, 32])
+    cols_l: gl.constexpr = gl.SliceLayout(0, layout)
+    for i in gl.static_range(STAGES - 1):
+        p = i < num_k
+        mbarrier.expect(x_ready.index(i), x_desc.block_type.nbytes, pred=p)
+        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], x_ready.index(i), x_bufs.index(i), pred=p)
+    acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+    part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+    for ki in range(num_k):
+        s = ki % STAGES
+        phase = (ki // STAGES) & 1
+        mbarrier.wait(x_ready.index(s), phase)
+        mbarrier.wait(w_ready.index(s), phase)
+        part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
+        # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it has retired)
+        j = ki + STAGES - 1
+        p = j < num_k
+        mbarrier.expect(x_ready.index(j % STAGES), x_desc.block_type.nbytes, pred=p)
+        tma.async_copy_global_to_shared(x_desc, [off_m, j * BK], x_ready.index(j % STAGES), x_bufs.index(j % STAGES),
+                                        pred=p)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        sc = s_bufs.index(s).load(cols_l)
+        mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
+        acc = acc + part * gl.expand_dims(sc, 0)
+    rows = off_m + gl.arange(0, BMH, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BN, layout=cols_l)
+    acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
+    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
+    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+
+
+@gluon.jit
+def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+                      BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
+                      DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+                      GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
+                      DEPTH: gl.constexpr):
+    BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 128, "a K step is one 128-K frag block")
+    BM: gl.constexpr = 2 * BMH
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % group) % size) * BM
+    off_n = ((pid % group) // size) * BN
+
+    x_layout: gl.constexpr = x_desc.layout
+    dtype: gl.constexpr = x_desc.dtype
+    x0 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+    x1 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
+    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x0_ready.index(i), count=1)
+        mbarrier.init(x1_ready.index(i), count=1)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
+    wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
+    sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(DEPTH):
+        mbarrier.init(wq_bar.index(i), count=1)
+    num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
+    gl.warp_specialize([
+        (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+                   off_m, off_n, num_k, STAGES, HAS_BIAS)),
+        (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+                   off_m + BMH, off_n, num_k, STAGES, HAS_BIAS)),
+        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k,
+                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+    ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
+# fmt: on

@@ -1,0 +1,60 @@
+"""The warp-specialised large-M W4A8 kernel (`anybit.kernels.frag_ws_a8`): the Gluon kernel runs only on a Hopper
+GPU (tests/kernels/test_frag_ws_a8_gpu.py); here, on the CPU, its decoder — the inline PTX's byte arithmetic and the
+reshape / permute from words to the w slot's int32 columns — written in torch against the layout's unpacker and
+e4m3's own reading of the bytes, and the reasons the kernel is not taken."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends.triton_layout import to_triton_layout
+from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not
+
+M32 = 0xFFFFFFFF
+
+
+def _prmt_sign(a: torch.Tensor) -> torch.Tensor:
+    """prmt.b32 d, a, 0, 0xBA98: each byte of d is bit 7 of that byte of a, replicated."""
+    return sum(((a >> (8 * i + 7)) & 1) * (0xFF << (8 * i)) for i in range(4))
+
+
+def _decode_signed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_A8_SIGNED` step by step on int64 words (32-bit arithmetic)."""
+    out = []
+    for a, src in (((w << 4) & M32, w), (w >> 4, None)):
+        m = (w if src is not None else a) & 0x07070707
+        n = (0x88888888 - m) & M32
+        p = _prmt_sign(a if src is not None else w)
+        out.append((m & p) | (n & ~p & M32))  # LOP3 0xE4
+    return out[0], out[1]
+
+
+def _decode_unsigned(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
+
+
+def _slot_bytes(r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
+    """The decoder's join / reshape / permute (gl.join = stack on a new last dim) -> [R, 32] int32 columns ->
+    [R, 128] bytes in memory order."""
+    rows = r0.shape[0]
+    v = torch.stack([r0, r1], -1).reshape(rows, 4, 4, 2).permute(0, 2, 3, 1).reshape(rows, 32)
+    return torch.stack([(v >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(rows, 128)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_decoder_bytes_are_e4m3_of_the_codes_over_512(signed):
+    codes = torch.randint(0, 16, (FRAG_PANEL, 256), dtype=torch.uint8)
+    codes[0, :16] = torch.arange(16)  # every code once
+    words = from_panels(pack_frag(codes, a8=True), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & M32
+    for b in range(2):
+        r0, r1 = (_decode_signed if signed else _decode_unsigned)(words[:, 16 * b : 16 * (b + 1)])
+        got = _slot_bytes(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double() * 512
+        want = codes[:, 128 * b : 128 * (b + 1)].double() - (8 if signed else 0)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("text, why", [("w4a8", "CUDA GPU")])  # on this machine: the CPU
+def test_why_not_on_the_cpu(text, why):
+    tw = to_triton_layout(quantize(torch.randn(256, 512), text))
+    assert why in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cpu"))

@@ -1,0 +1,62 @@
+"""The warp-specialised large-M W4A8 Gluon kernel on a Hopper GPU: against float64 products of the kernel's own
+quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K block), int4 / uint4,
+channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option, poisoned outputs, bit-equal
+relaunches."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends.triton_layout import to_triton_layout
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8
+from tests.kernels.test_gemm_a8 import a8_reference
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
+    ),
+]
+
+
+def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, text)
+    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    return x, qw, to_triton_layout(qw)
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token",
+                                  "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:g128:bf16:e4m3-token"])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1536), (1024, 2048, 4224)])
+def test_matches_the_exact_product(text, m, n, k):
+    if "g256" in text:
+        k = 2048
+    x, qw, tw = _case(text, m, n, k, seed=m + n)
+    assert frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, x.device) is None
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
+    y = gemm_frag_ws_a8(x, tw, out=out)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, gemm_frag_ws_a8(x, tw))  # relaunch: the same bits
+
+
+def test_fp16_x_and_a_k_tail():
+    x, qw, tw = _case("w4a8", 300, 1000, 2880, torch.float16)  # 2880 = 22.5 blocks of 128
+    assert rel_err(gemm_frag_ws_a8(x, tw), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=4), dict(stages=6), dict(group_m=1),
+                                  dict(dq_warps=8, dq_regs=96)])  # fmt: skip
+def test_every_tile_with_bias(tile):
+    x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
+    b = torch.randn(3000, device="cuda").bfloat16()
+    y = gemm_frag_ws_a8(x, tw, b, **tile)
+    assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_not_taken_with_a_reason():
+    _, _, tw = _case("w4a8:uint4:g64:fp16:zp-int:e4m3-token", 16, 256, 512)
+    assert "zero points" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))
+    _, _, tw = _case("w4a8:int4:g128:bf16:e4m3-g128", 16, 256, 512)
+    assert "per token or static" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))

@@ -1,0 +1,112 @@
+"""The warp-specialised large-M W4A8 kernel (`anybit.kernels.frag_ws_a8`) against today's large-M W4A8 route
+(quantizer, the weight's integers written out as e4m3, cuBLAS's block-scaled 1x128 GEMM), row-wise FP8
+`_scaled_mm` on x quantized once (the bare FP8 GEMM the targets are stated against) and Humming W4A8, one GPU call.
+
+    python tools/probe_ws_a8.py [--shapes 8192x8192,28672x8192,8192x28672] [--m 256,1024,4096,8192]
+                                [--tiles "stages=5;stages=6"] [--peers humming] [--graph] [--out DIR]
+
+Every ws variant is first checked against the exact product (float64, the kernel's own quantized x and
+`dequantize()`, 64 rows) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do
+not fit L2 together. Prints µs and TF/s per cell, writes DIR/probe_ws_a8.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from host_profile import _host_us  # noqa: E402
+from probe_out import tile_overrides, write_probe  # noqa: E402
+
+from anybit import prepare, quantize  # noqa: E402
+from anybit.backends import get_backend  # noqa: E402
+from anybit.bench.peers import torch_fp8  # noqa: E402
+from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
+from anybit.formats.scheme import Scheme  # noqa: E402
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8  # noqa: E402
+from anybit.kernels.quant_act import quantize_act  # noqa: E402
+from anybit.quant.activations import dequantize_activation  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scheme", default="w4a8")
+    ap.add_argument("--shapes", default="8192x8192,28672x8192,8192x28672")
+    ap.add_argument("--m", default="256,1024,4096,8192")
+    ap.add_argument("--tiles", default="stages=5", help="ws variants, ';'-separated k=v:k=v")
+    ap.add_argument("--peers", default="humming,scaled_mm,route,quantizer")
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--graph", action="store_true", help="also CUDA-graph replay and the host µs per call")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    scheme = Scheme.parse(args.scheme)
+    backend = get_backend("triton")
+    rows, errors = [], {}
+    tiles = [tile_overrides(part) for part in args.tiles.split(";")] if args.tiles else [{}]
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        ws, qws = [torch.randn(n, k, device=dev) * 0.02 for _ in range(args.copies)], []
+        qws = [quantize(w, scheme) for w in ws]
+        preps = [prepare(qw, backend="triton") for qw in qws]
+        tws = [p.data for p in preps]
+        why = frag_ws_a8_why_not(tws[0].scheme, tws[0].k, tws[0].n, dev)
+        if why:
+            errors[shape] = why
+            continue
+        peers = {}
+        if "humming" in args.peers:
+            try:
+                from anybit.bench.peers import humming
+
+                peers["humming"] = [humming(w, scheme) for w in ws]
+            except Exception as ex:  # reported, not hidden
+                errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        if "scaled_mm" in args.peers:
+            peers["scaled_mm row-wise (x quantized once)"] = [torch_fp8(w, quantize_x=False) for w in ws]
+        del ws
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            xq, xs = quantize_act(x[:64], scheme.act)
+            ref = dequantize_activation(xq, xs, scheme.act).double() @ qws[0].dequantize().double().T
+            cells = {name: [lambda f=f, x=x: f(x) for f in fns] for name, fns in peers.items()}
+            if "route" in args.peers:
+                cells["route (codes + cuBLAS 1x128)"] = [lambda p=p, x=x: backend.gemm(x, p) for p in preps]
+            if "quantizer" in args.peers:
+                cells["quantizer alone"] = [lambda x=x: quantize_act(x, scheme.act)]
+            for tile in tiles:
+                name = "ws-a8 " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
+                try:
+                    y1 = gemm_frag_ws_a8(x, tws[0], **tile)
+                    y2 = gemm_frag_ws_a8(x, tws[0], **tile)
+                    err = float((y1[:64].double() - ref).norm() / ref.norm())
+                    same = bool(torch.equal(y1, y2))
+                    if err > 1.6e-2 or not same:
+                        errors[f"{name} {shape} M={m}"] = f"rel err {err:.2e}, relaunch equal {same}"
+                        continue
+                    cells[name] = [lambda tw=tw, t=tile, x=x: gemm_frag_ws_a8(x, tw, **t) for tw in tws]
+                except Exception as ex:
+                    errors[f"{name} {shape} M={m}"] = f"{type(ex).__name__}: {str(ex)[:400]}"
+            flops = 2 * m * n * k
+            for name, fns in cells.items():
+                us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
+                row = dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6)
+                extra = ""
+                if args.graph:
+                    row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
+                    row["host_us"] = median([_host_us(f, 5) for f in fns])
+                    extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
+                rows.append(row)
+                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:38s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}",
+                      flush=True)  # fmt: skip
+    print(write_probe(args.out, "probe_ws_a8", rows, errors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
