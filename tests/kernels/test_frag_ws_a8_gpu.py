@@ -42,7 +42,7 @@ def test_matches_the_exact_product(text, m, n, k):
 
 
 def test_fp16_x_and_a_k_tail():
-    x, qw, tw = _case("w4a8", 300, 1000, 2880, torch.float16)  # 2880 = 22.5 blocks of 128
+    x, qw, tw = _case("w4a8:int4:ch:fp32:e4m3-token", 300, 1000, 2880, torch.float16)  # 22.5 blocks of 128
     assert rel_err(gemm_frag_ws_a8(x, tw), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
