@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from anybit.kernels.frag_ws_kernel import _w_fetch
+from anybit.kernels.frag_ws_kernel import _w_fetch_into
 
 # word (nibble 2i + j = code of k = i + 4t + 16j + 32c, stored biased: q + 8) -> two registers of four e4m3 bytes,
 # j = 0 and 1, each byte sign | |q| (|q| * 2**-9: subnormal or the first binade). Per register: the magnitude of a
@@ -70,13 +70,15 @@ def _a8_asm(signed):
 
 # fmt: off
 @gluon.jit
-def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k,
-                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-                PANEL: gl.constexpr):
-    """Decodes the weight tile's 128-K steps into the w ring (e4m3 (q - 8) / 512) and each step's scales (times
-    512, fp32) beside them; words and scales arrive by TMA, depth - 1 blocks ahead."""
+def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, part,
+                NDEC: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
+                STAGES: gl.constexpr, PANEL: gl.constexpr):
+    """Decodes steps part, part + NDEC, ... of the weight tile into the w ring (e4m3 (q - 8) / 512) and each
+    step's scales (times 512, fp32) beside them; words and scales arrive by TMA into this partition's DEPTH slots
+    of the word ring (part * DEPTH on), depth - 1 blocks ahead. NDEC partitions overlap one another's latencies
+    (barriers, the proxy fence, TMA waits), which one partition's chain of them per block left exposed."""
     BN: gl.constexpr = w_bufs.type.shape[1]
-    D: gl.constexpr = wq.type.shape[0]
+    D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
     flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -84,18 +86,24 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
     w32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     sl: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     p0 = off_n // PANEL
+    base = part * D
     for j in gl.static_range(D - 1):
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, 0, 0, p0, nb, off_n, j, num_k, GB, SCALE_PER_BLOCK)
-    for b in range(num_k):
-        gl.thread_barrier()  # every thread has read slot (b - 1) % D: it takes block b + D - 1
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, 0, 0, p0, nb, off_n, b + D - 1, num_k, GB, SCALE_PER_BLOCK)
-        mbarrier.wait(wq_bar.index(b % D), (b // D) & 1)
-        cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)  # word 4t + c of each row
-        sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(sl).to(gl.float32) * 512.0
+        _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, base + j, 0, 0, p0, nb, off_n, j * NDEC + part, num_k, GB,
+                      SCALE_PER_BLOCK)
+    mine = gl.cdiv(num_k - part, NDEC)
+    for i in range(mine):
+        gl.thread_barrier()  # every thread has read slot (i - 1) % D: it takes this partition's block i + D - 1
+        _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, 0, 0, p0, nb, off_n,
+                      (i + D - 1) * NDEC + part, num_k, GB, SCALE_PER_BLOCK)
+        q = base + i % D
+        mbarrier.wait(wq_bar.index(q), (i // D) & 1)
+        cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)  # word 4t + c of each row
+        sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(sl).to(gl.float32) * 512.0
         r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [cur], dtype=(gl.int32, gl.int32),
                                            is_pure=True, pack=1)
         # register j of word (t, c) holds k = 4 (8c + 4j + t) + i, i = 0..3: int32 column 8c + 4j + t of the row
         v = gl.reshape(gl.permute(gl.reshape(gl.join(r0, r1), [BN, 4, 4, 2]), [0, 2, 3, 1]), [BN, 32])
+        b = i * NDEC + part
         s = b % STAGES
         mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
         w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(v)
@@ -105,40 +113,10 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
 
 
 @gluon.jit
-def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
-    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias)."""
-    BMH: gl.constexpr = x_bufs.type.shape[1]
-    BK: gl.constexpr = x_bufs.type.shape[2]
-    BN: gl.constexpr = w_bufs.type.shape[1]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                     instr_shape=[16, BN, 32])
-    cols_l: gl.constexpr = gl.SliceLayout(0, layout)
-    for i in gl.static_range(STAGES - 1):
-        p = i < num_k
-        mbarrier.expect(x_ready.index(i), x_desc.block_type.nbytes, pred=p)
-        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], x_ready.index(i), x_bufs.index(i), pred=p)
-    acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-    part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-    for ki in range(num_k):
-        s = ki % STAGES
-        phase = (ki // STAGES) & 1
-        mbarrier.wait(x_ready.index(s), phase)
-        mbarrier.wait(w_ready.index(s), phase)
-        part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
-        # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it has retired)
-        j = ki + STAGES - 1
-        p = j < num_k
-        mbarrier.expect(x_ready.index(j % STAGES), x_desc.block_type.nbytes, pred=p)
-        tma.async_copy_global_to_shared(x_desc, [off_m, j * BK], x_ready.index(j % STAGES), x_bufs.index(j % STAGES),
-                                        pred=p)
-        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-        sc = s_bufs.index(s).load(cols_l)
-        mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
-        acc = acc + part * gl.expand_dims(sc, 0)
-    rows = off_m + gl.arange(0, BMH, layout=gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, BN, layout=cols_l)
+def _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr):
+    """y = acc * each row's x scale (+ bias), the rows and columns inside [M, N]."""
+    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
     acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
     if HAS_BIAS:
         acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
@@ -147,11 +125,79 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, b
 
 
 @gluon.jit
+def _a8_x_issue(x_desc, x_bufs, x_ready, off_m, j, num_k, STAGES: gl.constexpr):
+    p = j < num_k
+    mbarrier.expect(x_ready.index(j % STAGES), x_desc.block_type.nbytes, pred=p)
+    tma.async_copy_global_to_shared(x_desc, [off_m, j * x_desc.block_type.shape[1]], x_ready.index(j % STAGES),
+                                    x_bufs.index(j % STAGES), pred=p)
+
+
+@gluon.jit
+def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_N: gl.constexpr):
+    """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
+    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). SPLIT_N: the
+    step as two [64, BN / 2] wgmma, the first half promoted while the second runs (x read twice)."""
+    BMH: gl.constexpr = x_bufs.type.shape[1]
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    for i in gl.static_range(STAGES - 1):
+        _a8_x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
+    if SPLIT_N:
+        HN: gl.constexpr = BN // 2
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, HN, 32])
+        cols_l: gl.constexpr = gl.SliceLayout(0, layout)
+        acc0 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
+        acc1 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
+        part0 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
+        part1 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
+        for ki in range(num_k):
+            s = ki % STAGES
+            phase = (ki // STAGES) & 1
+            mbarrier.wait(x_ready.index(s), phase)
+            mbarrier.wait(w_ready.index(s), phase)
+            wb = w_bufs.index(s)
+            part0 = warpgroup_mma(x_bufs.index(s), wb.slice(0, HN, dim=0).permute((1, 0)), part0, use_acc=False,
+                                  is_async=True)
+            part1 = warpgroup_mma(x_bufs.index(s), wb.slice(HN, HN, dim=0).permute((1, 0)), part1, use_acc=False,
+                                  is_async=True)
+            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            part0 = warpgroup_mma_wait(num_outstanding=1, deps=(part0,))
+            acc0 = acc0 + part0 * gl.expand_dims(s_bufs.index(s).slice(0, HN).load(cols_l), 0)
+            part1 = warpgroup_mma_wait(num_outstanding=0, deps=(part1,))
+            sc1 = s_bufs.index(s).slice(HN, HN).load(cols_l)
+            mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
+            acc1 = acc1 + part1 * gl.expand_dims(sc1, 0)
+        _a8_epilogue(acc0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
+        _a8_epilogue(acc1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + HN, HAS_BIAS)
+    else:
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN, 32])
+        cols_l: gl.constexpr = gl.SliceLayout(0, layout)
+        acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+        part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+        for ki in range(num_k):
+            s = ki % STAGES
+            phase = (ki // STAGES) & 1
+            mbarrier.wait(x_ready.index(s), phase)
+            mbarrier.wait(w_ready.index(s), phase)
+            part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
+                                 is_async=True)
+            # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it has retired)
+            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            sc = s_bufs.index(s).load(cols_l)
+            mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
+            acc = acc + part * gl.expand_dims(sc, 0)
+        _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
+
+
+@gluon.jit
 def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                      DEPTH: gl.constexpr):
+                      DEPTH: gl.constexpr, NDEC: gl.constexpr, SPLIT_N: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
@@ -181,18 +227,31 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
         mbarrier.init(x1_ready.index(i), count=1)
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
-    wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
-    sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, 1, BN], s_desc.layout)
-    wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(DEPTH):
+    wq = gl.allocate_shared_memory(gl.int32, [NDEC * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
+    sq = gl.allocate_shared_memory(s_desc.dtype, [NDEC * DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [NDEC * DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NDEC * DEPTH):
         mbarrier.init(wq_bar.index(i), count=1)
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
-    gl.warp_specialize([
-        (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-                   off_m, off_n, num_k, STAGES, HAS_BIAS)),
-        (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-                   off_m + BMH, off_n, num_k, STAGES, HAS_BIAS)),
-        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k,
-                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
-    ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
+    if NDEC == 1:
+        gl.warp_specialize([
+            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
+                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
+                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+        ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
+    else:  # two decoders, even and odd steps
+        gl.static_assert(NDEC == 2, "one or two decoder partitions")
+        gl.warp_specialize([
+            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
+                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
+                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+        ], [4, DQ_WARPS, DQ_WARPS], [MMA_REGS, DQ_REGS, DQ_REGS])
 # fmt: on

@@ -118,9 +118,15 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b, n
     """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into slot b % depth
     of the word ring. TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC)
     waits for every load the thread has in flight, so loads issued ahead were waited on once per block anyway."""
-    D: gl.constexpr = wq.type.shape[0]
+    _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, b % wq.type.shape[0], w_row0, s_row0, p0, nb, off_n, b, num_blocks,
+                  GB, SCALE_PER_BLOCK)
+
+
+@gluon.jit
+def _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n, b, num_blocks,
+                  GB: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr):
+    """`_w_fetch` into a given slot of the ring."""
     PANELS: gl.constexpr = wq.type.shape[1] // 4
-    slot = b % D
     p = b < num_blocks
     mbarrier.expect(wq_bar.index(slot), PANELS * w_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=p)
     for q in gl.static_range(PANELS):
