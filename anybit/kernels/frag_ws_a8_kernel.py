@@ -134,7 +134,8 @@ def _a8_x_issue(x_desc, x_bufs, x_ready, off_m, j, num_k, STAGES: gl.constexpr):
 
 @gluon.jit
 def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_N: gl.constexpr):
+            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_N: gl.constexpr,
+            PROMOTE: gl.constexpr):
     """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
     promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). SPLIT_N: the
     step as two [64, BN / 2] wgmma, the first half promoted while the second runs (x read twice)."""
@@ -175,20 +176,38 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, b
                                                          instr_shape=[16, BN, 32])
         cols_l: gl.constexpr = gl.SliceLayout(0, layout)
         acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-        part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-        for ki in range(num_k):
-            s = ki % STAGES
-            phase = (ki // STAGES) & 1
-            mbarrier.wait(x_ready.index(s), phase)
-            mbarrier.wait(w_ready.index(s), phase)
-            part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
-                                 is_async=True)
-            # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it has retired)
-            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            sc = s_bufs.index(s).load(cols_l)
-            mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
-            acc = acc + part * gl.expand_dims(sc, 0)
+        if PROMOTE:
+            part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+            for ki in range(num_k):
+                s = ki % STAGES
+                phase = (ki // STAGES) & 1
+                mbarrier.wait(x_ready.index(s), phase)
+                mbarrier.wait(w_ready.index(s), phase)
+                part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
+                                     is_async=True)
+                # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
+                _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                sc = s_bufs.index(s).load(cols_l)
+                mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot, scales
+                acc = acc + part * gl.expand_dims(sc, 0)
+        else:  # one scale row for every step (channel scales): the wgmma accumulates the whole K range
+            sc = gl.zeros((BN, ), dtype=gl.float32, layout=cols_l)
+            for ki in range(num_k):
+                s = ki % STAGES
+                phase = (ki // STAGES) & 1
+                mbarrier.wait(x_ready.index(s), phase)
+                mbarrier.wait(w_ready.index(s), phase)
+                acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                # step ki - 1's wgmma has retired: its slots take the next copies
+                sp = (ki + STAGES - 1) % STAGES
+                mbarrier.arrive(w_empty.index(sp), count=1, pred=ki > 0)
+                _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+                if ki == 0:
+                    sc = s_bufs.index(s).load(cols_l)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = acc * gl.expand_dims(sc, 0)
         _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
 
 
@@ -197,7 +216,8 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                      DEPTH: gl.constexpr, NDEC: gl.constexpr, SPLIT_N: gl.constexpr):
+                      DEPTH: gl.constexpr, NDEC: gl.constexpr, SPLIT_N: gl.constexpr,
+                      PROMOTE: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
@@ -236,9 +256,9 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     if NDEC == 1:
         gl.warp_specialize([
             (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
         ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
@@ -246,9 +266,9 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
         gl.static_assert(NDEC == 2, "one or two decoder partitions")
         gl.warp_specialize([
             (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N)),
+                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,
