@@ -86,7 +86,7 @@ def main() -> int:
                     y2 = gemm_frag_ws_a8(x, tws[0], **tile)
                     err = float((y1[:64].double() - ref).norm() / ref.norm())
                     same = bool(torch.equal(y1, y2))
-                    if err > 1.6e-2 or not same:
+                    if (err > 1.6e-2 or not same) and not tile.get("diag"):  # diag variants time wrong results
                         errors[f"{name} {shape} M={m}"] = f"rel err {err:.2e}, relaunch equal {same}"
                         continue
                     cells[name] = [lambda tw=tw, t=tile, x=x: gemm_frag_ws_a8(x, tw, **t) for tw in tws]

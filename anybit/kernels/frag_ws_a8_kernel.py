@@ -72,7 +72,7 @@ def _a8_asm(signed):
 @gluon.jit
 def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, part,
                 NDEC: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
-                STAGES: gl.constexpr, PANEL: gl.constexpr):
+                STAGES: gl.constexpr, PANEL: gl.constexpr, DIAG: gl.constexpr):
     """Decodes steps part, part + NDEC, ... of the weight tile into the w ring (e4m3 (q - 8) / 512) and each
     step's scales (times 512, fp32) beside them; words and scales arrive by TMA into this partition's DEPTH slots
     of the word ring (part * DEPTH on), depth - 1 blocks ahead. NDEC partitions overlap one another's latencies
@@ -97,17 +97,24 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
                       (i + D - 1) * NDEC + part, num_k, GB, SCALE_PER_BLOCK)
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)
-        cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)  # word 4t + c of each row
-        sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(sl).to(gl.float32) * 512.0
-        r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [cur], dtype=(gl.int32, gl.int32),
-                                           is_pure=True, pack=1)
-        # register j of word (t, c) holds k = 4 (8c + 4j + t) + i, i = 0..3: int32 column 8c + 4j + t of the row
-        v = gl.reshape(gl.permute(gl.reshape(gl.join(r0, r1), [BN, 4, 4, 2]), [0, 2, 3, 1]), [BN, 32])
         b = i * NDEC + part
         s = b % STAGES
-        mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
-        w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(v)
-        s_bufs.index(s).store(sc)
+        if DIAG == 0:
+            cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)  # word 4t + c of each row
+            sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(sl).to(gl.float32) * 512.0
+            r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [cur], dtype=(gl.int32, gl.int32),
+                                               is_pure=True, pack=1)
+            # register j of word (t, c) holds k = 4 (8c + 4j + t) + i, i = 0..3: int32 column 8c + 4j + t
+            v = gl.reshape(gl.permute(gl.reshape(gl.join(r0, r1), [BN, 4, 4, 2]), [0, 2, 3, 1]), [BN, 32])
+            mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
+            w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(v)
+            s_bufs.index(s).store(sc)
+        elif DIAG == 1:  # timing only: stores without decoding (wrong results)
+            mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
+            w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(gl.full([BN, 32], 0x38383838, gl.int32,
+                                                                                 layout=gl.BlockedLayout([1, 8], [8, 4], [gl.num_warps(), 1], [1, 0])))
+        else:  # timing only: no stores at all (wrong results)
+            mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
         fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
         mbarrier.arrive(w_ready.index(s), count=1)
 
@@ -217,7 +224,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                       DEPTH: gl.constexpr, NDEC: gl.constexpr, SPLIT_N: gl.constexpr,
-                      PROMOTE: gl.constexpr):
+                      PROMOTE: gl.constexpr, DIAG: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
@@ -260,7 +267,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
                        stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
         ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
     else:  # two decoders, even and odd steps
         gl.static_assert(NDEC == 2, "one or two decoder partitions")
@@ -270,8 +277,8 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
                        stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL)),
+                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
         ], [4, DQ_WARPS, DQ_WARPS], [MMA_REGS, DQ_REGS, DQ_REGS])
 # fmt: on
