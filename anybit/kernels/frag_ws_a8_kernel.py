@@ -111,8 +111,8 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
             s_bufs.index(s).store(sc)
         elif DIAG == 1:  # timing only: stores without decoding (wrong results)
             mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
-            w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(gl.full([BN, 32], 0x38383838, gl.int32,
-                                                                                 layout=gl.BlockedLayout([1, 8], [8, 4], [gl.num_warps(), 1], [1, 0])))
+            ones: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [gl.num_warps(), 1], [1, 0])
+            w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(gl.full([BN, 32], 0x38383838, gl.int32, ones))
         else:  # timing only: no stores at all (wrong results)
             mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
         fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
