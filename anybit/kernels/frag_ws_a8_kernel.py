@@ -140,82 +140,59 @@ def _a8_x_issue(x_desc, x_bufs, x_ready, off_m, j, num_k, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-            off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_N: gl.constexpr,
-            PROMOTE: gl.constexpr):
+def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
+            stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
+            ORDER: gl.constexpr):
     """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
-    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). SPLIT_N: the
-    step as two [64, BN / 2] wgmma, the first half promoted while the second runs (x read twice)."""
+    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). ORDER: the two
+    warpgroups issue their steps' wgmma in turns (barrier `turn[me]` before, `turn[1 - me]` after), so the tensor
+    cores run one's step while the other promotes the step before — issued together, both finished together and
+    both promoted while the tensor cores idled. Without PROMOTE (one scale row for every step: channel scales)
+    the wgmma accumulates the whole K range and the scales are applied once."""
     BMH: gl.constexpr = x_bufs.type.shape[1]
     BN: gl.constexpr = w_bufs.type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, BN, 32])
+    cols_l: gl.constexpr = gl.SliceLayout(0, layout)
     for i in gl.static_range(STAGES - 1):
         _a8_x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
-    if SPLIT_N:
-        HN: gl.constexpr = BN // 2
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, HN, 32])
-        cols_l: gl.constexpr = gl.SliceLayout(0, layout)
-        acc0 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
-        acc1 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
-        part0 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
-        part1 = gl.zeros((BMH, HN), dtype=gl.float32, layout=layout)
+    acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
+    if PROMOTE:
+        part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
         for ki in range(num_k):
             s = ki % STAGES
             phase = (ki // STAGES) & 1
             mbarrier.wait(x_ready.index(s), phase)
             mbarrier.wait(w_ready.index(s), phase)
-            wb = w_bufs.index(s)
-            part0 = warpgroup_mma(x_bufs.index(s), wb.slice(0, HN, dim=0).permute((1, 0)), part0, use_acc=False,
-                                  is_async=True)
-            part1 = warpgroup_mma(x_bufs.index(s), wb.slice(HN, HN, dim=0).permute((1, 0)), part1, use_acc=False,
-                                  is_async=True)
+            if ORDER:
+                mbarrier.wait(turn.index(me), ki & 1)
+            part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
+                                 is_async=True)
+            if ORDER:
+                mbarrier.arrive(turn.index(1 - me), count=1)
+            # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
             _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
-            part0 = warpgroup_mma_wait(num_outstanding=1, deps=(part0,))
-            acc0 = acc0 + part0 * gl.expand_dims(s_bufs.index(s).slice(0, HN).load(cols_l), 0)
-            part1 = warpgroup_mma_wait(num_outstanding=0, deps=(part1,))
-            sc1 = s_bufs.index(s).slice(HN, HN).load(cols_l)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            sc = s_bufs.index(s).load(cols_l)
             mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
-            acc1 = acc1 + part1 * gl.expand_dims(sc1, 0)
-        _a8_epilogue(acc0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
-        _a8_epilogue(acc1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + HN, HAS_BIAS)
+            acc = acc + part * gl.expand_dims(sc, 0)
     else:
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN, 32])
-        cols_l: gl.constexpr = gl.SliceLayout(0, layout)
-        acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-        if PROMOTE:
-            part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
-            for ki in range(num_k):
-                s = ki % STAGES
-                phase = (ki // STAGES) & 1
-                mbarrier.wait(x_ready.index(s), phase)
-                mbarrier.wait(w_ready.index(s), phase)
-                part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
-                                     is_async=True)
-                # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
-                _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        sc = gl.zeros((BN, ), dtype=gl.float32, layout=cols_l)
+        for ki in range(num_k):
+            s = ki % STAGES
+            phase = (ki // STAGES) & 1
+            mbarrier.wait(x_ready.index(s), phase)
+            mbarrier.wait(w_ready.index(s), phase)
+            acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            # step ki - 1's wgmma has retired: its slots take the next copies
+            mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
+            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            if ki == 0:
                 sc = s_bufs.index(s).load(cols_l)
-                mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot, scales
-                acc = acc + part * gl.expand_dims(sc, 0)
-        else:  # one scale row for every step (channel scales): the wgmma accumulates the whole K range
-            sc = gl.zeros((BN, ), dtype=gl.float32, layout=cols_l)
-            for ki in range(num_k):
-                s = ki % STAGES
-                phase = (ki // STAGES) & 1
-                mbarrier.wait(x_ready.index(s), phase)
-                mbarrier.wait(w_ready.index(s), phase)
-                acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                # step ki - 1's wgmma has retired: its slots take the next copies
-                sp = (ki + STAGES - 1) % STAGES
-                mbarrier.arrive(w_empty.index(sp), count=1, pred=ki > 0)
-                _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
-                if ki == 0:
-                    sc = s_bufs.index(s).load(cols_l)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = acc * gl.expand_dims(sc, 0)
-        _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = acc * gl.expand_dims(sc, 0)
+    _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
 
 
 @gluon.jit
@@ -223,7 +200,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                      DEPTH: gl.constexpr, NDEC: gl.constexpr, SPLIT_N: gl.constexpr,
+                      DEPTH: gl.constexpr, NDEC: gl.constexpr, ORDER: gl.constexpr,
                       PROMOTE: gl.constexpr, DIAG: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -259,23 +236,27 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     wq_bar = gl.allocate_shared_memory(gl.int64, [NDEC * DEPTH, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NDEC * DEPTH):
         mbarrier.init(wq_bar.index(i), count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # ORDER: whose wgmma is next
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup goes first
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
     if NDEC == 1:
         gl.warp_specialize([
-            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
-            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
+            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
+                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
+                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
         ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
     else:  # two decoders, even and odd steps
         gl.static_assert(NDEC == 2, "one or two decoder partitions")
         gl.warp_specialize([
-            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
-            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, xs_ptr, bias_ptr, y_ptr, M, N,
-                       stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, SPLIT_N, PROMOTE)),
+            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
+                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
+                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,

@@ -47,8 +47,8 @@ def test_fp16_x_and_a_k_tail():
 
 
 @pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=4), dict(stages=6), dict(group_m=1),
-                                  dict(dq_warps=8, dq_regs=96), dict(ndec=2, dq_regs=88), dict(split_n=True),
-                                  dict(ndec=2, dq_regs=88, split_n=True)])  # fmt: skip
+                                  dict(dq_warps=8, dq_regs=96), dict(ndec=2, dq_regs=88), dict(order=False),
+                                  dict(ndec=2, dq_regs=88, order=False)])  # fmt: skip
 def test_every_tile_with_bias(tile):
     x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
     b = torch.randn(3000, device="cuda").bfloat16()
