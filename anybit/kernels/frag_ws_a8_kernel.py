@@ -168,11 +168,13 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
                 mbarrier.wait(turn.index(me), ki & 1)
             part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
                                  is_async=True)
-            if ORDER:
+            if ORDER == 1:  # the other's turn once this one's wgmma are issued
                 mbarrier.arrive(turn.index(1 - me), count=1)
             # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
             _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            if ORDER == 2:  # ... once they have finished: the tensor cores take one warpgroup's step at a time
+                mbarrier.arrive(turn.index(1 - me), count=1)
             sc = s_bufs.index(s).load(cols_l)
             mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
             acc = acc + part * gl.expand_dims(sc, 0)
