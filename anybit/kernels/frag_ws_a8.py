@@ -69,7 +69,8 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                     static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 5, group_m: int = 8,
                     dq_warps: int = 4, dq_regs: int = 152, mma_regs: int = 168, ndec: int = 1,
-                    order: int = 2, promote: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
+                    order: int = 2, promote: bool = True, diag: int = 0,
+                    early_scales: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]; static activation
     schemes pass their calibrated scale (fp32 [] on x's device)."""
@@ -92,7 +93,8 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         MMA_REGS=mma_regs, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
         NDEC=ndec, ORDER=int(order),
-        PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, num_warps=4,
+        PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, EARLY_SCALES=bool(early_scales),
+        num_warps=4,
     )
     # fmt: on
     return y

@@ -142,7 +142,7 @@ def _a8_x_issue(x_desc, x_bufs, x_ready, off_m, j, num_k, STAGES: gl.constexpr):
 @gluon.jit
 def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
             stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
-            ORDER: gl.constexpr):
+            ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
     """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
     promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). ORDER: the two
     warpgroups issue their steps' wgmma in turns (barrier `turn[me]` before, `turn[1 - me]` after), so the tensor
@@ -164,6 +164,8 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             phase = (ki // STAGES) & 1
             mbarrier.wait(x_ready.index(s), phase)
             mbarrier.wait(w_ready.index(s), phase)
+            if EARLY_SCALES:  # shared-memory loads wait behind the wgmma's operand reads: issue them first
+                sc = s_bufs.index(s).load(cols_l)
             if ORDER:
                 mbarrier.wait(turn.index(me), ki & 1)
             part = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), part, use_acc=False,
@@ -175,9 +177,13 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             if ORDER == 2:  # ... once they have finished: the tensor cores take one warpgroup's step at a time
                 mbarrier.arrive(turn.index(1 - me), count=1)
-            sc = s_bufs.index(s).load(cols_l)
-            mbarrier.arrive(w_empty.index(s), count=1)  # this warpgroup is done with the step's w slot and scales
-            acc = acc + part * gl.expand_dims(sc, 0)
+            if EARLY_SCALES:
+                acc = acc + part * gl.expand_dims(sc, 0)
+                mbarrier.arrive(w_empty.index(s), count=1)  # done with the step's w slot and scales
+            else:
+                sc = s_bufs.index(s).load(cols_l)
+                mbarrier.arrive(w_empty.index(s), count=1)  # done with the step's w slot and scales
+                acc = acc + part * gl.expand_dims(sc, 0)
     else:
         sc = gl.zeros((BN, ), dtype=gl.float32, layout=cols_l)
         for ki in range(num_k):
@@ -203,7 +209,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                       DEPTH: gl.constexpr, NDEC: gl.constexpr, ORDER: gl.constexpr,
-                      PROMOTE: gl.constexpr, DIAG: gl.constexpr):
+                      PROMOTE: gl.constexpr, DIAG: gl.constexpr, EARLY_SCALES: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
@@ -246,9 +252,11 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     if NDEC == 1:
         gl.warp_specialize([
             (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
+                       EARLY_SCALES)),
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
+                       EARLY_SCALES)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
         ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
@@ -256,9 +264,11 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
         gl.static_assert(NDEC == 2, "one or two decoder partitions")
         gl.warp_specialize([
             (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
+                       EARLY_SCALES)),
             (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER)),
+                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
+                       EARLY_SCALES)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
                            NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
             (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,
