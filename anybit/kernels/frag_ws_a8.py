@@ -67,10 +67,9 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
 
 
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                    static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 5, group_m: int = 8,
-                    dq_warps: int = 4, dq_regs: int = 152, mma_regs: int = 168, ndec: int = 1,
-                    order: int = 2, promote: bool = True, diag: int = 0,
-                    early_scales: bool = False) -> torch.Tensor:  # fmt: skip
+                    static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 4, group_m: int = 8,
+                    dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, ndec: int = 2, order: int = 0,
+                    promote: bool = True, early_scales: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]; static activation
     schemes pass their calibrated scale (fp32 [] on x's device)."""

@@ -46,14 +46,20 @@ def test_fp16_x_and_a_k_tail():
     assert rel_err(gemm_frag_ws_a8(x, tw), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=4), dict(stages=6), dict(group_m=1),
-                                  dict(dq_warps=8, dq_regs=96), dict(ndec=2, dq_regs=88), dict(order=False),
-                                  dict(ndec=2, dq_regs=88, order=False)])  # fmt: skip
+@pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=5), dict(group_m=1), dict(order=1), dict(order=2),
+                                  dict(early_scales=False), dict(ndec=1, dq_regs=152, mma_regs=168),
+                                  dict(ndec=1, dq_warps=8, dq_regs=96, mma_regs=168)])  # fmt: skip
 def test_every_tile_with_bias(tile):
     x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
     b = torch.randn(3000, device="cuda").bfloat16()
     y = gemm_frag_ws_a8(x, tw, b, **tile)
     assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_channel_scales_accumulate_the_whole_k_in_the_wgmma():
+    x, qw, tw = _case("w4a8:int4:ch:fp32:e4m3-token", 513, 2048, 8192, seed=5)
+    y = gemm_frag_ws_a8(x, tw, promote=False)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
 
 
 def test_not_taken_with_a_reason():
