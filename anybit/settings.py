@@ -34,6 +34,12 @@ class Settings:
     this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
     cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
     pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
+    frag_ws_a8_max_m: int
+    """ANYBIT_FRAG_WS_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 (4-bit integer weights, e4m3 x per token)
+    calls with M from 65 to this many rows and N >= 8192 run the warp-specialised Gluon kernel
+    (`anybit.kernels.frag_ws_a8`) instead of the weight's codes pass + cuBLAS's block-scaled GEMM. H200, CUDA graphs:
+    28672x8192 M=128 183 -> 101 µs, M=256 242 -> 192; from M=512 they tie and above the route wins (M=1024 654 vs
+    581)."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
@@ -85,6 +91,11 @@ def frag_ws_max_m() -> int:
     return _rows("ANYBIT_FRAG_WS_MAX_M", 1024, "a row count")
 
 
+def frag_ws_a8_max_m() -> int:
+    """ANYBIT_FRAG_WS_A8_MAX_M alone (see `Settings.frag_ws_a8_max_m`)."""
+    return _rows("ANYBIT_FRAG_WS_A8_MAX_M", 256, "a row count")
+
+
 def moe_ws_min_rows() -> int:
     """ANYBIT_MOE_WS_MIN_ROWS alone (see `Settings.moe_ws_min_rows`)."""
     return _rows("ANYBIT_MOE_WS_MIN_ROWS", 0, "rows per expert")
@@ -98,7 +109,7 @@ def frag_ptx() -> int:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`,
-    `frag_ws_max_m`, `moe_ws_min_rows`)."""
+    `frag_ws_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -108,6 +119,7 @@ def load() -> Settings:
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
         pdl=pdl(),
         frag_ws_max_m=frag_ws_max_m(),
+        frag_ws_a8_max_m=frag_ws_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),
     )

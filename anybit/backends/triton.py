@@ -23,6 +23,7 @@ from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile
+from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_plan
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -243,6 +244,10 @@ class TritonBackend:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
+        if config is None and act.quantized and tw.frag and m > FRAG_MAX_M and x.is_cuda:
+            y = self._ws_a8(x2, tw, prepared, bias)
+            if y is not None:
+                return y.reshape(*lead, tw.n)
         if config is None and m > BLOCKSCALED_MIN_M and blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None:
             return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)
         planned = config is None
@@ -323,6 +328,28 @@ class TritonBackend:
         if ok is None:
             ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device, tw.n) is None
         return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
+
+    @staticmethod
+    def _ws_a8(x: torch.Tensor, tw: TritonWeight, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan` takes it (availability decided once per weight),
+        else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
+        if tw.ws_ok.get("a8") is False:
+            return None
+        tile, _ = ws_a8_plan(tw.scheme, x.shape[0], tw.n, tw.k, x.device)
+        if tile is None:
+            if x.shape[0] <= settings.frag_ws_a8_max_m():  # not the M: the weight or the GPU, for good
+                tw.ws_ok["a8"] = False
+            return None
+        static = None
+        if tw.scheme.act.mode is ActMode.STATIC:
+            static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
+        try:
+            return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, static_scale=static, **tile)
+        except _triton_errors() as e:
+            tw.ws_ok["a8"] = False
+            warnings.warn(f"frag_ws_a8 kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using the block-scaled "
+                          f"route: {type(e).__name__}: {e}", FallbackWarning, stacklevel=4)  # fmt: skip
+            return None
 
     def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer

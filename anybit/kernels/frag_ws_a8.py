@@ -66,6 +66,25 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
     return None
 
 
+WS_A8_MIN_N = 8192  # below, the block-scaled route wins at every M (H200 graphs: 4096^2 M=256 31.8 vs 26.3 µs)
+
+
+def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device) -> tuple[dict | None, str]:
+    """(the kernel's tile, why) for a W4A8 call of M rows (the caller takes it from M = 65 on), or (None, why not):
+    H200 under CUDA graphs it beats the codes pass + cuBLAS's block-scaled GEMM up to M = 256 where N >= 8192
+    (28672x8192 M=128 101 vs 183 µs, M=256 192 vs 242; 8192^2 M=256 55 vs 68), ties at 512 and trails above
+    (28672x8192 M=1024 654 vs 581: its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~1000)."""
+    limit = settings.frag_ws_a8_max_m()
+    if m > limit:
+        return None, f"M={m} > ANYBIT_FRAG_WS_A8_MAX_M={limit} (cuBLAS's block-scaled GEMM is faster above)"
+    why = frag_ws_a8_why_not(scheme, k, n, device)
+    if why is not None:
+        return None, why
+    if n < WS_A8_MIN_N:
+        return None, f"N={n} < {WS_A8_MIN_N} (too few CTAs: the block-scaled route is faster)"
+    return {}, "W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192"
+
+
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                     static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 4, group_m: int = 8,
                     dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, ndec: int = 2, order: int = 0,

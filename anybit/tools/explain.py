@@ -49,6 +49,16 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                 f"(warp-specialised kernel not used: {why})")  # fmt: skip
     if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
+    ws_a8_note = ""
+    if frag and scheme.act.quantized and m > FRAG_MAX_M:
+        from anybit.kernels.frag_ws_a8 import ws_a8_plan
+
+        tile, why = ws_a8_plan(scheme, m, n, k, device)
+        if tile is not None:
+            return (f"FP8 activations, {FRAG_MAX_M} < M: e4m3 x per token, then the warp-specialised W4A8 Gluon kernel "
+                    "(two decoder partitions write W per 128-K step into shared memory as e4m3, two MMA warpgroups "
+                    "promote each step in fp32), tile 128x128x128")  # fmt: skip
+        ws_a8_note = f" (warp-specialised W4A8 kernel not used: {why})"
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
     recipe_note = ""
     if recipe and m > BLOCKSCALED_MIN_M:
@@ -56,7 +66,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         if why is None:
             codes = "Triton writes the int weight's e4m3 codes (N*K bytes), " if frag else ""
             gemm = f"cuBLAS block-scaled FP8 GEMM ({recipe} weight scales)"
-            return f"FP8 activations, M > {BLOCKSCALED_MIN_M}: {codes}{gemm}"
+            return f"FP8 activations, M > {BLOCKSCALED_MIN_M}: {codes}{gemm}{ws_a8_note}"
         recipe_note = f" (cuBLAS block-scaled GEMM not used: {why})"
     entry = tuning_cache(device).get(problem_key(scheme, n, k, m, dtype))
     if entry is not None:
@@ -68,7 +78,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
-        f"{c.num_warps} warps, {c.num_stages} stages ({source}){recipe_note}"
+        f"{c.num_warps} warps, {c.num_stages} stages ({source}){recipe_note}{ws_a8_note}"
     )
 
 

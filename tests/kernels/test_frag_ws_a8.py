@@ -8,8 +8,9 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
+from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, ws_a8_plan
 
 M32 = 0xFFFFFFFF
 
@@ -58,3 +59,21 @@ def test_decoder_bytes_are_e4m3_of_the_codes_over_512(signed):
 def test_why_not_on_the_cpu(text, why):
     tw = to_triton_layout(quantize(torch.randn(256, 512), text))
     assert why in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cpu"))
+
+
+def test_plan_names_why_not(monkeypatch):
+    cpu = torch.device("cpu")
+    assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
+    assert "ANYBIT_FRAG_WS_A8_MAX_M=256" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]
+    monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")
+    assert "ANYBIT_FRAG_WS_A8_MAX_M=0" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
+    monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "lots")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_WS_A8_MAX_M='lots'"):
+        ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)
+
+
+def test_explain_says_why_the_w4a8_kernel_is_not_used():
+    from anybit.tools.explain import triton_plan
+
+    plan = triton_plan(Scheme.parse("w4a8"), 128, 8192, 8192, torch.device("cpu"), torch.bfloat16)
+    assert "warp-specialised W4A8 kernel not used: a Gluon kernel: a CUDA GPU" in plan

@@ -67,3 +67,24 @@ def test_not_taken_with_a_reason():
     assert "zero points" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))
     _, _, tw = _case("w4a8:int4:g128:bf16:e4m3-g128", 16, 256, 512)
     assert "per token or static" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("m", [65, 200, 256])
+def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    x, qw, _ = _case("w4a8", m, 8192, 1024, seed=m)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y = be.gemm(x, p)
+    assert p.data.ws_ok.get("a8") is not False and torch.equal(y, gemm_frag_ws_a8(x, p.data))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = be.gemm(x, p)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
+    assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
