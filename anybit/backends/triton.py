@@ -335,7 +335,7 @@ class TritonBackend:
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
         if tw.ws_ok.get("a8") is False:
             return None
-        tile, _ = ws_a8_plan(tw.scheme, x.shape[0], tw.n, tw.k, x.device)
+        tile, _ = ws_a8_plan(tw.scheme, x.shape[0], tw.n, tw.k, x.device, _sm_count(x.device))
         if tile is None:
             if x.shape[0] <= settings.frag_ws_a8_max_m():  # not the M: the weight or the GPU, for good
                 tw.ws_ok["a8"] = False

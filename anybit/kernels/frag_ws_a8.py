@@ -69,11 +69,13 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
 WS_A8_MIN_N = 8192  # below, the block-scaled route wins at every M (H200 graphs: 4096^2 M=256 31.8 vs 26.3 µs)
 
 
-def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device) -> tuple[dict | None, str]:
+def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: int = 132) -> tuple[dict | None, str]:
     """(the kernel's tile, why) for a W4A8 call of M rows (the caller takes it from M = 65 on), or (None, why not):
     H200 under CUDA graphs it beats the codes pass + cuBLAS's block-scaled GEMM up to M = 256 where N >= 8192
     (28672x8192 M=128 101 vs 183 µs, M=256 192 vs 242; 8192^2 M=256 55 vs 68), ties at 512 and trails above
-    (28672x8192 M=1024 654 vs 581: its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~1000)."""
+    (28672x8192 M=1024 654 vs 581: its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~1000).
+    Where 128 x 128 tiles would leave half the SMs idle, 64 weight rows a tile (8192^2 M=128 53 -> 37 µs; with
+    more CTAs they are slower: 28672x8192 M=128 100 -> 124)."""
     limit = settings.frag_ws_a8_max_m()
     if m > limit:
         return None, f"M={m} > ANYBIT_FRAG_WS_A8_MAX_M={limit} (cuBLAS's block-scaled GEMM is faster above)"
@@ -82,6 +84,8 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device) -> tuple[di
         return None, why
     if n < WS_A8_MIN_N:
         return None, f"N={n} < {WS_A8_MIN_N} (too few CTAs: the block-scaled route is faster)"
+    if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms:  # half the SMs or fewer: 64-row weight tiles (8192^2 M=128 53 -> 37)
+        return {"block_n": 64}, "W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192; 64 weight rows a tile (few CTAs)"
     return {}, "W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192"
 
 

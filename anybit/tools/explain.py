@@ -53,11 +53,11 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if frag and scheme.act.quantized and m > FRAG_MAX_M:
         from anybit.kernels.frag_ws_a8 import ws_a8_plan
 
-        tile, why = ws_a8_plan(scheme, m, n, k, device)
+        tile, why = ws_a8_plan(scheme, m, n, k, device, _sm_count(device) if cuda else 132)
         if tile is not None:
             return (f"FP8 activations, {FRAG_MAX_M} < M: e4m3 x per token, then the warp-specialised W4A8 Gluon kernel "
                     "(two decoder partitions write W per 128-K step into shared memory as e4m3, two MMA warpgroups "
-                    "promote each step in fp32), tile 128x128x128")  # fmt: skip
+                    f"promote each step in fp32), tile 128x{tile.get('block_n', 128)}x128")  # fmt: skip
         ws_a8_note = f" (warp-specialised W4A8 kernel not used: {why})"
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
     recipe_note = ""
