@@ -91,7 +91,7 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
 
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                     static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 4, group_m: int = 8,
-                    dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, ndec: int = 2, order: int = 0,
+                    dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, order: int = 0,
                     promote: bool = True, early_scales: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]; static activation
@@ -114,7 +114,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
         MMA_REGS=mma_regs, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        NDEC=ndec, ORDER=int(order),
+        ORDER=int(order),
         PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, EARLY_SCALES=bool(early_scales),
         num_warps=4,
     )

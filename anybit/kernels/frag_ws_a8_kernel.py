@@ -2,18 +2,24 @@
 per token and 4-bit integer weights in the FP8 fragment layout with a scale per 128-K block (or per channel),
 warp-specialised like `anybit.kernels.frag_ws_kernel`, with the FP8 tensor cores.
 
-Per CTA tile (128 rows of x, 128 weight rows), three partitions:
+Per CTA tile (128 rows of x, BN = 128 or 64 weight rows), four partitions:
 
-* decoder (DQ warps): takes each 128-K block's words and scale row by TMA into its ring (`_w_fetch`, shared with
-  the A16 kernel), turns each word into eight e4m3 bytes of (q - 8) / 512 — e4m3 holds every integer of
-  magnitude <= 15 times 2**-9 exactly (subnormals and the first binade), so a byte is sign | magnitude:
-  one shift, LOP3, subtraction, PRMT and select per four weights (`_A8_SIGNED`) — and stores the [BN, 128]
-  step into the w ring with 512 times the block's scale row beside it;
-* two MMA partitions of one warpgroup each (the default and a worker: they run apart, so one's promotion
-  overlaps the other's wgmma): each takes its 64 rows of x by TMA into a ring of its own, STAGES - 1 steps
-  ahead, runs the step's four k32 wgmma into a fresh fp32 tile and adds it, times the block's scales, to its
-  accumulator (FP8 wgmma accumulates with ~14 bits; a 128-K promotion keeps fp32, as DeepGEMM does); the
-  epilogue multiplies by each row's x scale.
+* two decoders (DQ warps each, even / odd 128-K steps: one partition's chain of barriers, TMA issue and
+  proxy fence per step capped the kernel at ~700 TF/s on the H200 even with no decoding): each takes its steps'
+  words and scale rows by TMA into its slots of the word ring (`_w_fetch_into`, shared with the A16 kernel), turns
+  each word into eight e4m3 bytes of (q - 8) / 512 — e4m3 holds every integer of magnitude <= 15 times 2**-9
+  exactly (subnormals and the first binade), so a byte is sign | magnitude: one shift, LOP3, subtraction, PRMT and
+  select per four weights (`_A8_SIGNED`) — and stores the [BN, 128] step into the w ring with 512 times the
+  block's scale row beside it;
+* two MMA partitions of one warpgroup each (the default and a worker): each takes its 64 rows of x by TMA into a
+  ring of its own, STAGES - 1 steps ahead, runs the step's four k32 wgmma into a fresh fp32 tile and adds it, times
+  the step's scales, to its accumulator (FP8 wgmma accumulates with ~14 bits; a 128-K promotion keeps fp32, as
+  DeepGEMM does) — PROMOTE False (channel scales only) lets the wgmma accumulate the whole K instead; ORDER makes
+  the two take turns on the tensor cores (measured: no faster); EARLY_SCALES loads the step's scales before its
+  wgmma (their loads queue behind the wgmma's operand reads). The epilogue multiplies by each row's x scale.
+
+DIAG 1 / 2 (timing only, wrong results): the decoders store without decoding / store nothing — what the rest of
+the kernel costs without them (`tools/probe_ws_a8.py`, BENCHMARKS.md).
 
 Both wgmma operands come from shared memory (no register-operand hazard, Triton #9433). Imported only where it
 runs (Gluon + Hopper).
@@ -208,7 +214,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                       GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                      DEPTH: gl.constexpr, NDEC: gl.constexpr, ORDER: gl.constexpr,
+                      DEPTH: gl.constexpr, ORDER: gl.constexpr,
                       PROMOTE: gl.constexpr, DIAG: gl.constexpr, EARLY_SCALES: gl.constexpr):
     BMH: gl.constexpr = x_desc.block_type.shape[0]  # rows per MMA warpgroup; the tile has two
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -239,39 +245,24 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
         mbarrier.init(x1_ready.index(i), count=1)
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
-    wq = gl.allocate_shared_memory(gl.int32, [NDEC * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
-    sq = gl.allocate_shared_memory(s_desc.dtype, [NDEC * DEPTH, 1, BN], s_desc.layout)
-    wq_bar = gl.allocate_shared_memory(gl.int64, [NDEC * DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NDEC * DEPTH):
+    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
+    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * DEPTH):
         mbarrier.init(wq_bar.index(i), count=1)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # ORDER: whose wgmma is next
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup goes first
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
-    if NDEC == 1:
-        gl.warp_specialize([
-            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
-                       EARLY_SCALES)),
-            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
-                       EARLY_SCALES)),
-            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
-        ], [4, DQ_WARPS], [MMA_REGS, DQ_REGS])
-    else:  # two decoders, even and odd steps
-        gl.static_assert(NDEC == 2, "one or two decoder partitions")
-        gl.warp_specialize([
-            (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
-                       EARLY_SCALES)),
-            (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
-                       N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER,
-                       EARLY_SCALES)),
-            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
-            (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1,
-                           NDEC, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
-        ], [4, DQ_WARPS, DQ_WARPS], [MMA_REGS, DQ_REGS, DQ_REGS])
+    gl.warp_specialize([  # MMA warpgroups (rows 0-63, 64-127), decoders (even, odd steps)
+        (_a8_mma, (x_desc, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 0, xs_ptr, bias_ptr, y_ptr, M,
+                   N, stride_ym, off_m, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER, EARLY_SCALES)),
+        (_a8_mma, (x_desc, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, turn, 1, xs_ptr, bias_ptr, y_ptr, M,
+                   N, stride_ym, off_m + BMH, off_n, num_k, STAGES, HAS_BIAS, PROMOTE, ORDER, EARLY_SCALES)),
+        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0, 2,
+                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
+        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1, 2,
+                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, DIAG)),
+    ], [4, DQ_WARPS, DQ_WARPS], [MMA_REGS, DQ_REGS, DQ_REGS])
 # fmt: on
