@@ -87,3 +87,18 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_static_activation_scales_through_the_route():
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    qw = quantize(torch.randn(8192, 1024, generator=g, device="cuda") * 0.05, "w4a8:int4:g128:fp32:e4m3-static",
+                  input_scale=4.0 / 448)  # fmt: skip
+    x = torch.randn(200, 1024, generator=g, device="cuda").bfloat16()
+    p = prepare(qw, backend="triton")
+    y = get_backend("triton").gemm(x, p)
+    assert p.data.ws_ok.get("a8") is not False
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, static_scale=p.data.input_scale))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
