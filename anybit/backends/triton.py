@@ -245,7 +245,7 @@ class TritonBackend:
         if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and act.quantized and tw.frag and m > FRAG_MAX_M and x.is_cuda:
-            y = self._ws_a8(x2, tw, prepared, bias)
+            y = self._ws_a8(x2, tw, bias)
             if y is not None:
                 return y.reshape(*lead, tw.n)
         if config is None and m > BLOCKSCALED_MIN_M and blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None:
@@ -330,7 +330,7 @@ class TritonBackend:
         return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
 
     @staticmethod
-    def _ws_a8(x: torch.Tensor, tw: TritonWeight, prepared: Prepared, bias: torch.Tensor | None) -> torch.Tensor | None:
+    def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
         """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan` takes it (availability decided once per weight),
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
         if tw.ws_ok.get("a8") is False:
@@ -340,11 +340,8 @@ class TritonBackend:
             if x.shape[0] <= settings.frag_ws_a8_max_m():  # not the M: the weight or the GPU, for good
                 tw.ws_ok["a8"] = False
             return None
-        static = None
-        if tw.scheme.act.mode is ActMode.STATIC:
-            static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
         try:
-            return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, static_scale=static, **tile)
+            return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:
             tw.ws_ok["a8"] = False
             warnings.warn(f"frag_ws_a8 kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using the block-scaled "

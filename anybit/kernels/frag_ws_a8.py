@@ -1,13 +1,14 @@
-"""Large-M W4A8 on Hopper without a codes pass: `gemm_frag_ws_a8` quantizes x to e4m3 per token and runs the
-warp-specialised Gluon kernel (`anybit.kernels.frag_ws_a8_kernel`) on a weight in the FP8 fragment layout — a
-decode partition writes each 128-K step of the weight tile into shared memory as e4m3 (q - 8) / 512 while two
-MMA warpgroups run the FP8 wgmma of the step before and promote it in fp32 with the block's scales. It
-replaces writing the weight's integers out as e4m3 for cuBLAS's block-scaled GEMM each call (N*K bytes, 33 µs
-at 8192^2 on the H200, plus the 1x128 scale reads in cuBLAS's loop).
+"""W4A8 on Hopper without a codes pass: `gemm_frag_ws_a8` quantizes x to e4m3 per token and runs the
+warp-specialised Gluon kernel (`anybit.kernels.frag_ws_a8_kernel`) on a weight in the FP8 fragment layout — two
+decoder partitions write each 128-K step of the weight tile into shared memory as e4m3 (q - 8) / 512 while two
+MMA warpgroups run the FP8 wgmma of the steps before and promote each in fp32 with the block's scales. Where it
+is routed (`ws_a8_plan`: 64 < M <= 256, N >= 8192) it replaces writing the weight's integers out as e4m3 for
+cuBLAS's block-scaled GEMM each call (N*K bytes, 33 µs at 8192^2 on the H200).
 
 Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales per channel or
-per whole 128-K blocks, e4m3 activations per token or static; sm_90 with Gluon's Hopper API (Triton 3.6).
-`frag_ws_a8_why_not` names what is missing otherwise, and the caller keeps the block-scaled route.
+per whole 128-K blocks, e4m3 activations per token (the schemes of the FP8 fragment layout, `frag_format`); sm_90
+with Gluon's Hopper API (Triton 3.6). `frag_ws_a8_why_not` names what is missing otherwise, and the caller keeps
+the block-scaled route.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if not isinstance(w, IntType) or w.bits != 4:
         return "4-bit integer weights only"
-    if not act.quantized or act.dtype.name != "e4m3" or act.mode not in (ActMode.TOKEN, ActMode.STATIC):
-        return f"e4m3 activations per token or static only ({act.token()})"
+    if not act.quantized or act.dtype.name != "e4m3" or act.mode is not ActMode.TOKEN:
+        return f"e4m3 activations per token only ({act.token()}): the schemes of the FP8 fragment layout"
     if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
         return "no zero points or global scale yet"
     if scheme.scale_dtype.name not in ("fp32", "bf16", "fp16"):
@@ -90,20 +91,24 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
 
 
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                    static_scale: torch.Tensor | None = None, block_n: int = 128, stages: int = 4, group_m: int = 8,
+                    block_n: int = 128, stages: int = 4, group_m: int = 8,
                     dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, order: int = 0,
                     promote: bool = True, early_scales: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
-    `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]; static activation
-    schemes pass their calibrated scale (fp32 [] on x's device)."""
+    `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
     TensorDescriptor = _gluon()[1]
     m, k = x.shape
     n = tw.n
+    if not (tw.frag and tw.scheme.act.quantized):
+        raise ValueError(
+            f"{tw.scheme}: gemm_frag_ws_a8 reads weights in the FP8 fragment layout (frag_format), "
+            f"this one is {'the A16 fragment' if tw.frag else 'the bit-plane'} layout"
+        )
     if k != tw.k or not x.is_contiguous():
         raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    xq, xs = quantize_act(x, tw.scheme.act, static_scale)
+    xq, xs = quantize_act(x, tw.scheme.act)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
     x_desc = TensorDescriptor.from_tensor(xq, [64, A8_BK], _x_layout(64))
     w_desc, s_desc = weight_descs(tw, block_n)

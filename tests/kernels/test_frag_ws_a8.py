@@ -10,7 +10,7 @@ from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, ws_a8_plan
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, ws_a8_plan
 
 M32 = 0xFFFFFFFF
 
@@ -77,3 +77,10 @@ def test_explain_says_why_the_w4a8_kernel_is_not_used():
 
     plan = triton_plan(Scheme.parse("w4a8"), 128, 8192, 8192, torch.device("cpu"), torch.bfloat16)
     assert "warp-specialised W4A8 kernel not used: a Gluon kernel: a CUDA GPU" in plan
+
+
+@pytest.mark.parametrize("text", ["w4a8:int4:g128:fp32:e4m3-static", "w4a16"])
+def test_a_weight_in_another_layout_is_named(text):
+    tw = to_triton_layout(quantize(torch.randn(256, 512), text, input_scale=0.01 if "static" in text else None))
+    with pytest.raises(ValueError, match="FP8 fragment layout"):
+        gemm_frag_ws_a8(torch.randn(4, 512).half(), tw)

@@ -8,6 +8,7 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
+from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8
 from tests.kernels.test_gemm_a8 import a8_reference
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -64,8 +65,9 @@ def test_channel_scales_accumulate_the_whole_k_in_the_wgmma():
 def test_not_taken_with_a_reason():
     _, _, tw = _case("w4a8:uint4:g64:fp16:zp-int:e4m3-token", 16, 256, 512)
     assert "zero points" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))
-    _, _, tw = _case("w4a8:int4:g128:bf16:e4m3-g128", 16, 256, 512)
-    assert "per token or static" in frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, torch.device("cuda"))
+    for text in ("w4a8:int4:g128:bf16:e4m3-g128", "w4a8:int4:g128:fp32:e4m3-static"):
+        scheme = Scheme.parse(text)
+        assert "per token only" in frag_ws_a8_why_not(scheme, 512, 256, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("m", [65, 200, 256])
@@ -87,18 +89,3 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-
-
-def test_static_activation_scales_through_the_route():
-    from anybit import prepare
-    from anybit.backends import get_backend
-
-    g = torch.Generator(device="cuda").manual_seed(7)
-    qw = quantize(torch.randn(8192, 1024, generator=g, device="cuda") * 0.05, "w4a8:int4:g128:fp32:e4m3-static",
-                  input_scale=4.0 / 448)  # fmt: skip
-    x = torch.randn(200, 1024, generator=g, device="cuda").bfloat16()
-    p = prepare(qw, backend="triton")
-    y = get_backend("triton").gemm(x, p)
-    assert p.data.ws_ok.get("a8") is not False
-    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, static_scale=p.data.input_scale))
-    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
