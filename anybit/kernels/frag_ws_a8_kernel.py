@@ -32,12 +32,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from anybit.kernels.frag_ws_kernel import _w_fetch_into
+from anybit.kernels.frag_ws_kernel import _w_fetch_into, _x_issue
 
 # word (nibble 2i + j = code of k = i + 4t + 16j + 32c, stored biased: q + 8) -> two registers of four e4m3 bytes,
 # j = 0 and 1, each byte sign | |q| (|q| * 2**-9: subnormal or the first binade). Per register: the magnitude of a
@@ -138,14 +137,6 @@ def _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HA
 
 
 @gluon.jit
-def _a8_x_issue(x_desc, x_bufs, x_ready, off_m, j, num_k, STAGES: gl.constexpr):
-    p = j < num_k
-    mbarrier.expect(x_ready.index(j % STAGES), x_desc.block_type.nbytes, pred=p)
-    tma.async_copy_global_to_shared(x_desc, [off_m, j * x_desc.block_type.shape[1]], x_ready.index(j % STAGES),
-                                    x_bufs.index(j % STAGES), pred=p)
-
-
-@gluon.jit
 def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
             stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
             ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
@@ -161,7 +152,7 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
                                                      instr_shape=[16, BN, 32])
     cols_l: gl.constexpr = gl.SliceLayout(0, layout)
     for i in gl.static_range(STAGES - 1):
-        _a8_x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
+        _x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
     acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
     if PROMOTE:
         part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
@@ -179,7 +170,7 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             if ORDER == 1:  # the other's turn once this one's wgmma are issued
                 mbarrier.arrive(turn.index(1 - me), count=1)
             # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
-            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             if ORDER == 2:  # ... once they have finished: the tensor cores take one warpgroup's step at a time
                 mbarrier.arrive(turn.index(1 - me), count=1)
@@ -201,7 +192,7 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # step ki - 1's wgmma has retired: its slots take the next copies
             mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
-            _a8_x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
             if ki == 0:
                 sc = s_bufs.index(s).load(cols_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
