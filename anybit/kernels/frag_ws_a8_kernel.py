@@ -141,11 +141,11 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
             ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
     """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
-    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). ORDER: the two
-    warpgroups issue their steps' wgmma in turns (barrier `turn[me]` before, `turn[1 - me]` after), so the tensor
-    cores run one's step while the other promotes the step before — issued together, both finished together and
-    both promoted while the tensor cores idled. Without PROMOTE (one scale row for every step: channel scales)
-    the wgmma accumulates the whole K range and the scales are applied once."""
+    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). ORDER 1 / 2: the
+    two warpgroups take turns on the tensor cores (barrier `turn[me]` before the step's wgmma, `turn[1 - me]` once
+    they are issued / finished), meant to overlap one's promotion with the other's step — H200: no faster than
+    running free (0, the default), so the two were not idling in step. Without PROMOTE (one scale row for every
+    step: channel scales) the wgmma accumulates the whole K range and the scales are applied once."""
     BMH: gl.constexpr = x_bufs.type.shape[1]
     BN: gl.constexpr = w_bufs.type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
