@@ -7,6 +7,8 @@ import sys
 
 import anybit
 
+RECIPE_HELP = "recipe YAML, or a shipped recipe by name: default (Llama-3-8B layers, when left out), dense_a16, fp8"
+
 
 def _formats(args: argparse.Namespace) -> int:
     from anybit.tools.formats import print_formats
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="bf16", help="activation dtype: bf16 or fp16")
     e.set_defaults(func=_explain)
     b = sub.add_parser("bench", help="time every backend and peer on a recipe's shapes (default: Llama-3-8B)")
-    b.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
+    b.add_argument("recipe", nargs="?", default=None, help=RECIPE_HELP)
     b.add_argument("--out", default=None, help="output directory (default: the recipe's `out`)")
     b.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
     b.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two bench.json files")
@@ -134,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--m", default=None, help="only these M (comma-separated)")
     b.set_defaults(func=_bench)
     t = sub.add_parser("tune", help="measure tiles and backends for a recipe's problems into the tuning cache")
-    t.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the shipped llama3-8b recipe)")
+    t.add_argument("recipe", nargs="?", default=None, help=RECIPE_HELP)
     t.add_argument("--schemes", default=None, help="only these schemes (comma-separated)")
     t.add_argument("--shapes", default=None, help="only these recipe shapes (comma-separated names)")
     t.add_argument("--m", default=None, help="only these M (comma-separated), e.g. 1,16,64")

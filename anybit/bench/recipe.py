@@ -149,13 +149,23 @@ def parse_recipe(d: dict, source: str = "<dict>") -> Recipe:
     )
 
 
+def shipped_recipes() -> list[str]:
+    """The names of the recipes that ship with anybit (`anybit/bench/recipes/`)."""
+    folder = resources.files("anybit.bench").joinpath("recipes")
+    return sorted(f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
 def load_recipe(path: str | None = None) -> Recipe:
-    """A recipe file, or the shipped default (Llama-3-8B layer shapes) when path is None."""
+    """A recipe file, or a shipped recipe by name (`fp8`, `dense_a16`: no such file here), or the shipped default
+    (Llama-3-8B layer shapes) when path is None."""
     import yaml
 
-    if path is None:
-        text = resources.files("anybit.bench").joinpath("recipes/default.yaml").read_text()
-        source = "default.yaml"
+    if path is None or (not os.path.exists(path) and os.sep not in path):
+        name = "default" if path is None else path.removesuffix(".yaml")
+        if name not in shipped_recipes():
+            raise AnybitError(f"no recipe file {path!r}, and no shipped recipe of that name: {shipped_recipes()}")
+        text = resources.files("anybit.bench").joinpath(f"recipes/{name}.yaml").read_text()
+        source = f"{name}.yaml"
     else:
         try:
             with open(path) as f:

@@ -32,6 +32,18 @@ def test_shipped_recipes_load(name):
     assert r.shapes and r.schemes and r.m
 
 
+@pytest.mark.parametrize("name", ["fp8", "dense_a16.yaml", "default"])
+def test_shipped_recipes_by_name(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    assert load_recipe(name).source == name.removesuffix(".yaml") + ".yaml"
+
+
+def test_unknown_recipe_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AnybitError, match="no shipped recipe of that name: .*'fp8'"):
+        load_recipe("fp9")
+
+
 def test_default_recipe_is_llama3_8b_layers():
     r = load_recipe()
     assert [(s.name, s.n, s.k) for s in r.shapes] == [
