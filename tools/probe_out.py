@@ -26,3 +26,32 @@ def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None)
 def tile_overrides(text: str) -> dict:
     """ "block_m=128:stages=6" -> {"block_m": 128, "stages": 6} (empty text: {})."""
     return {a: int(b) for a, b in (kv.split("=") for kv in filter(None, text.split(":")))}
+
+
+def relaunch_check(call, ref: torch.Tensor, budget: float = 1.6e-2) -> str | None:
+    """Why `call()` fails against the exact product of its first rows (`ref`) or a relaunch bit for bit, else None."""
+    y1, y2 = call(), call()
+    err = float((y1[: ref.shape[0]].double() - ref).norm() / ref.norm())
+    same = bool(torch.equal(y1, y2))
+    return None if err <= budget and same else f"rel err {err:.2e}, relaunch equal {same}"
+
+
+def time_cells(cells: dict, n: int, k: int, m: int, graph: bool, width: int = 34) -> list[dict]:
+    """Each cell (name -> calls over weight copies): eager CUDA-event median (and, `graph`, CUDA-graph replay and
+    host µs per call), a printed line each; returns the rows."""
+    from host_profile import _host_us
+
+    from anybit.bench.timing import median, time_eager, time_graph
+
+    rows, flops = [], 2 * m * n * k
+    for name, fns in cells.items():
+        us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
+        row = dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6)
+        extra = ""
+        if graph:
+            row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
+            row["host_us"] = median([_host_us(f, 5) for f in fns])
+            extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
+        rows.append(row)
+        print(f"{n:6d}x{k:<6d} M={m:<5d} {name:{width}s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}", flush=True)
+    return rows

@@ -20,12 +20,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_profile import _host_us  # noqa: E402
-from probe_out import tile_overrides, write_probe  # noqa: E402
+from probe_out import relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
-from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile  # noqa: E402
@@ -90,28 +88,14 @@ def main() -> int:
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 t = (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # the named tile even where auto says no
                 try:
-                    y1 = gemm_frag_ws(x, tws[0], **t)
-                    y2 = gemm_frag_ws(x, tws[0], **t)
-                    err = float((y1[:64].double() - ref).norm() / ref.norm())
-                    same = bool(torch.equal(y1, y2))
-                    if err > 1.6e-2 or not same:
-                        errors[f"{name} {shape} M={m}"] = f"rel err {err:.2e}, relaunch equal {same}"
+                    why = relaunch_check(lambda t=t, x=x, tw=tws[0]: gemm_frag_ws(x, tw, **t), ref)
+                    if why is not None:
+                        errors[f"{name} {shape} M={m}"] = why
                         continue
                     cells[name] = [lambda tw=tw, t=t, x=x: gemm_frag_ws(x, tw, **t) for tw in tws]
                 except Exception as ex:
                     errors[f"{name} {shape} M={m}"] = f"{type(ex).__name__}: {str(ex)[:400]}"
-            flops = 2 * m * n * k
-            for name, fns in cells.items():
-                us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
-                row = dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6)
-                extra = ""
-                if args.graph:
-                    row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
-                    row["host_us"] = median([_host_us(f, 5) for f in fns])
-                    extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
-                rows.append(row)
-                tf = flops / us / 1e6
-                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:34s} {us:9.1f} µs {tf:7.1f} TF/s{extra}", flush=True)
+            rows += time_cells(cells, n, k, m, args.graph)
     print(write_probe(args.out, "probe_ws", rows, errors))
     return 0
 

@@ -20,13 +20,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_profile import _host_us  # noqa: E402
-from probe_out import tile_overrides, write_probe  # noqa: E402
+from probe_out import relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import prepare, quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
 from anybit.bench.peers import torch_fp8  # noqa: E402
-from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
@@ -51,7 +49,7 @@ def main() -> int:
     tiles = [tile_overrides(part) for part in args.tiles.split(";")] if args.tiles else [{}]
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
-        ws, qws = [torch.randn(n, k, device=dev) * 0.02 for _ in range(args.copies)], []
+        ws = [torch.randn(n, k, device=dev) * 0.02 for _ in range(args.copies)]
         qws = [quantize(w, scheme) for w in ws]
         preps = [prepare(qw, backend="triton") for qw in qws]
         tws = [p.data for p in preps]
@@ -82,28 +80,14 @@ def main() -> int:
             for tile in tiles:
                 name = "ws-a8 " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 try:
-                    y1 = gemm_frag_ws_a8(x, tws[0], **tile)
-                    y2 = gemm_frag_ws_a8(x, tws[0], **tile)
-                    err = float((y1[:64].double() - ref).norm() / ref.norm())
-                    same = bool(torch.equal(y1, y2))
-                    if (err > 1.6e-2 or not same) and not tile.get("diag"):  # diag variants time wrong results
-                        errors[f"{name} {shape} M={m}"] = f"rel err {err:.2e}, relaunch equal {same}"
+                    why = relaunch_check(lambda t=tile, x=x, tw=tws[0]: gemm_frag_ws_a8(x, tw, **t), ref)
+                    if why is not None and not tile.get("diag"):  # diag variants time wrong results
+                        errors[f"{name} {shape} M={m}"] = why
                         continue
                     cells[name] = [lambda tw=tw, t=tile, x=x: gemm_frag_ws_a8(x, tw, **t) for tw in tws]
                 except Exception as ex:
                     errors[f"{name} {shape} M={m}"] = f"{type(ex).__name__}: {str(ex)[:400]}"
-            flops = 2 * m * n * k
-            for name, fns in cells.items():
-                us = median(time_eager(fns, calls=3 * len(fns), repeats=9, warmup=6, cuda=True))
-                row = dict(n=n, k=k, m=m, name=name, us=us, tflops=flops / us / 1e6)
-                extra = ""
-                if args.graph:
-                    row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
-                    row["host_us"] = median([_host_us(f, 5) for f in fns])
-                    extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
-                rows.append(row)
-                print(f"{n:6d}x{k:<6d} M={m:<5d} {name:38s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}",
-                      flush=True)  # fmt: skip
+            rows += time_cells(cells, n, k, m, args.graph, width=38)
     print(write_probe(args.out, "probe_ws_a8", rows, errors))
     return 0
 

@@ -23,7 +23,7 @@ from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile
-from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_plan
+from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -331,15 +331,17 @@ class TritonBackend:
 
     @staticmethod
     def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
-        """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan` takes it (availability decided once per weight),
+        """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan`'s rule takes it (the weight's part decided once),
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
-        if tw.ws_ok.get("a8") is False:
+        m = x.shape[0]
+        if m > settings.frag_ws_a8_max_m():
             return None
-        tile, _ = ws_a8_plan(tw.scheme, x.shape[0], tw.n, tw.k, x.device, _sm_count(x.device))
-        if tile is None:
-            if x.shape[0] <= settings.frag_ws_a8_max_m():  # not the M: the weight or the GPU, for good
-                tw.ws_ok["a8"] = False
+        ok = tw.ws_ok.get("a8")
+        if ok is None:
+            ok = tw.ws_ok["a8"] = ws_a8_route_why_not(tw.scheme, tw.k, tw.n, x.device) is None
+        if not ok:
             return None
+        tile = ws_a8_tile(m, tw.n, _sm_count(x.device))
         try:
             return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:

@@ -72,15 +72,22 @@ def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None) -> str | None:
-    """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on
-    `device`, else why not."""
+def gluon_hopper_why_not(device: torch.device) -> str | None:
+    """None when the warp-specialised Gluon kernels can run on `device` (a Hopper GPU, Gluon's Hopper API in this
+    Triton, not the interpreter), else why not."""
     if device.type != "cuda" or settings.triton_interpret():
         return "a Gluon kernel: a CUDA GPU, not the interpreter"
     if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
         return "Hopper (sm_90) only: wgmma, TMA and warp specialisation"
-    if isinstance(_gluon(), str):
-        return _gluon()
+    return _gluon() if isinstance(_gluon(), str) else None
+
+
+def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None) -> str | None:
+    """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on
+    `device`, else why not."""
+    why = gluon_hopper_why_not(device)
+    if why is not None:
+        return why
     w, g = scheme.weight, scheme.granularity
     if not isinstance(w, IntType) or w.bits != 4 or scheme.act.quantized:
         return "4-bit integer weights with bf16/fp16 activations only"

@@ -22,7 +22,7 @@ from anybit.formats.dtypes import IntType
 from anybit.formats.scheme import ActMode, ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, _is_hopper, weight_descs
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, gluon_hopper_why_not, weight_descs
 from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
@@ -43,12 +43,9 @@ def _x_layout(rows: int):
 
 def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | None:
     """None when `gemm_frag_ws_a8` runs weights of `scheme` (K = k, N = n) on `device`, else why not."""
-    if device.type != "cuda" or settings.triton_interpret():
-        return "a Gluon kernel: a CUDA GPU, not the interpreter"
-    if not _is_hopper(device.index if device.index is not None else torch.cuda.current_device()):
-        return "Hopper (sm_90) only: FP8 wgmma, TMA and warp specialisation"
-    if isinstance(_gluon(), str):
-        return _gluon()
+    why = gluon_hopper_why_not(device)
+    if why is not None:
+        return why
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if not isinstance(w, IntType) or w.bits != 4:
         return "4-bit integer weights only"
@@ -80,14 +77,27 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
     limit = settings.frag_ws_a8_max_m()
     if m > limit:
         return None, f"M={m} > ANYBIT_FRAG_WS_A8_MAX_M={limit} (cuBLAS's block-scaled GEMM is faster above)"
-    why = frag_ws_a8_why_not(scheme, k, n, device)
+    why = ws_a8_route_why_not(scheme, k, n, device)
     if why is not None:
         return None, why
-    if n < WS_A8_MIN_N:
-        return None, f"N={n} < {WS_A8_MIN_N} (too few CTAs: the block-scaled route is faster)"
-    if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms:  # half the SMs or fewer: 64-row weight tiles (8192^2 M=128 53 -> 37)
-        return {"block_n": 64}, "W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192; 64 weight rows a tile (few CTAs)"
-    return {}, "W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192"
+    tile = ws_a8_tile(m, n, num_sms)
+    few = "; 64 weight rows a tile (few CTAs)" if tile else ""
+    return tile, f"W4A8, M <= ANYBIT_FRAG_WS_A8_MAX_M, N >= 8192{few}"
+
+
+def ws_a8_route_why_not(scheme, k: int, n: int, device: torch.device) -> str | None:
+    """The part of `ws_a8_plan` that depends on the weight and the GPU alone (the backend decides it once per
+    weight): `frag_ws_a8_why_not`, and N >= WS_A8_MIN_N."""
+    why = frag_ws_a8_why_not(scheme, k, n, device)
+    if why is None and n < WS_A8_MIN_N:
+        why = f"N={n} < {WS_A8_MIN_N} (too few CTAs: the block-scaled route is faster)"
+    return why
+
+
+def ws_a8_tile(m: int, n: int, num_sms: int = 132) -> dict:
+    """The kernel's tile options for M rows: 64 weight rows a tile where 128 x 128 tiles fill half the SMs or fewer
+    (8192^2 M=128 53 -> 37 µs), else the defaults."""
+    return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
 
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -96,7 +106,6 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                     promote: bool = True, early_scales: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
-    TensorDescriptor = _gluon()[1]
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -110,7 +119,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     xq, xs = quantize_act(x, tw.scheme.act)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
-    x_desc = TensorDescriptor.from_tensor(xq, [64, A8_BK], _x_layout(64))
+    x_desc = _gluon()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
     grid = (cdiv(m, 128) * cdiv(n, block_n),)
     # fmt: off

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from anybit.kernels.frag_ws_kernel import _w_fetch_into, _x_issue
+from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch_into, _x_issue
 
 # word (nibble 2i + j = code of k = i + 4t + 16j + 32c, stored biased: q + 8) -> two registers of four e4m3 bytes,
 # j = 0 and 1, each byte sign | |q| (|q| * 2**-9: subnormal or the first binade). Per register: the magnitude of a
@@ -125,18 +125,6 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
 
 
 @gluon.jit
-def _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr):
-    """y = acc * each row's x scale (+ bias), the rows and columns inside [M, N]."""
-    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-    cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
-    acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
-    if HAS_BIAS:
-        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
-    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
-    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
-
-
-@gluon.jit
 def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
             stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
             ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
@@ -197,7 +185,7 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
                 sc = s_bufs.index(s).load(cols_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = acc * gl.expand_dims(sc, 0)
-    _a8_epilogue(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
+    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, True, HAS_BIAS)
 
 
 @gluon.jit
@@ -211,14 +199,7 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
     BM: gl.constexpr = 2 * BMH
-    pid = gl.program_id(0)
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % group) % size) * BM
-    off_n = ((pid % group) // size) * BN
+    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
 
     x_layout: gl.constexpr = x_desc.layout
     dtype: gl.constexpr = x_desc.dtype

@@ -250,12 +250,34 @@ def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, 
     """The dense default partition: the K loop, then the epilogue (here, at this partition's register count:
     the kernel's own is the 64K register file over every warp)."""
     acc = _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES, False)
+    _store_tile(acc, y_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS)
+
+
+@gluon.jit
+def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
+                HAS_BIAS: gl.constexpr):
+    """The dense kernels' epilogue: y = acc (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]."""
     rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
     cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    if ROW_SCALES:
+        acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
     if HAS_BIAS:
         acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
     ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
     gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+
+
+@gluon.jit
+def _tile_origin(M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+    """This CTA's (off_m, off_n) in the grouped tile order (L2: GROUP_M row tiles of x share each decoded weight
+    tile's neighbours)."""
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size = gl.minimum(num_m - first_m, GROUP_M)
+    return (first_m + (pid % group) % size) * BM, ((pid % group) // size) * BN
 
 
 @gluon.jit
@@ -291,15 +313,7 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, bias_ptr, y_ptr, M, N, K, nb, stride_
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
     dtype: gl.constexpr = x_desc.dtype
-    # grouped tile order (L2: GROUP_M row tiles of x share each decoded weight tile's neighbours)
-    pid = gl.program_id(0)
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % group) % size) * BM
-    off_n = ((pid % group) // size) * BN
+    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
 
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
