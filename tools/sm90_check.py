@@ -125,7 +125,8 @@ def pending_operand_writes(body: list) -> int:
     return hits // 2
 
 
-def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, pdl: bool = False) -> str:
+def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, pdl: bool = False,
+          tiles: dict | None = None) -> str:  # fmt: skip
     qw = quantize(torch.randn(n, k) * 0.05, fmt)
     tw = to_triton_layout(qw)
     x = torch.randn(m, k, dtype=torch.bfloat16)
@@ -139,7 +140,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
-        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits)
+        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
         cfg = GemmConfig(
@@ -265,7 +266,7 @@ def main() -> int:
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
-    ap.add_argument("--tiles", default="", help="with --moe: tile overrides, e.g. block_m=256:num_warps=8")
+    ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
@@ -293,7 +294,7 @@ def main() -> int:
             tiles=tiles,
         )
         if args.moe
-        else functools.partial(check, pdl=args.pdl)
+        else functools.partial(check, pdl=args.pdl, tiles=tiles)
     )
     for fmt in args.formats.split(","):
         for m in (int(v) for v in (args.moe or args.m).split(",")):

@@ -18,6 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from probe_out import relaunch_check  # noqa: E402
+
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
 from anybit.backends.base import Prepared  # noqa: E402
@@ -42,7 +44,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336,8192x28672", help="NxK,...")
     ap.add_argument("--m", default="1,4,16,32,64")
     ap.add_argument("--scheme", default="w4a16")
-    ap.add_argument("--tiles", default="", help="only these tiles, BNxWARPSxSTAGES,... (default: all of TILES)")
+    ap.add_argument(
+        "--tiles",
+        default="",
+        help="only these tiles, [BMx]BNxWARPSxSTAGES,... (default: all of TILES; "
+        "BM: the default rule's token tile where not given)",
+    )
     ap.add_argument("--splits", default="1,2,4,8")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--label", default="", help="suffix of the JSON file's name")
@@ -64,20 +71,27 @@ def main() -> int:
             hum = []
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x[:64].double() @ qw.dequantize().double().T
             default = frag_tile(m, n, k, sms, False, qw.scheme.weight_bits)
             bm = default["block_m"]
             res = {"default": _time(tri, x, frag)}
-            for bn, warps, stages in tiles:
+            for tile in tiles:
+                tbm, (bn, warps, stages) = (tile[0], tile[1:]) if len(tile) == 4 else (bm, tile)
                 for split in splits:
-                    cfg = GemmConfig(bm, bn, 128, split, num_warps=warps, num_stages=stages)
+                    cfg = GemmConfig(tbm, bn, 128, split, num_warps=warps, num_stages=stages)
                     try:
+                        why = relaunch_check(lambda cfg=cfg, x=x, p=frag[0]: tri.gemm(x, p, config=cfg), ref)
+                        if why is not None:
+                            print("wrong", cfg, why)
+                            continue
                         us = _time(tri, x, frag, cfg)
                     except Exception as e:  # a tile that does not compile or fit is reported and skipped
                         print("skip", cfg, repr(e)[:120])
                         continue
-                    rows.append(dict(n=n, k=k, m=m, bn=bn, warps=warps, stages=stages, split=split, us=us))
+                    rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us))
+                    print(f"  {n}x{k} M={m} bm{tbm} bn{bn} w{warps} s{stages} sk{split}: {us:7.1f}", flush=True)
                     if us < res.get("best", (1e9,))[0]:
-                        res["best"] = (us, f"bn{bn} w{warps} s{stages} sk{split}")
+                        res["best"] = (us, f"bm{tbm} bn{bn} w{warps} s{stages} sk{split}")
             res["planes"] = _time(tri, x, planes)
             try:
                 if hum:

@@ -324,7 +324,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
-                      PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False):
+                      PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
+                      SCALE_W: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -339,7 +340,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M)  # sums: [blocks, M]
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W)  # sums: [blocks, M]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -426,7 +427,7 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
               num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
-              out_dtype=None, pdl: bool = False) -> torch.Tensor:  # fmt: skip
+              out_dtype=None, pdl: bool = False, scale_w: bool | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
     [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
@@ -434,7 +435,9 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
     int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
-    programmatic dependent of the previous kernel (the quantizer), waiting for it before any read."""
+    programmatic dependent of the previous kernel (the quantizer), waiting for it before any read. scale_w:
+    group scales on the decoded weights (`frag_block_dot` SCALE_W; default `frag_scale_w`, tiles of >= 128
+    tokens)."""
     m, k = x.shape
     n = tw.n
     if block_n < 16 * num_warps:
@@ -461,7 +464,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl,
+        SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,
+        launch_pdl=pdl,
     )
     # fmt: on
     return y
