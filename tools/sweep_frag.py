@@ -76,9 +76,10 @@ def main() -> int:
             bm = default["block_m"]
             res = {"default": _time(tri, x, frag)}
             for tile in tiles:
-                tbm, (bn, warps, stages) = (tile[0], tile[1:]) if len(tile) == 4 else (bm, tile)
+                tbm, (bn, warps, stages), regs = (tile[0], tile[1:4], tile[4:]) if len(tile) >= 4 else (bm, tile, ())
                 for split in splits:
-                    cfg = GemmConfig(tbm, bn, 128, split, num_warps=warps, num_stages=stages)
+                    cfg = GemmConfig(tbm, bn, 128, split, num_warps=warps, num_stages=stages,
+                                     maxnreg=regs[0] if regs else None)  # fmt: skip
                     try:
                         why = relaunch_check(lambda cfg=cfg, x=x, p=frag[0]: tri.gemm(x, p, config=cfg), ref)
                         if why is not None:
@@ -88,10 +89,12 @@ def main() -> int:
                     except Exception as e:  # a tile that does not compile or fit is reported and skipped
                         print("skip", cfg, repr(e)[:120])
                         continue
-                    rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us))
-                    print(f"  {n}x{k} M={m} bm{tbm} bn{bn} w{warps} s{stages} sk{split}: {us:7.1f}", flush=True)
+                    name = f"bm{tbm} bn{bn} w{warps} s{stages} sk{split}" + (f" r{regs[0]}" if regs else "")
+                    rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us,
+                                     maxnreg=cfg.maxnreg))  # fmt: skip
+                    print(f"  {n}x{k} M={m} {name}: {us:7.1f}", flush=True)
                     if us < res.get("best", (1e9,))[0]:
-                        res["best"] = (us, f"bm{tbm} bn{bn} w{warps} s{stages} sk{split}")
+                        res["best"] = (us, name)
             res["planes"] = _time(tri, x, planes)
             try:
                 if hum:

@@ -288,7 +288,8 @@ class TritonBackend:
             c = config
             return gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
                              num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
-                             x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl)  # fmt: skip
+                             x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl,
+                             maxnreg=c.maxnreg)  # fmt: skip
         return gemm_dense(x2, tw, bias, config=config, workspace=ws, counters=cnt, x_scales=x_scales,
                           x_group=x_group, out_dtype=out_dtype)  # fmt: skip
 

@@ -427,7 +427,8 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
 
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
               num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
-              out_dtype=None, pdl: bool = False, scale_w: bool | None = None) -> torch.Tensor:  # fmt: skip
+              out_dtype=None, pdl: bool = False, scale_w: bool | None = None,
+              maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
     [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
@@ -437,7 +438,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
     programmatic dependent of the previous kernel (the quantizer), waiting for it before any read. scale_w:
     group scales on the decoded weights (`frag_block_dot` SCALE_W; default `frag_scale_w`, tiles of >= 128
-    tokens)."""
+    tokens). maxnreg: a cap on the registers per thread (more CTAs per SM)."""
     m, k = x.shape
     n = tw.n
     if block_n < 16 * num_warps:
@@ -465,7 +466,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,
-        launch_pdl=pdl,
+        launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on
     return y

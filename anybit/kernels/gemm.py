@@ -41,6 +41,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     pairs: bool | None = None  # 2/4-bit ints decoded two per instruction (None: where the format allows)
+    maxnreg: int | None = None  # frag kernel: registers per thread capped (more CTAs per SM); None: ptxas's count
 
 
 def fewer_stages(error: OutOfResources, tile):
