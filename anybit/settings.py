@@ -34,6 +34,11 @@ class Settings:
     this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
     cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
     pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
+    frag_mid_max_m: int
+    """ANYBIT_FRAG_MID_MAX_M (default 128; 64 or less turns it off): 4-bit integer A16 weights with scales in x's
+    dtype (`anybit.kernels.frag.scaled_int4_why_not`) and M from 65 to this many rows run the frag kernel's
+    128-token tiles (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs,
+    M=128: 8192^2 65 -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40; at M=256 the other paths win."""
     frag_ws_a8_max_m: int
     """ANYBIT_FRAG_WS_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 (4-bit integer weights, e4m3 x per token)
     calls with M from 65 to this many rows and N >= 8192 run the warp-specialised Gluon kernel
@@ -91,6 +96,11 @@ def frag_ws_max_m() -> int:
     return _rows("ANYBIT_FRAG_WS_MAX_M", 1024, "a row count")
 
 
+def frag_mid_max_m() -> int:
+    """ANYBIT_FRAG_MID_MAX_M alone (see `Settings.frag_mid_max_m`)."""
+    return _rows("ANYBIT_FRAG_MID_MAX_M", 128, "a row count")
+
+
 def frag_ws_a8_max_m() -> int:
     """ANYBIT_FRAG_WS_A8_MAX_M alone (see `Settings.frag_ws_a8_max_m`)."""
     return _rows("ANYBIT_FRAG_WS_A8_MAX_M", 256, "a row count")
@@ -109,7 +119,7 @@ def frag_ptx() -> int:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`,
-    `frag_ws_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -119,6 +129,7 @@ def load() -> Settings:
         multi_backend=os.environ.get("ANYBIT_MULTI_BACKEND", "0") == "1",
         pdl=pdl(),
         frag_ws_max_m=frag_ws_max_m(),
+        frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),

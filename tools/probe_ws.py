@@ -23,6 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from probe_out import relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
+from anybit.backends import get_backend  # noqa: E402
+from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
@@ -42,7 +44,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="8192x8192,28672x8192,8192x28672")
     ap.add_argument("--m", default="256,512,1024,2048,4096,8192")
     ap.add_argument("--tiles", default="stages=4;stages=3", help="ws variants, ';'-separated k=v:k=v")
-    ap.add_argument("--peers", default="humming")
+    ap.add_argument("--peers", default="humming", help="humming, route (anybit's own path for the call), none")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="also CUDA-graph replay and the host µs per call")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -84,6 +86,13 @@ def main() -> int:
             }
             if humm:
                 cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
+            if "route" in args.peers:  # what anybit.gemm does for this call (the Triton backend's route)
+                preps = [Prepared("triton", qw, tw) for qw, tw in zip(qws, tws, strict=True)]
+                why = relaunch_check(lambda x=x, p=preps[0]: get_backend("triton").gemm(x, p), ref)
+                if why is None:
+                    cells["route"] = [lambda p=p, x=x: get_backend("triton").gemm(x, p) for p in preps]
+                else:
+                    errors[f"route {shape} M={m}"] = why
             for tile in _tiles(args.tiles):
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 t = (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # the named tile even where auto says no

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from probe_out import tile_overrides  # noqa: E402
 
 from anybit import quantize  # noqa: E402
-from anybit.backends.triton import a8_config, default_config  # noqa: E402
+from anybit.backends.triton import a8_config, default_config, frag_mid  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.kernels.frag import frag_tile, gemm_frag  # noqa: E402
 from anybit.kernels.frag_layout import frag_block_k  # noqa: E402
@@ -140,7 +140,8 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
-        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits) | (tiles or {})
+        mid = frag_mid(qw.scheme, m, torch.bfloat16)
+        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
         cfg = GemmConfig(

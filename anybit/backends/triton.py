@@ -19,7 +19,7 @@ from anybit.formats.dtypes import IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
-from anybit.kernels.frag import frag_tile, gemm_frag
+from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile
@@ -103,15 +103,23 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: b
 
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
-    if frag_format(scheme):
-        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits)
+    if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not scheme.act.quantized)
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
-                          num_stages=t["num_stages"])  # fmt: skip
+                          num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
     if scheme.act.quantized:
         config = a8_config(config, scheme, m, nk, interpret)
     return config
+
+
+def frag_mid(scheme: Scheme, m: int, dtype: torch.dtype) -> bool:
+    """Whether an A16 call of a frag weight with M rows runs the frag kernel's 128-token tiles (FRAG_MAX_M < M <=
+    `settings.frag_mid_max_m()`, weights `scaled_int4_why_not` accepts) rather than the large-M paths."""
+    if not FRAG_MAX_M < m <= settings.frag_mid_max_m() or scheme.act.quantized:
+        return False
+    return scaled_int4_why_not(scheme, dtype) is None
 
 
 def tuning_cache(device: torch.device) -> TuningCache:
@@ -240,9 +248,8 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
-        if config is None and tw.frag and m > FRAG_MAX_M and not act.quantized:
-            return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
-        if config is None and x.is_cuda and m > DEQUANT_MATMUL_MIN_M and not act.quantized:
+        large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
+        if config is None and large and not act.quantized and not (tw.frag and self._mid(tw, m, x.dtype)):
             return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
         if config is None and act.quantized and tw.frag and m > FRAG_MAX_M and x.is_cuda:
             y = self._ws_a8(x2, tw, bias)
@@ -317,6 +324,16 @@ class TritonBackend:
         best, us = autotune(candidates(default, tw.frag), time_us)
         cache.put(key, dataclasses.asdict(best), us)
         return best
+
+    @staticmethod
+    def _mid(tw: TritonWeight, m: int, dtype: torch.dtype) -> bool:
+        """`frag_mid` for this weight (its format's part decided once per dtype)."""
+        if not FRAG_MAX_M < m <= settings.frag_mid_max_m():
+            return False
+        ok = tw.ws_ok.get(("mid", dtype))
+        if ok is None:
+            ok = tw.ws_ok[("mid", dtype)] = frag_mid(tw.scheme, m, dtype)
+        return ok
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:

@@ -44,7 +44,8 @@ class TritonWeight:
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
-    ws_ok: dict = field(default_factory=dict)  # x dtype (A16) / "a8" -> whether the ws kernels run it (False: failed)
+    ws_ok: dict = field(default_factory=dict)  # x dtype (A16) / "a8" -> whether the ws kernels run it (False: failed);
+    # ("mid", x dtype) -> whether 65-128 rows take the frag kernel (`frag_mid`)
     ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`)
 
     @property

@@ -32,6 +32,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv, decode_scale, load_scale
 from anybit.kernels.frag_decode import (
     minus_rows,
@@ -404,22 +406,57 @@ def frag_scale_w(tw, x_dtype: torch.dtype, block_m: int) -> bool:
     )
 
 
+def scaled_int4_why_not(scheme, x_dtype: torch.dtype) -> str | None:
+    """None for the weights whose decode is one multiply by the scale in x's dtype (the kernels that scale
+    the decoded weights: `frag_ws`, and the frag kernel's 128-token tiles): 4-bit integers without zero
+    point or global scale, bf16/fp16 x, scales in x's dtype per channel or per whole 128-K blocks; else
+    why not."""
+    w, g = scheme.weight, scheme.granularity
+    if not isinstance(w, IntType) or w.bits != 4 or scheme.act.quantized:
+        return "4-bit integer weights with bf16/fp16 activations only"
+    if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
+        return "no zero points or global scale yet"
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
+    if x_dtype not in (torch.bfloat16, torch.float16) or dt != x_dtype:
+        return f"scales in x's dtype only (scales {scheme.scale_dtype.name}, x {x_dtype}): the decoder multiplies in it"
+    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % 128 == 0)):
+        return f"scales per channel or per whole 128-K blocks only ({g.token()})"
+    return None
+
+
+FRAG_WIDE_MIN_N = 8192  # A16, 64 < M <= 128: 128 tokens x 256 weight rows from this N on, else 64 x 128 (H200 sweep)
+
+
 def frag_group_k(tw) -> int:
     """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K"."""
     return tw.group_k if tw.group_k < tw.k else 1 << 30
 
 
-def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4) -> dict:
+def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False) -> dict:
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
     launch holds ~2 CTAs per SM (int4, int8, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per
     split. 2-bit codes take 64-row tiles of 3 stages (a 256-K block decoded whole holds the registers of
-    128 rows of 4-bit codes; at M = 64, 4 stages or 128 rows ran 1.3-3x slower)."""
+    128 rows of 4-bit codes; at M = 64, 4 stages or 128 rows ran 1.3-3x slower). `mid`, 64 < M <= 128 (A16
+    4-bit ints with scales on the decoded weights, `scaled_int4_why_not`): from N = 8192 on, 128 tokens x
+    256 weight rows of 16 warps (four warpgroups on one SM: each of its register-operand wgmmas waits
+    for the last) split until one wave; below, 64 x 128 of 8 warps capped at 128 registers (two CTAs
+    per SM), split until two a SM — graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114,
+    4096^2 18, 4096x14336 40 (dequantize + cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
+    k_blocks = cdiv(k, frag_block_k(bits))
+    if mid and m > 64:
+        wide = n >= FRAG_WIDE_MIN_N
+        bm, bn, warps, per_sm = (128, 256, 16, 1) if wide else (64, 128, 8, 2)
+        tiles, split = cdiv(m, bm) * cdiv(n, bn), 1
+        while tiles * split * 2 <= per_sm * num_sms and split * 2 * 4 <= k_blocks and split < 16:
+            split *= 2
+        tile = dict(block_m=bm, block_n=bn, split_k=split, num_warps=warps, num_stages=3)
+        return tile if wide else tile | dict(maxnreg=128)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     bn, stages = (64, 3) if bits == 2 else (128, 4)
-    tiles, k_blocks, split = cdiv(n, bn) * cdiv(m, bm), cdiv(k, frag_block_k(bits)), 1
+    tiles, split = cdiv(n, bn) * cdiv(m, bm), 1
     while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
         split *= 2
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)

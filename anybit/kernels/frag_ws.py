@@ -16,9 +16,8 @@ import functools
 import torch
 
 from anybit import settings
-from anybit.formats.dtypes import IntType
-from anybit.formats.scheme import ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
+from anybit.kernels.frag import scaled_int4_why_not
 from anybit.kernels.frag_layout import FRAG_PANEL
 
 WS_BK = 64  # K per step (half a frag block)
@@ -88,16 +87,9 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, 
     why = gluon_hopper_why_not(device)
     if why is not None:
         return why
-    w, g = scheme.weight, scheme.granularity
-    if not isinstance(w, IntType) or w.bits != 4 or scheme.act.quantized:
-        return "4-bit integer weights with bf16/fp16 activations only"
-    if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
-        return "no zero points or global scale yet"
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
-    if x_dtype not in (torch.bfloat16, torch.float16) or dt != x_dtype:
-        return f"scales in x's dtype only (scales {scheme.scale_dtype.name}, x {x_dtype}): the decoder multiplies in it"
-    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % 128 == 0)):
-        return f"scales per channel or per whole 128-K blocks only ({g.token()})"
+    why = scaled_int4_why_not(scheme, x_dtype)
+    if why is not None:
+        return why
     if k % 8:
         return f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
     if n is not None and n % 8:

@@ -22,6 +22,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         DEQUANT_MATMUL_MIN_M,
         FRAG_MAX_M,
         _sm_count,
+        frag_mid,
         pick_config,
         tuning_cache,
     )
@@ -31,7 +32,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
-    if frag and m > FRAG_MAX_M and not scheme.act.quantized:
+    if frag and m > FRAG_MAX_M and not scheme.act.quantized and not frag_mid(scheme, m, dtype):
         from anybit import settings
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
@@ -78,7 +79,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
-        f"{c.num_warps} warps, {c.num_stages} stages ({source}){recipe_note}{ws_a8_note}"
+        f"{c.num_warps} warps, {c.num_stages} stages{f', {c.maxnreg} registers' if c.maxnreg else ''} ({source})"
+        f"{recipe_note}{ws_a8_note}"
     )
 
 

@@ -113,6 +113,53 @@ def test_large_m_dequantizes_exactly(interpret):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16:int4:ch:fp16"])
+def test_128_token_tiles_scale_the_decoded_weights(interpret, text):
+    """The tile the route takes for 64 < M <= 128 (`frag_tile(mid=True)`): 128 tokens, group scales on the
+    decoded weights (SCALE_W) for groups, none for channel scales; N and K off the tile, split K."""
+    x, qw, ref = _problem(text, 100, 70, 384, seed=11)
+    tw = to_triton_layout(qw)
+    ws, cnt = torch.empty(2 * 100 * 70), torch.zeros(4, dtype=torch.int32)
+    out = torch.full((100, 70), float("nan"), dtype=torch.float16)
+    gemm_frag(x, tw, None, block_m=128, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt, out=out)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
+
+
+# (M, N, K) -> the H200 sweep's best tile family at M = 128 (benchmarks/results/h200_sweep_frag_w4a16_m128_*):
+# (block_m, block_n, split_k)
+MID_MEASURED = {
+    (128, 8192, 8192): (128, 256, 4),
+    (128, 28672, 8192): (128, 256, 1),
+    (128, 8192, 28672): (128, 256, 4),
+    (128, 28672, 4096): (128, 256, 1),
+    (128, 4096, 4096): (64, 128, 4),
+    (128, 4096, 14336): (64, 128, 4),
+    (128, 6144, 4096): (64, 128, 2),
+}
+
+
+@pytest.mark.parametrize("shape", list(MID_MEASURED))
+def test_mid_tile_rule_follows_the_h200_sweep(shape):
+    from anybit.kernels.frag import frag_tile
+
+    t = frag_tile(*shape, 132, interpret=False, mid=True)
+    assert (t["block_m"], t["block_n"], t["split_k"]) == MID_MEASURED[shape]
+    assert t.get("maxnreg") == (None if t["block_n"] == 256 else 128)
+
+
+def test_which_calls_take_the_128_token_tiles(monkeypatch):
+    from anybit.backends.triton import frag_mid
+
+    s = Scheme.parse("w4a16")
+    assert frag_mid(s, 65, torch.bfloat16) and frag_mid(s, 128, torch.bfloat16)
+    assert not frag_mid(s, 64, torch.bfloat16) and not frag_mid(s, 129, torch.bfloat16)
+    assert not frag_mid(s, 128, torch.float16)  # bf16 scales: the decoder multiplies in x's dtype
+    assert not frag_mid(Scheme.parse("w4a16-zp"), 128, torch.float16)
+    monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "64")
+    assert not frag_mid(s, 100, torch.bfloat16)
+
+
 def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
     x, qw, _ = _problem("w4a16", 1, 64, 128, seed=1)
     with pytest.raises(ValueError, match="fragment layout"):

@@ -51,6 +51,29 @@ def test_every_swept_tile(bn, warps, stages, m, split):
     assert rel_err(out, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("text", ["w4a16", "w4a16:int4:ch:bf16", "w4a16:uint4:g256:bf16"])
+@pytest.mark.parametrize("m, n, k", [(65, 8192, 2880), (128, 8200, 4096), (100, 3000, 4096), (128, 4096, 14336)])
+def test_128_token_tiles_through_the_route(text, m, n, k):
+    """64 < M <= 128 (`frag_mid`): the route's 128 x 256 (16 warps) and 64 x 128 (128 registers) tiles, N and K
+    off the tile, split K; poisoned output, bit-stable relaunch and CUDA-graph replay."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.backends.triton import frag_mid
+
+    x, qw, ref = _case(text, m, n, k, seed=m)
+    assert frag_mid(qw.scheme, m, x.dtype)
+    p, be = prepare(qw, backend="triton"), get_backend("triton")
+    y1 = be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, be.gemm(x, p))
+    graph, out = torch.cuda.CUDAGraph(), None
+    with torch.cuda.graph(graph):
+        out = be.gemm(x, p)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, y1)
+
+
 OTHER_FRAG = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:bf16", "w2a16", "w2a16:int2:g128:bf16",
               "w8a16", "w8a16:uint8:g128:fp16:zp-int"]  # fmt: skip
 
