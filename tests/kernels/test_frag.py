@@ -113,10 +113,11 @@ def test_large_m_dequantizes_exactly(interpret):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16:int4:ch:fp16"])
+@pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16:int4:ch:fp16", "nvfp4", "mxfp4"])
 def test_128_token_tiles_scale_the_decoded_weights(interpret, text):
     """The tile the route takes for 64 < M <= 128 (`frag_tile(mid=True)`): 128 tokens, group scales on the
-    decoded weights (SCALE_W) for groups, none for channel scales; N and K off the tile, split K."""
+    decoded weights (SCALE_W) for int groups, none for channel scales, e2m1 groups in registers; N and K off
+    the tile, split K."""
     x, qw, ref = _problem(text, 100, 70, 384, seed=11)
     tw = to_triton_layout(qw)
     ws, cnt = torch.empty(2 * 100 * 70), torch.zeros(4, dtype=torch.int32)
@@ -156,6 +157,8 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(s, 64, torch.bfloat16) and not frag_mid(s, 129, torch.bfloat16)
     assert not frag_mid(s, 128, torch.float16)  # bf16 scales: the decoder multiplies in x's dtype
     assert not frag_mid(Scheme.parse("w4a16-zp"), 128, torch.float16)
+    assert frag_mid(Scheme.parse("nvfp4"), 100, torch.bfloat16) and frag_mid(Scheme.parse("mxfp4"), 100, torch.float16)
+    assert not frag_mid(Scheme.parse("w8a16"), 100, torch.bfloat16)  # per-block fp32 scaling: not measured there
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "64")
     assert not frag_mid(s, 100, torch.bfloat16)
 
