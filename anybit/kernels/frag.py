@@ -480,6 +480,9 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
+    if tw.fmt["W_BITS"] == 8 and num_warps != 4:  # H200, 2026-12-01: wrong and not bit-stable (sweep_frag check)
+        raise ValueError(f"8-bit frag codes run with num_warps=4 only (got {num_warps}): more warps gave wrong, "
+                         "run-to-run different results on the GPU")  # fmt: skip
     fp8 = x.dtype == torch.float8_e4m3fn
     if fp8 != tw.scheme.act.quantized or fp8 != (x_scales is not None):
         raise ValueError(f"{tw.scheme} was packed for {'e4m3' if tw.scheme.act.quantized else 'bf16/fp16'} "

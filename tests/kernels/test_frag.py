@@ -163,6 +163,12 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(s, 100, torch.bfloat16)
 
 
+def test_8_bit_codes_refuse_more_than_4_warps():
+    x, qw, _ = _problem("w8a16", 1, 64, 128, seed=1)
+    with pytest.raises(ValueError, match="num_warps=4 only"):
+        gemm_frag(x, to_triton_layout(qw), block_m=16, block_n=128, num_warps=8)
+
+
 def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
     x, qw, _ = _problem("w4a16", 1, 64, 128, seed=1)
     with pytest.raises(ValueError, match="fragment layout"):
