@@ -30,8 +30,8 @@ class Settings:
     (griddepcontrol.launch_dependents). H200, CUDA graphs of 20 calls: w4a16 0.2-0.4 µs per call faster
     (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ws_max_m: int
-    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 to
-    this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
+    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 (129
+    where `frag_mid_max_m` takes them) to this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
     cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
     pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
     frag_mid_max_m: int
