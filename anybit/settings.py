@@ -30,15 +30,17 @@ class Settings:
     (griddepcontrol.launch_dependents). H200, CUDA graphs of 20 calls: w4a16 0.2-0.4 µs per call faster
     (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ws_max_m: int
-    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 (129
-    where `frag_mid_max_m` takes them) to this many rows run the warp-specialised Gluon kernel (`anybit.kernels.frag_ws`) instead of dequantize +
-    cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs, M=1024 775 -> 722; from ~2048 rows the dequantize
-    pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
+    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 to
+    this many rows (where `frag_mid_max_m` does not take them) run the warp-specialised Gluon kernel
+    (`anybit.kernels.frag_ws`) instead of dequantize + cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs,
+    M=1024 775 -> 722; from ~2048 rows the dequantize pass is amortised and cuBLAS's faster main loop wins
+    (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
     frag_mid_max_m: int
-    """ANYBIT_FRAG_MID_MAX_M (default 128; 64 or less turns it off): 4-bit integer A16 weights with scales in x's
-    dtype (`anybit.kernels.frag.scaled_int4_why_not`) and M from 65 to this many rows run the frag kernel's
-    128-token tiles (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs,
-    M=128: 8192^2 65 -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40; at M=256 the other paths win."""
+    """ANYBIT_FRAG_MID_MAX_M (default 256; 64 or less turns it off): A16 weights of 4-bit integers with scales in x's
+    dtype, NVFP4 and MXFP4 (`anybit.backends.triton.frag_mid`) with M from 65 to this many rows (above 128: 4-bit
+    integers with K >= 2N only) run the frag kernel's 128/256-token tiles (`frag_tile`) instead of the
+    warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs, M=128: 8192^2 65 -> 45 µs, 8192x28672 215 ->
+    114, 4096x14336 82 -> 40; M=256 4096x14336 91 -> 68."""
     frag_ws_a8_max_m: int
     """ANYBIT_FRAG_WS_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 (4-bit integer weights, e4m3 x per token)
     calls with M from 65 to this many rows and N >= 8192 run the warp-specialised Gluon kernel
@@ -98,7 +100,7 @@ def frag_ws_max_m() -> int:
 
 def frag_mid_max_m() -> int:
     """ANYBIT_FRAG_MID_MAX_M alone (see `Settings.frag_mid_max_m`)."""
-    return _rows("ANYBIT_FRAG_MID_MAX_M", 128, "a row count")
+    return _rows("ANYBIT_FRAG_MID_MAX_M", 256, "a row count")
 
 
 def frag_ws_a8_max_m() -> int:

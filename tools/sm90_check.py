@@ -140,7 +140,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
-        mid = frag_mid(qw.scheme, m, torch.bfloat16)
+        mid = frag_mid(qw.scheme, m, n, k, torch.bfloat16)
         tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip

@@ -114,18 +114,36 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
     return config
 
 
-def frag_mid(scheme: Scheme, m: int, dtype: torch.dtype) -> bool:
-    """Whether an A16 call of a frag weight with M rows runs the frag kernel's 128-token tiles (FRAG_MAX_M < M <=
-    `settings.frag_mid_max_m()`) rather than the large-M paths: weights whose K loop keeps one accumulator —
-    4-bit ints scaled on the decoded weights (`scaled_int4_why_not`) and e2m1 with groups shorter than the 128-K
-    block, scaled in registers (NVFP4, MXFP4; H200 NVFP4 M=128, graphs: 8192^2 90 -> 52 µs, 28672x8192 294 ->
-    139)."""
-    if not FRAG_MAX_M < m <= settings.frag_mid_max_m() or scheme.act.quantized:
-        return False
+FRAG_MID_LONG_K = 2  # 128 < M <= 256: the frag kernel only where K >= this x N (H200: 8192x28672, 4096x14336 win)
+
+
+def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:
+    """Which A16 frag weights the frag kernel's 128/256-token tiles take (`frag_mid`): "int4" — 4-bit ints scaled on
+    the decoded weights (`scaled_int4_why_not`) — or "e2m1" — groups shorter than the 128-K block, scaled in
+    registers (NVFP4, MXFP4): formats whose K loop keeps one accumulator; else None."""
+    if scheme.act.quantized:
+        return None
     g = scheme.granularity
     if isinstance(scheme.weight, FloatType) and scheme.weight.bits == 4:
-        return g.kind is ScaleKind.GROUP and g.k < 128 and frag_format(scheme)
-    return scaled_int4_why_not(scheme, dtype) is None
+        return "e2m1" if g.kind is ScaleKind.GROUP and g.k < 128 and frag_format(scheme) else None
+    return "int4" if scaled_int4_why_not(scheme, dtype) is None else None
+
+
+def frag_mid_rows(kind: str | None, m: int, n: int, k: int) -> bool:
+    """The M (and shape) part of `frag_mid`: FRAG_MAX_M < M <= `settings.frag_mid_max_m()` (default 256), 128-token
+    tiles up to 128 rows; 129-256 rows only for "int4" weights with K >= FRAG_MID_LONG_K x N (256-token tiles; H200
+    graphs M=256: 4096x14336 91 -> 68 µs, 8192x28672 217 -> 206; on square and tall shapes the warp-specialised
+    kernel or dequantize + cuBLAS stay faster)."""
+    if kind is None or not FRAG_MAX_M < m <= settings.frag_mid_max_m():
+        return False
+    return m <= 128 or (kind == "int4" and k >= FRAG_MID_LONG_K * n)
+
+
+def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether an A16 call of a frag weight [N, K] with M rows runs the frag kernel's 128/256-token tiles (`frag_tile`
+    mid) rather than the large-M paths (H200 M=128 under graphs: 8192^2 65 -> 45 µs, 8192x28672 219 -> 115,
+    NVFP4 8192^2 99 -> 53)."""
+    return frag_mid_rows(frag_mid_kind(scheme, dtype), m, n, k)
 
 
 def tuning_cache(device: torch.device) -> TuningCache:
@@ -334,12 +352,10 @@ class TritonBackend:
     @staticmethod
     def _mid(tw: TritonWeight, m: int, dtype: torch.dtype) -> bool:
         """`frag_mid` for this weight (its format's part decided once per dtype)."""
-        if not FRAG_MAX_M < m <= settings.frag_mid_max_m():
-            return False
-        ok = tw.ws_ok.get(("mid", dtype))
-        if ok is None:
-            ok = tw.ws_ok[("mid", dtype)] = frag_mid(tw.scheme, m, dtype)
-        return ok
+        key = ("mid", dtype)
+        if key not in tw.ws_ok:
+            tw.ws_ok[key] = frag_mid_kind(tw.scheme, dtype)
+        return frag_mid_rows(tw.ws_ok[key], m, tw.n, tw.k)
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:

@@ -45,7 +45,7 @@ class TritonWeight:
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype (A16) / "a8" -> whether the ws kernels run it (False: failed);
-    # ("mid", x dtype) -> whether 65-128 rows take the frag kernel (`frag_mid`)
+    # ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel)
     ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`)
 
     @property

@@ -442,10 +442,17 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
     256 weight rows of 16 warps (four warpgroups on one SM: each of its register-operand wgmmas waits
     for the last) split until one wave; below, 64 x 128 of 8 warps capped at 128 registers (two CTAs
     per SM), split until two a SM — graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114,
-    4096^2 18, 4096x14336 40 (dequantize + cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82)."""
+    4096^2 18, 4096x14336 40 (dequantize + cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`,
+    128 < M <= 256 (long K only): 256 tokens x 128 weight rows of 8 warps, split until one wave (M=256 8192x28672
+    206 µs, 4096x14336 68)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
+    if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
+        tiles, split = cdiv(m, 256) * cdiv(n, 128), 1
+        while tiles * split * 2 <= num_sms and split * 2 * 4 <= k_blocks and split < 16:
+            split *= 2
+        return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
     if mid and m > 64:
         wide = n >= FRAG_WIDE_MIN_N
         bm, bn, warps, per_sm = (128, 256, 16, 1) if wide else (64, 128, 8, 2)

@@ -32,7 +32,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
-    if frag and m > FRAG_MAX_M and not scheme.act.quantized and not frag_mid(scheme, m, dtype):
+    if frag and m > FRAG_MAX_M and not scheme.act.quantized and not frag_mid(scheme, m, n, k, dtype):
         from anybit import settings
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 

@@ -140,27 +140,34 @@ MID_MEASURED = {
 }
 
 
+MID_MEASURED |= {(256, 8192, 28672): (256, 128, 2), (256, 4096, 14336): (256, 128, 4)}  # ..._m256_*
+
+
 @pytest.mark.parametrize("shape", list(MID_MEASURED))
 def test_mid_tile_rule_follows_the_h200_sweep(shape):
     from anybit.kernels.frag import frag_tile
 
     t = frag_tile(*shape, 132, interpret=False, mid=True)
     assert (t["block_m"], t["block_n"], t["split_k"]) == MID_MEASURED[shape]
-    assert t.get("maxnreg") == (None if t["block_n"] == 256 else 128)
+    assert t.get("maxnreg") == (128 if t["block_m"] == 64 else None)
 
 
 def test_which_calls_take_the_128_token_tiles(monkeypatch):
     from anybit.backends.triton import frag_mid
 
-    s = Scheme.parse("w4a16")
-    assert frag_mid(s, 65, torch.bfloat16) and frag_mid(s, 128, torch.bfloat16)
-    assert not frag_mid(s, 64, torch.bfloat16) and not frag_mid(s, 129, torch.bfloat16)
-    assert not frag_mid(s, 128, torch.float16)  # bf16 scales: the decoder multiplies in x's dtype
-    assert not frag_mid(Scheme.parse("w4a16-zp"), 128, torch.float16)
-    assert frag_mid(Scheme.parse("nvfp4"), 100, torch.bfloat16) and frag_mid(Scheme.parse("mxfp4"), 100, torch.float16)
-    assert not frag_mid(Scheme.parse("w8a16"), 100, torch.bfloat16)  # per-block fp32 scaling: not measured there
+    s, sq, bf = Scheme.parse("w4a16"), (8192, 8192), torch.bfloat16
+    assert frag_mid(s, 65, *sq, bf) and frag_mid(s, 128, *sq, bf)
+    assert not frag_mid(s, 64, *sq, bf) and not frag_mid(s, 129, *sq, bf)
+    assert frag_mid(s, 256, 4096, 14336, bf) and not frag_mid(s, 257, 4096, 14336, bf)  # long K: up to 256 rows
+    assert not frag_mid(s, 128, *sq, torch.float16)  # bf16 scales: the decoder multiplies in x's dtype
+    assert not frag_mid(Scheme.parse("w4a16-zp"), 128, *sq, torch.float16)
+    assert frag_mid(Scheme.parse("nvfp4"), 100, *sq, bf) and frag_mid(Scheme.parse("mxfp4"), 100, *sq, torch.float16)
+    assert not frag_mid(Scheme.parse("nvfp4"), 256, 4096, 14336, bf)  # not measured above 128 rows
+    assert not frag_mid(Scheme.parse("w8a16"), 100, *sq, bf)  # per-block fp32 scaling: not measured there
+    monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "128")
+    assert not frag_mid(s, 256, 4096, 14336, bf)
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "64")
-    assert not frag_mid(s, 100, torch.bfloat16)
+    assert not frag_mid(s, 100, *sq, bf)
 
 
 def test_8_bit_codes_refuse_more_than_4_warps():
