@@ -19,7 +19,8 @@ def candidates(default: GemmConfig, frag: bool = False) -> list[GemmConfig]:
     for split in (default.split_k // 2, default.split_k * 2):
         if 1 <= split <= 32:
             out.append(dataclasses.replace(default, split_k=split))
-    out.append(dataclasses.replace(default, num_warps=12 - default.num_warps, num_stages=7 - default.num_stages))
+    if default.num_warps in (4, 8):  # the other of 4 / 8 warps (the 16-warp frag tile has no such neighbour)
+        out.append(dataclasses.replace(default, num_warps=12 - default.num_warps, num_stages=7 - default.num_stages))
     if frag:
         if default.block_m > 16:
             out.append(dataclasses.replace(default, block_m=default.block_m // 2))
