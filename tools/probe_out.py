@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -21,6 +22,21 @@ def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None)
     with open(path, "w") as f:
         json.dump(dict(env=env, rows=rows, errors=errors or {}), f, indent=1)
     return path
+
+
+def probe_parser(doc: str, scheme: str, m: str, tiles: str, peers: str, peers_help: str) -> argparse.ArgumentParser:
+    """The command line both ws probes take (their defaults differ): scheme, shapes, M list, kernel variants,
+    peers, weight copies, --graph, output directory."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--scheme", default=scheme)
+    ap.add_argument("--shapes", default="8192x8192,28672x8192,8192x28672")
+    ap.add_argument("--m", default=m)
+    ap.add_argument("--tiles", default=tiles, help="ws variants, ';'-separated k=v:k=v")
+    ap.add_argument("--peers", default=peers, help=peers_help)
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--graph", action="store_true", help="also CUDA-graph replay and the host µs per call")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    return ap
 
 
 def tile_overrides(text: str) -> dict:

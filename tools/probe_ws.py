@@ -12,7 +12,6 @@ fit L2 together. Prints µs and TF/s per cell, writes DIR/probe_ws.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
+from probe_out import probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -39,15 +38,8 @@ def _tiles(text: str) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scheme", default="w4a16")
-    ap.add_argument("--shapes", default="8192x8192,28672x8192,8192x28672")
-    ap.add_argument("--m", default="256,512,1024,2048,4096,8192")
-    ap.add_argument("--tiles", default="stages=4;stages=3", help="ws variants, ';'-separated k=v:k=v")
-    ap.add_argument("--peers", default="humming", help="humming, route (anybit's own path for the call), none")
-    ap.add_argument("--copies", type=int, default=3)
-    ap.add_argument("--graph", action="store_true", help="also CUDA-graph replay and the host µs per call")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap = probe_parser(__doc__, "w4a16", "256,512,1024,2048,4096,8192", "stages=4;stages=3", "humming",
+                      "humming, route (anybit's own path for the call), none")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)

@@ -448,24 +448,26 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
-    if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
-        tiles, split = cdiv(m, 256) * cdiv(n, 128), 1
-        while tiles * split * 2 <= num_sms and split * 2 * 4 <= k_blocks and split < 16:
+
+    def split_to(tiles: int, slots: int) -> int:
+        """K split in powers of two until the launch fills `slots` CTAs, keeping >= 4 K blocks per split."""
+        split = 1
+        while tiles * split * 2 <= slots and split * 2 * 4 <= k_blocks and split < 16:
             split *= 2
+        return split
+
+    if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
+        split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
     if mid and m > 64:
         wide = n >= FRAG_WIDE_MIN_N
         bm, bn, warps, per_sm = (128, 256, 16, 1) if wide else (64, 128, 8, 2)
-        tiles, split = cdiv(m, bm) * cdiv(n, bn), 1
-        while tiles * split * 2 <= per_sm * num_sms and split * 2 * 4 <= k_blocks and split < 16:
-            split *= 2
-        tile = dict(block_m=bm, block_n=bn, split_k=split, num_warps=warps, num_stages=3)
+        tile = dict(block_m=bm, block_n=bn, split_k=split_to(cdiv(m, bm) * cdiv(n, bn), per_sm * num_sms),
+                    num_warps=warps, num_stages=3)  # fmt: skip
         return tile if wide else tile | dict(maxnreg=128)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     bn, stages = (64, 3) if bits == 2 else (128, 4)
-    tiles, split = cdiv(n, bn) * cdiv(m, bm), 1
-    while tiles * split * 2 <= 2 * num_sms and split * 2 * 4 <= k_blocks and split < 16:
-        split *= 2
+    split = split_to(cdiv(n, bn) * cdiv(m, bm), 2 * num_sms)
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)
 
 

@@ -6,25 +6,18 @@ relaunches."""
 import pytest
 import torch
 
-from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8
+from tests.kernels.test_frag_ws_gpu import SM90_GPU, random_case
 from tests.kernels.test_gemm_a8 import a8_reference
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
-    ),
-]
+pytestmark = SM90_GPU
 
 
 def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, text)
-    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    x, qw = random_case(text, m, n, k, dtype, seed)
     return x, qw, to_triton_layout(qw)
 
 

@@ -10,18 +10,24 @@ from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
-pytestmark = [
+SM90_GPU = [  # the Gluon kernels' tests (also tests/kernels/test_frag_ws_a8_gpu.py)
     pytest.mark.gpu,
     pytest.mark.skipif(
         not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
     ),
 ]
+pytestmark = SM90_GPU
+
+
+def random_case(text, m, n, k, dtype=torch.bfloat16, seed=0):
+    """x [M, K] in `dtype` and a weight [N, K] quantized to `text`, from one seeded CUDA generator."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, text)
+    return torch.randn(m, k, generator=g, device="cuda").to(dtype), qw
 
 
 def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, text)
-    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    x, qw = random_case(text, m, n, k, dtype, seed)
     return x, to_triton_layout(qw), x.double() @ qw.dequantize().double().T
 
 
