@@ -133,7 +133,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
     act, extra = qw.scheme.act, {}
     if act.quantized:
-        cfg = a8_config(cfg, qw.scheme, m, tw.nk, interpret=False)
+        cfg = a8_config(cfg, qw.scheme, m, k, tw.nk, interpret=False)
         # compiled, not run: xq holds garbage, which is fine here; frag FP8 x comes with its block sums
         x, xs, *sums = quantize_act(x, act, block_sums=tw.frag)
         extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)

@@ -38,6 +38,7 @@ FRAG_MAX_M = 64
 # cuBLAS's block-scaled FP8 GEMM above (`anybit.backends.blockscaled`; H200 M=256: 8192² W4A8 g128 61.8 µs
 # vs 138.0, FP8-block 41.2 vs 117.1).
 BLOCKSCALED_MIN_M = 64
+FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
 
 
 def default_config(m: int, n: int, k: int, weight_bits: int, num_sms: int, interpret: bool) -> GemmConfig:
@@ -82,7 +83,7 @@ def fp8_unsupported(scheme: Scheme) -> str | None:
     return None
 
 
-def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: bool) -> GemmConfig:
+def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, interpret: bool) -> GemmConfig:
     """FP8 activations: K tiles of 128 (the FP8 MMA's natural depth) within one weight group and one
     activation group; large M gets 128x256 tiles when the weight needs no decoding and no per-tile
     scaling."""
@@ -98,6 +99,10 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, nk: bool, interpret: b
         # the MMA accumulates the whole K range: a 128x256 fp32 accumulator fits 8 warps (sm_90a: 254
         # registers, no spills); per-tile scaling needs a second tile of partials, so it stays 128x128
         config = dataclasses.replace(config, block_m=128, block_n=256, num_warps=8, num_stages=3)
+    elif not interpret and m <= 16 and nk and not per_tile_scales and k // config.split_k >= FP8_DEEP_K_MIN:
+        # decode on FP8 weights read as stored: 256-deep K tiles of 3 stages, twice the bytes in flight a CTA
+        # (H200 graphs, tools/sweep_gemm.py: 28672x8192 M=1 69.4 -> 60.6 µs, 8192x28672 76.3 -> 66.9, 8192^2 even)
+        config = dataclasses.replace(config, block_k=256, num_stages=3)
     return config
 
 
@@ -110,7 +115,7 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
     if scheme.act.quantized:
-        config = a8_config(config, scheme, m, nk, interpret)
+        config = a8_config(config, scheme, m, k, nk, interpret)
     return config
 
 

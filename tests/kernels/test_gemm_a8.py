@@ -130,3 +130,21 @@ def test_static_scheme_without_input_scale_says_what_is_missing(interpret):
         quantize(torch.randn(48, 256), "w8a8:e4m3:ch:fp32:e4m3-static", input_scale=float("nan"))
     with pytest.raises(QuantizationError, match="input_scale given"):
         quantize(torch.randn(48, 256), "w8a8-fp8", input_scale=0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "m", "n", "k", "block_k"),
+    [
+        ("w8a8-fp8", 1, 28672, 8192, 256),  # one K range a CTA: 256-deep tiles
+        ("w8a8-fp8", 16, 8192, 28672, 256),  # split 4, 7168 K a split
+        ("w8a8-fp8", 1, 4096, 4096, 128),  # split 8: 512 K a split, too short for 256-deep tiles
+        ("w8a8-fp8", 64, 28672, 8192, 128),  # M = 64: the prefill-side tile
+        ("fp8-block", 1, 28672, 8192, 128),  # per-tile scales: K tiles stay within a 128 group
+    ],
+)
+def test_fp8_decode_tiles_go_deep_on_long_k(text, m, n, k, block_k):
+    """Decode on FP8 weights read as stored takes 256-deep K tiles of 3 stages where each split walks >= 2048 K."""
+    from anybit.backends.triton import pick_config
+
+    c = pick_config(m, n, k, Scheme.parse(text), 132, interpret=False, nk=True)
+    assert c.block_k == block_k and (c.num_stages == 3 or block_k == 128)

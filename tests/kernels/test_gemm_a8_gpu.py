@@ -73,3 +73,19 @@ def test_static_scale_quantizer_and_gemm_in_a_graph():
         yg = be.gemm(x, p)
     graph.replay()
     assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("m", [1, 13])
+def test_fp8_decode_deep_k_tiles(m):
+    """The 256-deep decode tile on FP8 weights as stored (`a8_config`), N and K off the tile, against the reference."""
+    from anybit.backends.triton import pick_config
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    qw = quantize(torch.randn(4000, 16640, generator=g, device="cuda") * 0.05, "w8a8-fp8")
+    x = torch.randn(m, 16640, generator=g, device="cuda").bfloat16()
+    c = pick_config(m, 4000, 16640, qw.scheme, torch.cuda.get_device_properties(0).multi_processor_count, False, True)
+    assert c.block_k == 256
+    p = prepare(qw, backend="triton")
+    y = get_backend("triton").gemm(x, p)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, get_backend("triton").gemm(x, p))
