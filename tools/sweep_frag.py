@@ -39,6 +39,19 @@ def _time(backend, x, preps, config=None) -> float:
     return median(time_graph(fns, 20, 15, 20))
 
 
+def checked_time(backend, x, preps, config, ref) -> float | None:
+    """Graph µs of `config` after it matched `ref` (first rows) and its relaunch bit for bit; None (said why) when
+    it is wrong or does not compile or fit."""
+    try:
+        why = relaunch_check(lambda: backend.gemm(x, preps[0], config=config), ref)
+        if why is None:
+            return _time(backend, x, preps, config)
+        print("wrong", config, why)
+    except Exception as e:  # a tile that does not compile or fit is reported and skipped
+        print("skip", config, repr(e)[:120])
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8192x8192,28672x4096,4096x14336,8192x28672", help="NxK,...")
@@ -83,14 +96,8 @@ def main() -> int:
                 for split in splits:
                     cfg = GemmConfig(tbm, bn, 128, split, num_warps=warps, num_stages=stages,
                                      maxnreg=regs[0] if regs else None)  # fmt: skip
-                    try:
-                        why = relaunch_check(lambda cfg=cfg, x=x, p=frag[0]: tri.gemm(x, p, config=cfg), ref)
-                        if why is not None:
-                            print("wrong", cfg, why)
-                            continue
-                        us = _time(tri, x, frag, cfg)
-                    except Exception as e:  # a tile that does not compile or fit is reported and skipped
-                        print("skip", cfg, repr(e)[:120])
+                    us = checked_time(tri, x, frag, cfg, ref)
+                    if us is None:
                         continue
                     name = f"bm{tbm} bn{bn} w{warps} s{stages} sk{split}" + (f" r{regs[0]}" if regs else "")
                     rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us,

@@ -20,8 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import relaunch_check  # noqa: E402
-from sweep_frag import COPIES, _time  # noqa: E402
+from sweep_frag import COPIES, _time, checked_time  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -59,14 +58,8 @@ def main() -> int:
             for bm, bn, bk, warps, stages in tiles:
                 for split in splits:
                     cfg = GemmConfig(bm, bn, bk, split, num_warps=warps, num_stages=stages)
-                    try:
-                        why = relaunch_check(lambda cfg=cfg, x=x, p=preps[0]: tri.gemm(x, p, config=cfg), ref)
-                        if why is not None:
-                            print("wrong", cfg, why)
-                            continue
-                        us = _time(tri, x, preps, cfg)
-                    except Exception as e:  # a tile that does not compile or fit is reported and skipped
-                        print("skip", cfg, repr(e)[:120])
+                    us = checked_time(tri, x, preps, cfg, ref)
+                    if us is None:
                         continue
                     name = f"bm{bm} bn{bn} bk{bk} w{warps} s{stages} sk{split}"
                     rows.append(dict(n=n, k=k, m=m, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, split=split,
