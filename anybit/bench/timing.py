@@ -24,6 +24,21 @@ def _sample(run: Callable[[], None], cuda: bool) -> float:
     return start.elapsed_time(end) * 1e3
 
 
+WARM_S = 0.05  # GPU warm-up of at least this long before the samples (s)
+
+
+def _warm(run: Callable[[], None], runs: int, cuda: bool) -> None:
+    """`runs` runs, then (GPU) more until WARM_S has passed: an H200 that sat idle (a weight being quantized, a
+    host-bound eager loop) ran its first ~10 ms of graph replays 10-15 % slower (bench samples, 2026-12-01)."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < runs or (cuda and time.perf_counter() - t0 < WARM_S):
+        run()
+        done += 1
+        if cuda:
+            torch.cuda.synchronize()
+
+
 def time_eager(fns: list[Callable], calls: int, repeats: int, warmup: int, cuda: bool) -> list[float]:
     """µs per call: `repeats` samples, each the mean of `calls` back-to-back launches."""
     seq = [fns[i % len(fns)] for i in range(calls)]
@@ -32,10 +47,7 @@ def time_eager(fns: list[Callable], calls: int, repeats: int, warmup: int, cuda:
         for f in seq:
             f()
 
-    for _ in range(max(1, warmup // calls)):
-        run()
-    if cuda:
-        torch.cuda.synchronize()
+    _warm(run, max(1, warmup // calls), cuda)
     return [_sample(run, cuda) / calls for _ in range(repeats)]
 
 
@@ -52,9 +64,7 @@ def time_graph(fns: list[Callable], calls: int, repeats: int, warmup: int) -> li
     with torch.cuda.graph(graph):
         for f in seq:
             f()
-    for _ in range(max(1, warmup // calls)):
-        graph.replay()
-    torch.cuda.synchronize()
+    _warm(graph.replay, max(1, warmup // calls), True)
     return [_sample(graph.replay, True) / calls for _ in range(repeats)]
 
 

@@ -177,3 +177,15 @@ def test_cpu_run_end_to_end_and_compare_gate(tmp_path):
     other["env"]["gpu"] = "NVIDIA H100"
     with pytest.raises(AnybitError, match="gpu differs"):
         compare(res, other, 0.05)
+
+
+def test_warm_up_runs_the_asked_count_on_the_cpu():
+    """The timing warm-up: exactly the asked runs on the CPU (the GPU adds runs until WARM_S has passed)."""
+    from anybit.bench.timing import _warm, time_eager
+
+    ran = []
+    _warm(lambda: ran.append(1), 3, cuda=False)
+    assert len(ran) == 3
+    calls = []
+    samples = time_eager([lambda: calls.append(1)], calls=2, repeats=4, warmup=4, cuda=False)
+    assert len(samples) == 4 and len(calls) == 2 * 2 + 4 * 2
