@@ -2,7 +2,7 @@
 shapes, for `compute-sanitizer` (racecheck / memcheck / synccheck) to look at one failing launch.
 
     python tools/probe_w8_warps.py [--shapes 512x4096,6144x4096] [--m 128] [--tile 128x128x8x3] [--split 1]
-        [--unguarded] [--first-failing]
+        [--unguarded] [--first-failing] [--pdl]
 
 `gemm_frag` refuses 8-bit codes with num_warps != 4; --unguarded lifts that refusal for these calls
 (`gemm_frag(unchecked_warps=True)`, which exists for this probe). Prints per shape the relative error
@@ -29,7 +29,7 @@ def _call(x, tw, args, ws, cnt):
     bm, bn, warps, stages = (int(v) for v in args.tile.split("x"))
     y = torch.full((x.shape[0], tw.n), float("nan"), device="cuda", dtype=torch.bfloat16)
     return frag.gemm_frag(x, tw, block_m=bm, block_n=bn, split_k=args.split, num_warps=warps, num_stages=stages,
-                          workspace=ws, counters=cnt, out=y, unchecked_warps=args.unguarded)  # fmt: skip
+                          workspace=ws, counters=cnt, out=y, unchecked_warps=args.unguarded, pdl=args.pdl)  # fmt: skip
 
 
 def main() -> int:
@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--split", type=int, default=1)
     ap.add_argument("--unguarded", action="store_true")
     ap.add_argument("--first-failing", action="store_true")
+    ap.add_argument("--pdl", action="store_true", help="launch as a programmatic dependent (the route's default)")
     args = ap.parse_args()
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
