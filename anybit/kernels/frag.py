@@ -235,10 +235,11 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
 @triton.jit
 def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, PER_BLOCK: tl.constexpr,
-                  BN: tl.constexpr, NW: tl.constexpr, PTX: tl.constexpr):
-    """One 64-K block of 8-bit codes ([BN, 16] words, one 16-byte load per thread as for 4 bits): the
+                  BN: tl.constexpr, NW: tl.constexpr, PTX: tl.constexpr, acc):
+    """acc + one 64-K block of 8-bit codes ([BN, 16] words, one 16-byte load per thread as for 4 bits): the
     decoded rows [BN, 64] (`unpack_bytes`) times x^T [64, BM], scaled by the block's group scales when
-    PER_BLOCK."""
+    PER_BLOCK (a fresh product, then added); else the MMA accumulates into acc itself — a fresh product
+    added after the dot gave 8/16-warp tiles runs of wrong rows on the H200 (`tools/probe_w8_warps.py`)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
@@ -247,10 +248,10 @@ def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, M
     else:
         w = unpack_bytes(p, BN, MASK, off, dtype, PTX)
     xt = tl.load(x_ptrs + kt * 64, mask=mask_m[None, :] & (kt * 64 + offs_k < K)[:, None], other=0.0)
-    part = tl.dot(w, xt)
     if PER_BLOCK:
-        part = part * tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))[:, None]
-    return part
+        s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+        return acc + tl.dot(w, xt) * s[:, None]
+    return tl.dot(w, xt, acc)
 
 
 @triton.jit
@@ -300,8 +301,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
         else:
             z_raw = unused
         if W_BITS == 8:
-            acc += frag_byte_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
-                                 S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW, PTX)
+            acc = frag_byte_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND,
+                                S_EXP, S_MAN, ZP, PER_BLOCK, BN, NW, PTX, acc)
         elif W_BITS == 2:
             acc += frag_quarter_dots(wb, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off,
                                      SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
