@@ -124,13 +124,17 @@ FRAG_MID_LONG_K = 2  # 128 < M <= 256: the frag kernel only where K >= this x N 
 
 def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:
     """Which A16 frag weights the frag kernel's 128/256-token tiles take (`frag_mid`): "int4" — 4-bit ints scaled on
-    the decoded weights (`scaled_int4_why_not`) — or "e2m1" — groups shorter than the 128-K block, scaled in
-    registers (NVFP4, MXFP4): formats whose K loop keeps one accumulator; else None."""
+    the decoded weights (`scaled_int4_why_not`) —, "e2m1" — groups shorter than the 128-K block, scaled in
+    registers (NVFP4, MXFP4) — or "int8" — 8-bit ints with channel scales and no zero point: formats whose K loop
+    keeps one accumulator (8-bit groups scale a second tile each block: not measured); else None."""
     if scheme.act.quantized:
         return None
-    g = scheme.granularity
-    if isinstance(scheme.weight, FloatType) and scheme.weight.bits == 4:
+    g, w = scheme.granularity, scheme.weight
+    if isinstance(w, FloatType) and w.bits == 4:
         return "e2m1" if g.kind is ScaleKind.GROUP and g.k < 128 and frag_format(scheme) else None
+    if isinstance(w, IntType) and w.bits == 8:
+        plain = g.kind is ScaleKind.CHANNEL and scheme.zero_point is ZeroPoint.NONE
+        return "int8" if plain and frag_format(scheme) else None
     return "int4" if scaled_int4_why_not(scheme, dtype) is None else None
 
 

@@ -466,6 +466,10 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
     if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
         split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
+    if mid and m > 64 and bits == 8:  # 8-bit channel ints: 128 x 128 of 4 warps, split until two a SM (graphs,
+        # M=128: 8192^2 48.7 µs, 28672x8192 141, 8192x28672 141, 4096^2 22.6; dequantize + cuBLAS ~90, ~290, ~290, 27)
+        tile = dict(block_m=128, block_n=128, num_warps=4, num_stages=3)
+        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), 2 * num_sms))
     if mid and m > 64:
         wide = n >= FRAG_WIDE_MIN_N
         bm, bn, warps, per_sm = (128, 256, 16, 1) if wide else (64, 128, 8, 2)

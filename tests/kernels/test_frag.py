@@ -154,6 +154,7 @@ def test_mid_tile_rule_follows_the_h200_sweep(shape):
 
 def test_which_calls_take_the_128_token_tiles(monkeypatch):
     from anybit.backends.triton import frag_mid
+    from anybit.kernels.frag import frag_tile
 
     s, sq, bf = Scheme.parse("w4a16"), (8192, 8192), torch.bfloat16
     assert frag_mid(s, 65, *sq, bf) and frag_mid(s, 128, *sq, bf)
@@ -163,7 +164,10 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(Scheme.parse("w4a16-zp"), 128, *sq, torch.float16)
     assert frag_mid(Scheme.parse("nvfp4"), 100, *sq, bf) and frag_mid(Scheme.parse("mxfp4"), 100, *sq, torch.float16)
     assert not frag_mid(Scheme.parse("nvfp4"), 256, 4096, 14336, bf)  # not measured above 128 rows
-    assert not frag_mid(Scheme.parse("w8a16"), 100, *sq, bf)  # per-block fp32 scaling: not measured there
+    assert frag_mid(Scheme.parse("w8a16"), 100, *sq, bf) and not frag_mid(Scheme.parse("w8a16"), 129, 4096, 14336, bf)
+    assert not frag_mid(Scheme.parse("w8a16:int8:g128:bf16"), 100, *sq, bf)  # per-block fp32 scaling: not measured
+    assert frag_tile(128, 8192, 8192, 132, False, bits=8, mid=True) == dict(block_m=128, block_n=128, num_warps=4,
+                                                                           num_stages=3, split_k=4)  # fmt: skip
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "128")
     assert not frag_mid(s, 256, 4096, 14336, bf)
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "64")

@@ -51,7 +51,7 @@ def test_every_swept_tile(bn, warps, stages, m, split):
     assert rel_err(out, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("text", ["w4a16", "w4a16:int4:ch:bf16", "w4a16:uint4:g256:bf16", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("text", ["w4a16", "w4a16:int4:ch:bf16", "w4a16:uint4:g256:bf16", "nvfp4", "mxfp4", "w8a16"])
 @pytest.mark.parametrize("m, n, k", [(65, 8192, 2880), (128, 8200, 4096), (100, 3000, 4096), (128, 4096, 14336),
                                      (200, 4000, 14336), (256, 8192, 28672)])  # fmt: skip
 def test_128_token_tiles_through_the_route(text, m, n, k):
@@ -65,8 +65,8 @@ def test_128_token_tiles_through_the_route(text, m, n, k):
     if k == 2880 and ":ch:" not in text:
         k = 2816  # a multiple of the 256-K groups
     x, qw, ref = _case(text, m, n, k, seed=m)
-    if m > 128 and text in ("nvfp4", "mxfp4"):
-        pytest.skip("e2m1 takes the frag kernel up to 128 rows only")
+    if m > 128 and text in ("nvfp4", "mxfp4", "w8a16"):
+        pytest.skip("e2m1 and 8-bit codes take the frag kernel up to 128 rows only")
     assert frag_mid(qw.scheme, m, n, k, x.dtype)
     p, be = prepare(qw, backend="triton"), get_backend("triton")
     y1 = be.gemm(x, p)
