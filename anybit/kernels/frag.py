@@ -456,20 +456,21 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
 
-    def split_to(tiles: int, slots: int) -> int:
-        """K split in powers of two until the launch fills `slots` CTAs, keeping >= 4 K blocks per split."""
+    def split_to(tiles: int, slots: int, min_blocks: int = 4) -> int:
+        """K split in powers of two until the launch fills `slots` CTAs, keeping >= min_blocks K blocks per split."""
         split = 1
-        while tiles * split * 2 <= slots and split * 2 * 4 <= k_blocks and split < 16:
+        while tiles * split * 2 <= slots and split * 2 * min_blocks <= k_blocks and split < 16:
             split *= 2
         return split
 
     if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
         split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
-    if mid and m > 64 and bits == 8:  # 8-bit channel ints: 128 x 128 of 4 warps, split until two a SM (graphs,
-        # M=128: 8192^2 48.7 µs, 28672x8192 141, 8192x28672 141, 4096^2 22.6; dequantize + cuBLAS ~90, ~290, ~290, 27)
+    if mid and m > 64 and bits == 8:  # 8-bit channel ints: 128 x 128 of 4 warps, split until two a SM keeping >= 1024
+        # K a split (graphs, M=128: 8192^2 48.7 µs, 28672x8192 141, 8192x28672 141, 4096^2 22.6 — 33.0 at 512 K a split;
+        # dequantize + cuBLAS 100, 338, 336, 28)
         tile = dict(block_m=128, block_n=128, num_warps=4, num_stages=3)
-        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), 2 * num_sms))
+        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), 2 * num_sms, min_blocks=16))
     if mid and m > 64:
         wide = n >= FRAG_WIDE_MIN_N
         bm, bn, warps, per_sm = (128, 256, 16, 1) if wide else (64, 128, 8, 2)

@@ -168,6 +168,7 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(Scheme.parse("w8a16:int8:g128:bf16"), 100, *sq, bf)  # per-block fp32 scaling: not measured
     assert frag_tile(128, 8192, 8192, 132, False, bits=8, mid=True) == dict(block_m=128, block_n=128, num_warps=4,
                                                                            num_stages=3, split_k=4)  # fmt: skip
+    assert frag_tile(128, 4096, 4096, 132, False, bits=8, mid=True)["split_k"] == 4  # >= 1024 K a split
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "128")
     assert not frag_mid(s, 256, 4096, 14336, bf)
     monkeypatch.setenv("ANYBIT_FRAG_MID_MAX_M", "64")
