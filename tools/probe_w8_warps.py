@@ -1,13 +1,12 @@
-"""Reproduce the 8-bit frag kernel's wrong results with 8/16 warps (BENCHMARKS.md, session 14) on small
-shapes, for `compute-sanitizer` (racecheck / memcheck / synccheck) to look at one failing launch.
+"""Check the 8-bit frag kernel on 8/16-warp tiles (wrong, run-to-run different results with channel scales in the
+epilogue, BENCHMARKS.md sessions 14-15; now `CHANNEL_AS_BLOCKS`) on small and real shapes, also under
+`compute-sanitizer` (racecheck / memcheck / synccheck).
 
     python tools/probe_w8_warps.py [--shapes 512x4096,6144x4096] [--m 128] [--tile 128x128x8x3] [--split 1]
-        [--unguarded] [--first-failing] [--pdl]
+        [--first-failing] [--pdl]
 
-`gemm_frag` refuses 8-bit codes with num_warps != 4; --unguarded lifts that refusal for these calls
-(`gemm_frag(unchecked_warps=True)`, which exists for this probe). Prints per shape the relative error
-against the exact product, whether a relaunch is bit-equal and which rows / columns are wrong;
---first-failing stops after the first failing shape (for the sanitizer: fewer launches to trace).
+Prints per shape the relative error against the exact product, whether a relaunch is bit-equal and which
+rows / columns are wrong; --first-failing stops after the first failing shape (for the sanitizer: fewer launches to trace).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ def _call(x, tw, args, ws, cnt):
     bm, bn, warps, stages = (int(v) for v in args.tile.split("x"))
     y = torch.full((x.shape[0], tw.n), float("nan"), device="cuda", dtype=torch.bfloat16)
     return frag.gemm_frag(x, tw, block_m=bm, block_n=bn, split_k=args.split, num_warps=warps, num_stages=stages,
-                          workspace=ws, counters=cnt, out=y, unchecked_warps=args.unguarded, pdl=args.pdl)  # fmt: skip
+                          workspace=ws, counters=cnt, out=y, pdl=args.pdl)  # fmt: skip
 
 
 def main() -> int:
@@ -39,7 +38,6 @@ def main() -> int:
     ap.add_argument("--m", type=int, default=128)
     ap.add_argument("--tile", default="128x128x8x3", help="BMxBNxWARPSxSTAGES")
     ap.add_argument("--split", type=int, default=1)
-    ap.add_argument("--unguarded", action="store_true")
     ap.add_argument("--first-failing", action="store_true")
     ap.add_argument("--pdl", action="store_true", help="launch as a programmatic dependent (the route's default)")
     args = ap.parse_args()

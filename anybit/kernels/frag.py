@@ -486,7 +486,7 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
               num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
               out_dtype=None, pdl: bool = False, scale_w: bool | None = None,
-              maxnreg: int | None = None, unchecked_warps: bool = False) -> torch.Tensor:  # fmt: skip
+              maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
     [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
@@ -496,16 +496,11 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
     programmatic dependent of the previous kernel (the quantizer), waiting for it before any read. scale_w:
     group scales on the decoded weights (`frag_block_dot` SCALE_W; default `frag_scale_w`, tiles of >= 128
-    tokens). maxnreg: a cap on the registers per thread (more CTAs per SM). unchecked_warps: lift the refusal of
-    8-bit codes with num_warps != 4 (`tools/probe_w8_warps.py` only: those launches are wrong)."""
+    tokens). maxnreg: a cap on the registers per thread (more CTAs per SM)."""
     m, k = x.shape
     n = tw.n
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
-    # H200, 2026-12-01: wrong and not bit-stable (sweep_frag check)
-    if tw.fmt["W_BITS"] == 8 and num_warps != 4 and not unchecked_warps:
-        raise ValueError(f"8-bit frag codes run with num_warps=4 only (got {num_warps}): more warps gave wrong, "
-                         "run-to-run different results on the GPU")  # fmt: skip
     group_k = frag_group_k(tw)
     if tw.fmt["W_BITS"] == 8 and num_warps != 4 and group_k >= 1 << 30:
         group_k = CHANNEL_AS_BLOCKS

@@ -175,10 +175,13 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(s, 100, *sq, bf)
 
 
-def test_8_bit_codes_refuse_more_than_4_warps():
-    x, qw, _ = _problem("w8a16", 1, 64, 128, seed=1)
-    with pytest.raises(ValueError, match="num_warps=4 only"):
-        gemm_frag(x, to_triton_layout(qw), block_m=16, block_n=128, num_warps=8)
+@pytest.mark.parametrize("text", ["w8a16:int8:ch:fp16", "w8a16:uint8:g64:fp16:zp-int"])
+def test_8_bit_codes_on_8_warps(interpret, text):
+    """8-bit codes on an 8-warp tile: channel scales go per K block there (`CHANNEL_AS_BLOCKS`), groups as they are."""
+    x, qw, ref = _problem(text, 16, 256, 512, seed=1)
+    out = torch.full((16, 256), float("nan"), dtype=torch.float16)
+    gemm_frag(x, to_triton_layout(qw), block_m=16, block_n=128, num_warps=8, num_stages=1, out=out)
+    assert rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
 
 
 def test_bit_plane_kernels_refuse_the_fragment_layout(interpret):
