@@ -6,7 +6,8 @@ epilogue, BENCHMARKS.md sessions 14-15; now `CHANNEL_AS_BLOCKS`) on small and re
         [--first-failing] [--pdl]
 
 Prints per shape the relative error against the exact product, whether a relaunch is bit-equal and which
-rows / columns are wrong; --first-failing stops after the first failing shape (for the sanitizer: fewer launches to trace).
+rows / columns are wrong; --first-failing stops after the first failing shape (for the sanitizer: fewer
+launches to trace).
 """
 
 from __future__ import annotations
