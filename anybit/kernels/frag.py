@@ -428,15 +428,18 @@ def scaled_int4_why_not(scheme, x_dtype: torch.dtype) -> str | None:
 FRAG_WIDE_MIN_N = 8192  # A16, 64 < M <= 128: 128 tokens x 256 weight rows from this N on, else 64 x 128 (H200 sweep)
 
 
-def frag_group_k(tw) -> int:
-    """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K"."""
-    return tw.group_k if tw.group_k < tw.k else 1 << 30
-
-
 # 8-bit codes with channel scales on 8/16-warp tiles: the scale applied to each K block's product (one "group"
 # longer than any K) — with the channel scale in the epilogue those tiles gave runs of 8 wrong weight rows on the
 # H200, while per-block scales ran right (tools/probe_w8_warps.py, session 15)
 CHANNEL_AS_BLOCKS = 1 << 29
+
+
+def frag_group_k(tw, num_warps: int = 4) -> int:
+    """GROUP_K as the kernels take it: a huge value stands for "one scale over all of K" (applied after the K loop),
+    except for 8-bit codes on more than 4 warps, which scale each K block (`CHANNEL_AS_BLOCKS`)."""
+    if tw.group_k < tw.k:
+        return tw.group_k
+    return CHANNEL_AS_BLOCKS if tw.fmt["W_BITS"] == 8 and num_warps != 4 else 1 << 30
 
 
 def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False) -> dict:
@@ -501,9 +504,6 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
-    group_k = frag_group_k(tw)
-    if tw.fmt["W_BITS"] == 8 and num_warps != 4 and group_k >= 1 << 30:
-        group_k = CHANNEL_AS_BLOCKS
     fp8 = x.dtype == torch.float8_e4m3fn
     if fp8 != tw.scheme.act.quantized or fp8 != (x_scales is not None):
         raise ValueError(f"{tw.scheme} was packed for {'e4m3' if tw.scheme.act.quantized else 'bf16/fp16'} "
@@ -523,7 +523,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
         bias if bias is not None else dummy, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
         k, x.stride(0), x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
-        frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=group_k, GROUP_N=tw.group_n,
+        frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,

@@ -155,6 +155,21 @@ def test_grouped_gemm_fragment_layout_experts(interpret, scheme):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
+def test_8_bit_channel_experts_on_8_warps(interpret):
+    """8-bit channel-scaled experts on an 8-warp tile scale each K block (`CHANNEL_AS_BLOCKS`: the dense kernel's
+    channel epilogue gave wrong rows on 8/16-warp tiles on the H200)."""
+    g = torch.Generator().manual_seed(10)
+    e, k, t, n, kk = 4, 2, 5, 128, 384
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "w8a16:int8:ch:fp16")
+    tw = stack_experts(qw)
+    x = torch.randn(t, kk, generator=g).half()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    y = moe_gemm(x, tw, *moe_align(ids, e, 16), block_m=16, block_n=128, num_warps=8, num_rows=t * k, top_k=k)
+    w = qw.dequantize().double()
+    ref = torch.stack([x[r // k].double() @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
 @pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "w4a16-zp"])
 def test_group_scales_applied_to_the_decoded_weights(interpret, scheme):
     """SCALE_W (the large-M tiles' rule, forced here on a small tile): group scales multiply the decoded
