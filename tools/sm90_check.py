@@ -83,7 +83,7 @@ def loop_stats(sass: str) -> dict:
     MMA loop (a kernel may hold several, e.g. the grouped GEMM's half-width tail path)."""
     ins = []
     for line in sass.splitlines():
-        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line)
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)(.*);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
     loops = []
@@ -111,17 +111,20 @@ def loop_stats(sass: str) -> dict:
 
 def pending_operand_writes(body: list) -> int:
     """Instructions in the loop that write a register a still-pending wgmma reads as its A operand
-    (issued, not yet waited for by WARPGROUP.DEPBAR): undefined behaviour. Walks the loop twice so a
-    wgmma left in flight at the back edge is seen against the next iteration."""
-    pending, hits = set(), 0
+    (issued, not yet waited for: `WARPGROUP.DEPBAR.LE gsb0, N` leaves the last N wgmma in flight): undefined
+    behaviour. Walks the loop twice so a wgmma left in flight at the back edge is seen against the next
+    iteration (the 8-bit frag loop's `DEPBAR.LE gsb0, 0x3` of session 15 gave runs of wrong rows on the H200)."""
+    pending, hits = [], 0  # A registers of each wgmma in flight, oldest first
     for _, op, rest in body + body:
         regs = re.findall(r"\bR(\d+)\b", rest)
         if op.startswith(("HGMMA", "QGMMA")) and len(regs) >= 2 and re.match(r"\s*R\d+\s*,\s*R\d+", rest):
-            pending.update(range(int(regs[1]), int(regs[1]) + 4))
+            pending.append(set(range(int(regs[1]), int(regs[1]) + 4)))
         elif op.startswith("WARPGROUP.DEPBAR"):
-            pending.clear()
+            left = re.search(r"0x([0-9a-f]+)", rest)
+            keep = int(left.group(1), 16) if left else 0
+            pending = pending[len(pending) - keep :] if keep else []
         elif regs and re.match(r"\s*R\d+", rest) and not op.startswith(("ST", "BRA", "ISETP", "FSETP")):
-            hits += int(regs[0]) in pending
+            hits += any(int(regs[0]) in a for a in pending)
     return hits // 2
 
 
