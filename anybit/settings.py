@@ -60,6 +60,12 @@ class Settings:
     w2a16 22.3 -> 16.6; 2 (default on sm_90+) also each 4-bit integer word in one block
     (`unpack_pairs_minus`): w4a16 8192² M=1/16/64 15.8/16.3/27.4 -> 15.4/15.6/26.5 µs. Lower levels are for a
     toolchain whose ptxas rejects a form, and for tests comparing the forms."""
+    frag_settle: bool
+    """ANYBIT_FRAG_SETTLE (default 1; 0 turns it off), compiled frag kernels (dense and grouped): each K block's
+    register-operand wgmma finish before the next block's decode rewrites their A registers (`settled`). Off,
+    Triton 3.6 leaves 3-7 of them in flight there (undefined behaviour: 8-bit codes on 8/16 warps gave runs of wrong
+    rows on the H200; sm_90a SASS of w4a16 M=128, w8a16 M=16-128, nvfp4/mxfp4 M=1/16/128 show the same pattern,
+    `tools/sm90_check.py` HAZARD). Its speed on the H200 is not yet measured (2026-12-01)."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -118,9 +124,14 @@ def frag_ptx() -> int:
     return _level("ANYBIT_FRAG_PTX", 2, (0, 1, 2))
 
 
+def frag_settle() -> bool:
+    """ANYBIT_FRAG_SETTLE alone (see `Settings.frag_settle`)."""
+    return _level("ANYBIT_FRAG_SETTLE", 1, (0, 1)) == 1
+
+
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
-    paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`,
+    paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
     `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
@@ -135,4 +146,5 @@ def load() -> Settings:
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),
+        frag_settle=frag_settle(),
     )

@@ -233,6 +233,15 @@ def frag_quarter_dots(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, 
 
 
 @triton.jit
+def settled(acc):
+    """acc, once the wgmma writing it have finished: an identity the MMA pipeliner cannot see through, so it
+    waits for every wgmma (pendings=0) before it. Without it Triton 3.6 leaves the block's register-operand wgmma
+    in flight (WARPGROUP.DEPBAR.LE gsb0, 3-7) while the next block's decode rewrites their A registers —
+    undefined behaviour, seen as runs of 8 wrong weight rows with 8-bit codes on 8/16 warps (H200)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, MASK, off, SCALE_KIND: tl.constexpr,
                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, PER_BLOCK: tl.constexpr,
                   BN: tl.constexpr, NW: tl.constexpr, PTX: tl.constexpr, acc):
@@ -260,7 +269,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
                STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
-               xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False):
+               xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K; SCALE_W: to the decoded 4-bit weights, `frag_block_dot`).
@@ -315,6 +324,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
                                  SCALE_W and PER_BLOCK)
+        if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
+            acc = settled(acc)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
     return rows_from_mma(acc, BN, NW, BM)
@@ -328,7 +339,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
-                      SCALE_W: tl.constexpr = False):
+                      SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -343,7 +354,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
     lo = pid_k * per
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W)  # sums: [blocks, M]
+                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
+                     SETTLE)  # sums: [blocks, M]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -371,6 +383,13 @@ def frag_ptx() -> int:
     if settings.triton_interpret() or target_sm() < 90:
         return 0
     return settings.frag_ptx()
+
+
+def frag_settle() -> bool:
+    """Whether the frag kernels wait for each K block's wgmma before the next block's decode (`settled`,
+    ANYBIT_FRAG_SETTLE, default on): sm_90+ compiled code only (no wgmma before Hopper; the interpreter runs no
+    inline PTX)."""
+    return not settings.triton_interpret() and target_sm() >= 90 and settings.frag_settle()
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> bool:
@@ -526,7 +545,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
-        SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, num_warps=num_warps,
+        SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
+        num_warps=num_warps,
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on

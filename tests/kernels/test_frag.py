@@ -31,6 +31,26 @@ def _problem(text, m, n, k, seed):
     return x, qw, x.double() @ qw.dequantize().double().T
 
 
+def test_frag_kernels_settle_their_wgmma_per_block(monkeypatch):
+    """`frag_settle()`: on by default for compiled sm_90+ code; off under the interpreter, before sm_90 and with
+    ANYBIT_FRAG_SETTLE=0; another value is an error."""
+    from anybit.kernels import frag
+
+    monkeypatch.setattr(frag, "target_sm", lambda: 90)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not frag.frag_settle()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert frag.frag_settle()
+    monkeypatch.setattr(frag, "target_sm", lambda: 80)
+    assert not frag.frag_settle()
+    monkeypatch.setattr(frag, "target_sm", lambda: 90)
+    monkeypatch.setenv("ANYBIT_FRAG_SETTLE", "0")
+    assert not frag.frag_settle()
+    monkeypatch.setenv("ANYBIT_FRAG_SETTLE", "on")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_SETTLE='on'"):
+        frag.frag_settle()
+
+
 def test_ptx_level_of_the_frag_decode(monkeypatch):
     """`frag_ptx()`: 0 under the interpreter (no inline PTX), with ANYBIT_FRAG_PTX=0 and before sm_90; else
     ANYBIT_FRAG_PTX's level, 2 by default (also `unpack_pairs_minus`); a level it does not know is an error."""

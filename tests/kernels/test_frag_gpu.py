@@ -212,3 +212,20 @@ def test_8bit_codes_with_more_warps(text, bm, bn, warps, split):
     errs = [rel_err(o, ref) for o in outs]
     assert max(errs) < GEMM_REL_ERR[torch.bfloat16], errs
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("text", ["w4a16", "w8a16", "nvfp4"])
+@pytest.mark.parametrize("m", [1, 16, 128])
+def test_settled_wgmma_give_the_same_result(monkeypatch, text, m):
+    """The frag kernels waiting for each block's wgmma (`settled`, the default) against ANYBIT_FRAG_SETTLE=0:
+    both right, the settled form bit-stable (the same MMA order: the bits may match too, but need not)."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    x, qw, ref = _case(text, m, 6144, 4096, seed=m)
+    be = get_backend("triton")
+    p = prepare(qw, backend="triton")
+    y1, y2 = be.gemm(x, p), be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16] and torch.equal(y1, y2)
+    monkeypatch.setenv("ANYBIT_FRAG_SETTLE", "0")
+    assert rel_err(be.gemm(x, p), ref) < GEMM_REL_ERR[torch.bfloat16]
