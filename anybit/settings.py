@@ -37,10 +37,10 @@ class Settings:
     (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
     frag_mid_max_m: int
     """ANYBIT_FRAG_MID_MAX_M (default 256; 64 or less turns it off): A16 weights of 4-bit integers with scales in x's
-    dtype, NVFP4 and MXFP4 (`anybit.backends.triton.frag_mid`) with M from 65 to this many rows (above 128: 4-bit
-    integers with K >= 2N only) run the frag kernel's 128/256-token tiles (`frag_tile`) instead of the
-    warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs, M=128: 8192^2 65 -> 45 µs, 8192x28672 215 ->
-    114, 4096x14336 82 -> 40; M=256 4096x14336 91 -> 68."""
+    dtype, NVFP4, MXFP4 and 8-bit integers with channel scales (`anybit.backends.triton.frag_mid`) with M from 65 to
+    this many rows (above 128: 4-bit integers with K >= 2N only) run the frag kernel's 128/256-token tiles
+    (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs, M=128: 8192^2 65
+    -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40, W8A16 8192^2 102 -> 49; M=256 4096x14336 91 -> 68."""
     frag_ws_a8_max_m: int
     """ANYBIT_FRAG_WS_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 (4-bit integer weights, e4m3 x per token)
     calls with M from 65 to this many rows and N >= 8192 run the warp-specialised Gluon kernel

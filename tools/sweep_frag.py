@@ -39,6 +39,19 @@ def _time(backend, x, preps, config=None) -> float:
     return median(time_graph(fns, 20, 15, 20))
 
 
+def note_tile(res: dict, n: int, k: int, m: int, name: str, us: float) -> None:
+    """Print one timed tile and keep it as res["best"] when it is the fastest so far."""
+    print(f"  {n}x{k} M={m} {name}: {us:7.1f}", flush=True)
+    if us < res.get("best", (1e9,))[0]:
+        res["best"] = (us, name)
+
+
+def write_sweep(out_dir: str, name: str, rows: list, summary: list) -> None:
+    """Every sample and the per-(shape, M) summary as out_dir/name.json (":" of scheme names as "_")."""
+    with open(os.path.join(out_dir, f"{name}.json".replace(":", "_")), "w") as f:
+        json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
+
+
 def checked_time(backend, x, preps, config, ref) -> float | None:
     """Graph µs of `config` after it matched `ref` (first rows) and its relaunch bit for bit; None (said why) when
     it is wrong or does not compile or fit."""
@@ -102,9 +115,7 @@ def main() -> int:
                     name = f"bm{tbm} bn{bn} w{warps} s{stages} sk{split}" + (f" r{regs[0]}" if regs else "")
                     rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us,
                                      maxnreg=cfg.maxnreg))  # fmt: skip
-                    print(f"  {n}x{k} M={m} {name}: {us:7.1f}", flush=True)
-                    if us < res.get("best", (1e9,))[0]:
-                        res["best"] = (us, name)
+                    note_tile(res, n, k, m, name, us)
             res["planes"] = _time(tri, x, planes)
             try:
                 if hum:
@@ -119,8 +130,7 @@ def main() -> int:
             print(f"{n}x{k} M={m:<3d} floor {floor:6.1f}  frag default {res['default']:6.1f} (bn{default['block_n']} "
                   f"sk{default['split_k']})  best {b[0]:6.1f} {b[1]:20s} planes {res['planes']:6.1f}  "
                   f"humming {res.get('humming', float('nan')):6.1f}", flush=True)  # fmt: skip
-    with open(os.path.join(args.out, f"sweep_frag_{args.scheme}{args.label}.json".replace(":", "_")), "w") as f:
-        json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
+    write_sweep(args.out, f"sweep_frag_{args.scheme}{args.label}", rows, summary)
     return 0
 
 

@@ -12,7 +12,6 @@ per (shape, M): the route's time, the best swept tile, humming; writes DIR/sweep
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from sweep_frag import COPIES, _time, checked_time  # noqa: E402
+from sweep_frag import COPIES, _time, checked_time, note_tile, write_sweep  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -64,9 +63,7 @@ def main() -> int:
                     name = f"bm{bm} bn{bn} bk{bk} w{warps} s{stages} sk{split}"
                     rows.append(dict(n=n, k=k, m=m, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, split=split,
                                      us=us))  # fmt: skip
-                    print(f"  {n}x{k} M={m} {name}: {us:7.1f}", flush=True)
-                    if us < res.get("best", (1e9,))[0]:
-                        res["best"] = (us, name)
+                    note_tile(res, n, k, m, name, us)
             if hum:
                 res["humming"] = _time(get_backend("humming"), x, hum)
             floor = (n * k * qw.scheme.weight_bits / 8 + 2 * m * (n + k)) / 4.2e12 * 1e6
@@ -74,8 +71,7 @@ def main() -> int:
             b = res.setdefault("best", (float("nan"), "none ran"))
             print(f"{n}x{k} M={m:<3d} floor {floor:6.1f}  route {res['route']:6.1f}  best {b[0]:6.1f} {b[1]:28s} "
                   f"humming {res.get('humming', float('nan')):6.1f}", flush=True)  # fmt: skip
-    with open(os.path.join(args.out, f"sweep_gemm_{args.scheme}.json".replace(":", "_")), "w") as f:
-        json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
+    write_sweep(args.out, f"sweep_gemm_{args.scheme}", rows, summary)
     return 0
 
 

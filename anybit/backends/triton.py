@@ -101,7 +101,7 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
         config = dataclasses.replace(config, block_m=128, block_n=256, num_warps=8, num_stages=3)
     elif not interpret and m <= 16 and nk and not per_tile_scales and k // config.split_k >= FP8_DEEP_K_MIN:
         # decode on FP8 weights read as stored: 256-deep K tiles of 3 stages, twice the bytes in flight a CTA
-        # (H200 graphs, tools/sweep_gemm.py: 28672x8192 M=1 69.4 -> 60.6 µs, 8192x28672 76.3 -> 66.9, 8192^2 even)
+        # (H200 graphs, warm, tools/sweep_gemm.py: 28672x8192 M=1 63.4 -> 61.3 µs, 8192x28672 70.0 -> 67.5, 8192^2 even)
         config = dataclasses.replace(config, block_k=256, num_stages=3)
     return config
 

@@ -247,8 +247,7 @@ def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, M
                   BN: tl.constexpr, NW: tl.constexpr, PTX: tl.constexpr, acc):
     """acc + one 64-K block of 8-bit codes ([BN, 16] words, one 16-byte load per thread as for 4 bits): the
     decoded rows [BN, 64] (`unpack_bytes`) times x^T [64, BM], scaled by the block's group scales when
-    PER_BLOCK (a fresh product, then added); else the MMA accumulates into acc itself — a fresh product
-    added after the dot gave 8/16-warp tiles runs of wrong rows on the H200 (`tools/probe_w8_warps.py`)."""
+    PER_BLOCK (a fresh product, then added); else the MMA accumulates into acc itself."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
