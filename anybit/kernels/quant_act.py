@@ -1,13 +1,16 @@
 """Dynamic FP8 activation quantization on the GPU, matching `anybit.quant.activations` bit for bit:
 scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to nearest even.
 
-One program per row. Per token: rows up to 4096 long are loaded once (amax, scale, cast from
-registers), longer ones twice, 4096 at a time (the second read mostly from L2). Per group: 1024 columns
-at a time, each group's amax, scale and cast in one pass. H200, M=4096 (`tools/probe_blockwise.py
---parts`): per token K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass row: 183 µs at K=14336, one
-CTA per SM); per group 37/34/56 µs (one group per step: 55/106/180). Static: the calibrated scale is read from
-memory and written out per row, so the GEMM treats it as a per-token scale. No host synchronisation (CUDA-graph safe);
-the activations' finiteness is the caller's contract here (the reference path checks it).
+One program per row. Up to WIDE_MAX_M rows (decode: a row per SM at most) a row of up to WIDE_MAX_K
+values is read in one step and held in registers (up to 16 warps): the GEMM after it waits for the whole
+grid, and a row walked 4096 (per group 1024) columns at a time is a chain of dependent loads in one CTA.
+More rows: per token, rows up to 4096 long are loaded once (amax, scale, cast from registers), longer
+ones twice, 4096 at a time (the second read mostly from L2); per group, 1024 columns at a time, each
+group's amax, scale and cast in one pass. H200, M=4096 (`tools/probe_blockwise.py --parts`): per token
+K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass row: 183 µs at K=14336, one CTA per SM); per group
+37/34/56 µs (one group per step: 55/106/180). Static: the calibrated scale is read from memory and
+written out per row, so the GEMM treats it as a per-token scale. No host synchronisation (CUDA-graph
+safe); the activations' finiteness is the caller's contract here (the reference path checks it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from anybit.formats.scheme import ActMode, ActSpec
 from anybit.kernels.dequant import cdiv, next_pow2
 from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
+
+WIDE_MAX_M = 128  # up to this many rows, a row is read in one step (`quantize_act`)
+WIDE_MAX_K = 32768  # ... when it is at most this long (64 fp32 values a thread at 16 warps)
 
 
 @triton.jit
@@ -43,15 +49,15 @@ def _quant_act_kernel(
     x_row = x_ptr + row * stride_xm
     q_row = q_ptr + row * stride_qm
     if GROUP <= 0:
+        xdt = x_ptr.dtype.element_ty  # held as loaded: half the registers of fp32 (a 32768-long row, 16 warps)
+        x = tl.zeros((BLOCK,), dtype=xdt)
         if GROUP == 0:
             amax = tl.zeros((BLOCK,), dtype=tl.float32)
-            x = tl.zeros((BLOCK,), dtype=tl.float32)
             for k0 in range(0, K, BLOCK):
-                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(x))
+                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
+                amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
             scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
         else:
-            x = tl.zeros((BLOCK,), dtype=tl.float32)
             scale = tl.load(s_ptr + tl.num_programs(0) * stride_sm)
         if COLS == 1:
             tl.store(s_ptr + row * stride_sm, scale)
@@ -60,8 +66,8 @@ def _quant_act_kernel(
             tl.store(s_ptr + row * stride_sm + c * stride_sg, tl.zeros((COLS,), tl.float32) + scale, mask=c < K // 128)
         for k0 in range(0, K, BLOCK):
             if not ONE_PASS or GROUP != 0:
-                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            y = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX).to(q_ptr.dtype.element_ty)
+                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
+            y = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -QMAX, QMAX).to(q_ptr.dtype.element_ty)
             tl.store(q_row + k0 + offs, y, mask=k0 + offs < K)
             if SUMS:
                 blk = k0 // 128 + tl.arange(0, BLOCK // 128)
@@ -94,12 +100,14 @@ def quantize_act(
     xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
     if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):
         raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")
+    wide = m <= WIDE_MAX_M and k <= WIDE_MAX_K  # the whole row in one step
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
-        group, block, cols = spec.group, max(min(next_pow2(k), 1024), spec.group), k // spec.group
-    else:  # rows up to 4096 are held in registers (one read), longer rows are read twice
-        block = max(min(next_pow2(k), 4096), 128 if block_sums else 1)
+        block = max(next_pow2(k) if wide else min(next_pow2(k), 1024), spec.group)
+        group, cols = spec.group, k // spec.group
+    else:  # rows up to 4096 (decode: WIDE_MAX_K) are held in registers (one read), longer rows are read twice
+        block = max(next_pow2(k) if wide else min(next_pow2(k), 4096), 128 if block_sums else 1)
         group, cols = (0 if spec.mode is ActMode.TOKEN else -1), 1
     if blockwise:  # [K/128, M] written M-major: the view returned is [M, K/128] with strides (1, M)
         scales = torch.empty((k // 128, m), device=x.device, dtype=torch.float32)
@@ -114,7 +122,8 @@ def quantize_act(
         _quant_act_kernel[(m,)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
-            ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand, num_warps=8 if k > block else 4,
+            ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand,
+            num_warps=8 if k > block else min(16, max(4, block // 1024)),
         )  # fmt: skip
     if blockwise:
         return xq, scales.t()

@@ -39,9 +39,10 @@ def a8_reference(x, qw):
 
 
 @pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token"])
-def test_quantizer_matches_reference(interpret, text):
+@pytest.mark.parametrize("m, k", [(7, 384), (3, 5120), (130, 4224)])  # one step; a wide row in one; steps
+def test_quantizer_matches_reference(interpret, text, m, k):
     spec = Scheme.parse(text).act
-    x = torch.randn(7, 384).half() * 3
+    x = torch.randn(m, k).half() * 3
     x[2] = 0  # a zero row: the smallest scale, zero codes, no NaN
     xq, xs = quantize_act(x, spec)
     rq, rs = quantize_activation(x, spec)

@@ -5,7 +5,7 @@ import torch
 
 from anybit import prepare, quantize
 from anybit.backends import get_backend
-from anybit.formats.scheme import Scheme
+from anybit.formats.scheme import ActMode, Scheme
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.activations import quantize_activation
 from tests.kernels.test_gemm_a8 import A8_FORMATS, a8_reference
@@ -15,13 +15,19 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token"])
-def test_quantizer_is_bitwise_the_reference(text):
+@pytest.mark.parametrize("m, k", [(33, 4096), (1, 28672), (16, 7168), (200, 8192), (5, 40000)])
+def test_quantizer_is_bitwise_the_reference(text, m, k):
+    """Rows read in one step (decode, up to 32768 long) and in steps (more rows, longer rows) alike."""
     spec = Scheme.parse(text).act
-    x = torch.randn(33, 4096, device="cuda").bfloat16() * 5
-    x[3] = 0
+    x = torch.randn(m, k, device="cuda").bfloat16() * 5
+    x[m // 2] = 0
     xq, xs = quantize_act(x, spec)
     rq, rs = quantize_activation(x, spec)
     assert torch.equal(xs, rs) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+    if spec.mode is ActMode.TOKEN:  # the frag kernel's block sums agree with the codes
+        _, _, sums = quantize_act(x, spec, block_sums=True)
+        ref = torch.nn.functional.pad(rq.float(), (0, -k % 128)).reshape(m, -1, 128).sum(-1).T
+        assert torch.allclose(sums, ref, rtol=1e-6, atol=1e-3)
 
 
 @pytest.mark.parametrize("text", A8_FORMATS)

@@ -1,0 +1,99 @@
+"""What one switch of anybit's route costs or gains: the route for each (scheme, shape, M) with the switch
+off and on, in one process, each checked against the exact product (FP8 activations: against the product
+of the route's own quantized x) and a relaunch bit for bit, then CUDA-graph µs per call over weight copies
+beyond L2 (the two variants timed alternately, twice each, so drift lands on both). Switches:
+  settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
+  quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
+
+    python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
+
+Prints µs off / on and on/off per cell; writes DIR/probe_<switch>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from probe_out import relaunch_check, write_probe  # noqa: E402
+
+import anybit  # noqa: E402
+from anybit.bench.timing import median, time_graph  # noqa: E402
+from anybit.formats.scheme import Scheme  # noqa: E402
+from anybit.kernels import quant_act  # noqa: E402
+from anybit.kernels.quant_act import quantize_act  # noqa: E402
+from anybit.quant.activations import dequantize_activation  # noqa: E402
+
+VARIANTS = ("off", "on")
+
+
+def _settle(on: bool) -> None:
+    os.environ["ANYBIT_FRAG_SETTLE"] = "1" if on else "0"  # read per call
+
+
+def _quant_wide(on: bool, wide=quant_act.WIDE_MAX_M) -> None:
+    quant_act.WIDE_MAX_M = wide if on else 0  # read per call
+
+
+SWITCHES = {"settle": _settle, "quant-wide": _quant_wide}
+
+
+def _timed(x, preps, switch, on: bool) -> float:
+    switch(on)  # the graph captures this variant's kernels
+    return median(time_graph([lambda p=p: anybit.gemm(x, p) for p in preps], 20, 15, 20))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=sorted(SWITCHES), required=True)
+    ap.add_argument("--schemes", default="w4a16,w8a16,nvfp4,mxfp4,w4a16:e2m1:g64:bf16,w2a16,w4a8")
+    ap.add_argument("--shapes", default="8192x8192,28672x8192")
+    ap.add_argument("--m", default="1,16,64,128")
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    rows, errors = [], {}
+    switch = SWITCHES[args.switch]
+    for name in args.schemes.split(","):
+        scheme = Scheme.parse(name)
+        for shape in args.shapes.split(","):
+            n, k = (int(v) for v in shape.split("x"))
+            qws = [anybit.quantize(torch.randn(n, k, device=dev) * 0.02, scheme) for _ in range(args.copies)]
+            preps = [anybit.prepare(qw) for qw in qws]
+            for m in (int(v) for v in args.m.split(",")):
+                x = torch.randn(m, k, device=dev).bfloat16()
+                xr = x[:64]
+                if scheme.act.quantized:  # the route's own quantized activations
+                    xq, xs = quantize_act(xr, scheme.act, qws[0].input_scale)
+                    xr = dequantize_activation(xq, xs, scheme.act)
+                ref = xr.double() @ qws[0].dequantize().double().T
+                row, ok = dict(scheme=name, n=n, k=k, m=m, switch=args.switch), True
+                for v in VARIANTS:
+                    switch(v == "on")
+                    why = relaunch_check(lambda x=x, p=preps[0]: anybit.gemm(x, p), ref)
+                    if why:
+                        errors[f"{name} {shape} M={m} {args.switch} {v}"] = why
+                        ok = False
+                if ok:
+                    samples = {v: [] for v in VARIANTS}
+                    for v in VARIANTS + VARIANTS:
+                        samples[v].append(_timed(x, preps, switch, v == "on"))
+                    row.update({f"{v}_us": min(s) for v, s in samples.items()})
+                    ratio = row["on_us"] / row["off_us"]
+                    print(f"{name:24s} {shape:11s} M={m:4d}  off {row['off_us']:7.1f}  on {row['on_us']:7.1f}"
+                          f"  on/off {ratio:5.3f}", flush=True)  # fmt: skip
+                rows.append(row)
+            torch.cuda.empty_cache()
+    switch(True)
+    write_probe(args.out, f"probe_{args.switch.replace('-', '_')}", rows, errors)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
