@@ -135,7 +135,10 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     x = torch.randn(m, k, dtype=torch.bfloat16)
     cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
     act, extra = qw.scheme.act, {}
-    if act.quantized:
+    if tw.codes_a16:  # FP8 codes in bf16 on the A16 frag kernel
+        x, xs = quantize_act(x, act, codes_dtype=torch.bfloat16)
+        extra = dict(x_scales=xs)
+    elif act.quantized:
         cfg = a8_config(cfg, qw.scheme, m, k, tw.nk, interpret=False)
         # compiled, not run: xq holds garbage, which is fine here; frag FP8 x comes with its block sums
         x, xs, *sums = quantize_act(x, act, block_sums=tw.frag)

@@ -13,7 +13,7 @@ from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not
 from anybit.backends.torch_ref import TorchBackend
-from anybit.backends.triton_layout import TritonWeight, frag_format, to_triton_layout
+from anybit.backends.triton_layout import TritonWeight, a8_mma, codes_a16, frag_format, to_triton_layout
 from anybit.errors import FallbackWarning, KernelFailure
 from anybit.formats.dtypes import FloatType, IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
@@ -78,7 +78,7 @@ def fp8_unsupported(scheme: Scheme) -> str | None:
     if not exactly_representable(values, act.dtype):
         what = f"{w} weight values" + (" minus zero points" if scheme.zero_point is ZeroPoint.INT else "")
         return f"{what} are not exact in {act.dtype.name}"
-    if g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK) and g.k < 32:
+    if g.kind in (ScaleKind.GROUP, ScaleKind.BLOCK) and g.k < 32 and not codes_a16(scheme):
         return f"weight scales every {g.k} along K: the FP8 kernel applies them per K tile of >= 32"
     return None
 
@@ -109,12 +109,12 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
-        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not scheme.act.quantized)
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8_mma(scheme))
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
     config = default_config(m, n, k, scheme.weight_bits, sms, interpret)
-    if scheme.act.quantized:
+    if a8_mma(scheme):
         config = a8_config(config, scheme, m, k, nk, interpret)
     return config
 
@@ -126,8 +126,9 @@ def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:
     """Which A16 frag weights the frag kernel's 128/256-token tiles take (`frag_mid`): "int4" — 4-bit ints scaled on
     the decoded weights (`scaled_int4_why_not`) —, "e2m1" — groups shorter than the 128-K block, scaled in
     registers (NVFP4, MXFP4) — or "int8" — 8-bit ints with channel scales and no zero point: formats whose K loop
-    keeps one accumulator (8-bit groups scale a second tile each block: not measured); else None."""
-    if scheme.act.quantized:
+    keeps one accumulator (8-bit groups scale a second tile each block: not measured); else None. `codes_a16`
+    schemes (FP8 codes on the A16 kernels) as their weights' A16 scheme."""
+    if a8_mma(scheme):
         return None
     g, w = scheme.granularity, scheme.weight
     if isinstance(w, FloatType) and w.bits == 4:
@@ -281,10 +282,15 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
+        a8 = act.quantized and not tw.codes_a16  # on the FP8 MMA
+        x_scales = None
+        if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
+            static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
+            x2, x_scales = quantize_act(x2, act, static, pdl=pdl_launch(x2.device), codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
-        if config is None and large and not act.quantized and not (tw.frag and self._mid(tw, m, x.dtype)):
-            return self.dequant_matmul(x2, tw, bias).reshape(*lead, tw.n)
-        if config is None and act.quantized and tw.frag and m > FRAG_MAX_M and x.is_cuda:
+        if config is None and large and not a8 and not (tw.frag and self._mid(tw, m, x.dtype)):
+            return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
+        if config is None and a8 and tw.frag and m > FRAG_MAX_M and x.is_cuda:
             y = self._ws_a8(x2, tw, bias)
             if y is not None:
                 return y.reshape(*lead, tw.n)
@@ -297,24 +303,28 @@ class TritonBackend:
                 config = tw.configs[m] = self._tuned_config(x2, tw, bias)
         while True:
             try:
-                return self._launch(x2, tw, prepared, bias, config).reshape(*lead, tw.n)
+                return self._launch(x2, tw, prepared, bias, config, x_scales).reshape(*lead, tw.n)
             except OutOfResources as e:
                 config = fewer_stages(e, config)
                 if planned:  # this GPU's tile from now on (sm_86/89: 99 KB of shared memory per block)
                     tw.configs[m] = config
 
+    @staticmethod
+    def _static_scale(tw: TritonWeight, prepared: Prepared) -> torch.Tensor:
+        return tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
+
     def _launch(
-        self, x2: torch.Tensor, tw: TritonWeight, prepared: Prepared, bias: torch.Tensor | None, config: GemmConfig
-    ) -> torch.Tensor:
-        """One launch of the Triton GEMM with this tile: [M, N] (FP8 schemes quantize x first)."""
+        self, x2: torch.Tensor, tw: TritonWeight, prepared: Prepared, bias: torch.Tensor | None, config: GemmConfig,
+        x_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """One launch of the Triton GEMM with this tile: [M, N] (FP8 schemes quantize x first; `codes_a16` weights
+        come with x's codes and `x_scales`)."""
         m, act = x2.shape[0], tw.scheme.act
-        x_scales, x_sums, x_group, out_dtype = None, None, 0, None
+        x_sums, x_group, out_dtype = None, 0, None
         pdl = tw.frag and pdl_launch(x2.device)
-        if act.quantized:
+        if act.quantized and not tw.codes_a16:
             out_dtype = x2.dtype
-            static = None
-            if act.mode is ActMode.STATIC:
-                static = tw.input_scale if tw.input_scale is not None else prepared.qweight.require_input_scale()
+            static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
                 x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl)
             else:
@@ -399,10 +409,17 @@ class TritonBackend:
                           f"route: {type(e).__name__}: {e}", FallbackWarning, stacklevel=4)  # fmt: skip
             return None
 
-    def dequant_matmul(self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    def dequant_matmul(
+        self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer
         frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
-        decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass)."""
+        decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass). x_scales
+        (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias."""
+        if x_scales is not None:
+            y = torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype))
+            y.mul_(x_scales)  # in fp32, one rounding
+            return y.add_(bias) if bias is not None else y
         if tw.frag:
             tile = self._ws_tile(x, tw)
             if tile is not None:

@@ -39,6 +39,7 @@ class TritonWeight:
     fmt: dict  # weight_format_constexprs(scheme), computed once here rather than per call
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
     frag: bool = False  # planes[0] is int32 [N, K_pad/8] in the MMA fragment order (`anybit.kernels.frag`)
+    codes_a16: bool = False  # FP8 activations on the A16 frag kernels, their codes in x's dtype (`codes_a16`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
@@ -98,6 +99,25 @@ def fp8_as_is(scheme: Scheme) -> bool:
     return torch_float8(w) is not None and torch_float8(w) == torch_float8(act.dtype)
 
 
+def codes_a16(scheme: Scheme) -> bool:
+    """FP8-activation schemes whose weights run on the A16 frag kernels: e2m1 weights with scales every 16, 32
+    or 64 along K (NVFP4, MXFP4) and x quantized per token or statically to e4m3/e5m2. The FP8 MMA would
+    promote its partial sums every 32 K or fewer (one k32 instruction each: H200 8192² M=1 82 µs against
+    17.5 for the A16 kernel); instead x's FP8 codes travel in x's dtype (exact: bf16 and fp16 hold every
+    e4m3/e5m2 value), the bf16/fp16 MMA multiplies them with the decoded weights (products exact in its fp32
+    sums, as in the FP8 MMA), and x's scales multiply the sums in the epilogue."""
+    act, w, g = scheme.act, scheme.weight, scheme.granularity
+    if not (act.quantized and act.mode in (ActMode.TOKEN, ActMode.STATIC) and act.dtype.name in ("e4m3", "e5m2")):
+        return False
+    e2m1 = isinstance(w, FloatType) and (w.exp, w.man) == (2, 1) and scheme.zero_point is ZeroPoint.NONE
+    return e2m1 and g.kind is ScaleKind.GROUP and g.k in (16, 32, 64)
+
+
+def a8_mma(scheme: Scheme) -> bool:
+    """Whether the Triton kernels run this scheme on the FP8 MMA (FP8 activations not `codes_a16`)."""
+    return scheme.act.quantized and not codes_a16(scheme)
+
+
 def frag_format(scheme: Scheme) -> bool:
     """Weights that get the fragment layout (`anybit.kernels.frag`), whose kernels decode two weights
     per instruction straight into the tensor cores' registers: bf16/fp16 activations with 2-, 4- or
@@ -105,10 +125,13 @@ def frag_format(scheme: Scheme) -> bool:
     K blocks (2-bit: also per 64 along K; 8-bit: per 64), or e2m1 weights without zero point and
     scales per channel/tensor, per 16/32/64 along K or per whole 128-K blocks (NVFP4, MXFP4). With
     also 4-bit integer weights with e4m3 activations quantized per token and whole-block scales (W4A8,
-    H200 M <= 64: 2.2-2.8x the bit-plane A8 kernel; above, g128 weights go to cuBLAS's block-scaled GEMM)."""
+    H200 M <= 64: 2.2-2.8x the bit-plane A8 kernel; above, g128 weights go to cuBLAS's block-scaled GEMM), and the
+    `codes_a16` schemes in the A16 order."""
     w, g, act = scheme.weight, scheme.granularity, scheme.act
     if w.bits not in (2, 4, 8) or scheme.zero_point is ZeroPoint.FLOAT:
         return False
+    if codes_a16(scheme):
+        return True
     whole_blocks = g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
     if w.bits in (2, 8):  # 256-K / 64-K blocks, groups of 64 and whole 128s handled per quarter / block
         return isinstance(w, IntType) and not act.quantized and (whole_blocks or g.k == 64)
@@ -150,6 +173,7 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         fmt=weight_format_constexprs(scheme),
         nk=nk,
         frag=frag,
+        codes_a16=frag and codes_a16(scheme),
         input_scale=qw.input_scale,
         fold=_foldable(qw) if frag else frozenset(),
         blockscaled=recipe,
@@ -178,7 +202,7 @@ def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
     if nk:
         return [qw.codes().view(torch_float8(qw.scheme.weight))]
     if frag:
-        return [pack_frag(stored_codes(qw), a8=qw.scheme.act.quantized, bits=qw.scheme.weight_bits)]
+        return [pack_frag(stored_codes(qw), a8=a8_mma(qw.scheme), bits=qw.scheme.weight_bits)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 
 
@@ -209,6 +233,8 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
+    # the grouped kernels run FP8 activations on frag weights only on the FP8 MMA: `codes_a16` experts keep bit planes
+    allow_frag = allow_frag and not codes_a16(qw.scheme)
     parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag) for e in range(qw.shape[0])]
     first = parts[0]
 

@@ -338,7 +338,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
-                      SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False):
+                      SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -359,7 +359,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
-    if x_ptr.dtype.element_ty == tl.float8e4nv:  # per-token scales of the FP8 activations
+    if HAS_XS:  # per-token scales of the FP8 activations (as e4m3, or their codes in x's dtype)
         acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)[None, :]
     tile = pid_m * tl.num_programs(0) + pid_n
     store_or_reduce(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k,
@@ -510,7 +510,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
               maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
-    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order) and, optionally, its
+    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order; `codes_a16` weights take
+    the codes in bf16/fp16 instead, `quantize_act(codes_dtype=...)`, with their x_scales) and, optionally, its
     per-block sums `x_sums` (`quantize_act(block_sums=True)`: fp32 [ceil(K/128), M]; without them the
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
@@ -523,9 +524,11 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
     fp8 = x.dtype == torch.float8_e4m3fn
-    if fp8 != tw.scheme.act.quantized or fp8 != (x_scales is not None):
-        raise ValueError(f"{tw.scheme} was packed for {'e4m3' if tw.scheme.act.quantized else 'bf16/fp16'} "
-                         f"activations (with x_scales for e4m3); got {x.dtype}")  # fmt: skip
+    mma_a8 = tw.scheme.act.quantized and not tw.codes_a16
+    if fp8 != mma_a8 or tw.scheme.act.quantized != (x_scales is not None):
+        want = "e4m3" if mma_a8 else ("FP8 codes in bf16/fp16" if tw.codes_a16 else "bf16/fp16")
+        raise ValueError(f"{tw.scheme} was packed for {want} activations (with x_scales for FP8 schemes); got "
+                         f"{x.dtype}{' with' if x_scales is not None else ' without'} x_scales")  # fmt: skip
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
         raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
@@ -537,15 +540,16 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     dummy = tw.scales
     # fmt: off
     _frag_gemm_kernel[grid](
-        x, x_scales if fp8 else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
+        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
         tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
         bias if bias is not None else dummy, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
-        k, x.stride(0), x_scales.stride(0) if fp8 else 0, y.stride(0), tw.planes[0].stride(-2), tw.scales.stride(-2),
+        k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
+        tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        num_warps=num_warps,
+        HAS_XS=x_scales is not None, num_warps=num_warps,
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on

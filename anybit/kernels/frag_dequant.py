@@ -76,7 +76,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tenso
     """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
     rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
     e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM."""
-    codes = bool(tw.scheme.act.quantized)
+    codes = bool(tw.scheme.act.quantized) and not tw.codes_a16
     if codes and dtype != torch.float8_e4m3fn:
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)

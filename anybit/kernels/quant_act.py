@@ -29,10 +29,21 @@ WIDE_MAX_K = 32768  # ... when it is at most this long (64 fp32 values a thread 
 
 
 @triton.jit
+def _codes(y, q_ptr, CODES16: tl.constexpr, E5M2: tl.constexpr):
+    """Scaled values y (fp32) as q_ptr stores them: FP8 rounded (CODES16: the FP8 value, then in bf16/fp16)."""
+    if CODES16:
+        if E5M2:
+            return y.to(tl.float8e5).to(q_ptr.dtype.element_ty)
+        return y.to(tl.float8e4nv).to(q_ptr.dtype.element_ty)
+    return y.to(q_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False, stride_sg=1, COLS: tl.constexpr = 1,
+    CODES16: tl.constexpr = False, E5M2: tl.constexpr = False,
 ):  # fmt: skip
     """GROUP == 0: one scale per row (s_ptr [M, 1]; COLS > 1: written to each of the K/128 columns, COLS
     their power-of-two bound); GROUP == -1: the static scale at s_ptr[M] (read, copied to each row's
@@ -41,7 +52,8 @@ def _quant_act_kernel(
     ONE_PASS (K <= BLOCK): the row is read once and kept in registers, else per token it is read twice
     (amax, then cast).
     SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
-    fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`)."""
+    fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`).
+    CODES16: q_ptr is bf16/fp16 and holds the FP8 codes (e4m3, E5M2: e5m2) exactly."""
     if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -67,7 +79,7 @@ def _quant_act_kernel(
         for k0 in range(0, K, BLOCK):
             if not ONE_PASS or GROUP != 0:
                 x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
-            y = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -QMAX, QMAX).to(q_ptr.dtype.element_ty)
+            y = _codes(tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -QMAX, QMAX), q_ptr, CODES16, E5M2)
             tl.store(q_row + k0 + offs, y, mask=k0 + offs < K)
             if SUMS:
                 blk = k0 // 128 + tl.arange(0, BLOCK // 128)
@@ -81,12 +93,12 @@ def _quant_act_kernel(
             g = k0 // GROUP + tl.arange(0, GB)
             tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g < K // GROUP)
             y = tl.reshape(tl.clamp(tl.math.div_rn(x, scale[:, None]), -QMAX, QMAX), (BLOCK,))
-            tl.store(q_row + k0 + offs, y.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
+            tl.store(q_row + k0 + offs, _codes(y, q_ptr, CODES16, E5M2), mask=k0 + offs < K)
 
 
 def quantize_act(
     x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False,
-    pdl: bool = False, blockwise: bool = False,
+    pdl: bool = False, blockwise: bool = False, codes_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """x [M, K] bf16/fp16 (last dim contiguous) -> (xq [M, K] fp8, scales fp32 [M, 1] or [M, K/g]);
     FP8 specs per token, per group or static (`static_scale`: fp32 [] tensor on x's device).
@@ -95,9 +107,12 @@ def quantize_act(
     pdl: the next kernel is a programmatic dependent (`gemm_frag(pdl=True)`) and may launch at once.
     blockwise (per token or per 128 columns, K a multiple of 128): scales [M, K/128] M-major (strides
     (1, M); per-token scales repeated per 128 columns) — the 1x128 x scales cuBLAS's block-scaled GEMM
-    reads, written by the quantizer itself (no transposing copy)."""
+    reads, written by the quantizer itself (no transposing copy). codes_dtype (bf16/fp16): xq holds the FP8 codes
+    in that dtype instead, exactly (`codes_a16` weights: the A16 kernels multiply them)."""
     m, k = x.shape
-    xq = torch.empty((m, k), device=x.device, dtype=act_storage_dtype(spec))
+    if codes_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"codes_dtype must be torch.bfloat16 or torch.float16 (or None: FP8), got {codes_dtype}")
+    xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
     if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):
         raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")
     wide = m <= WIDE_MAX_M and k <= WIDE_MAX_K  # the whole row in one step
@@ -122,7 +137,8 @@ def quantize_act(
         _quant_act_kernel[(m,)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
-            ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand,
+            ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand, CODES16=codes_dtype is not None,
+            E5M2=spec.dtype.name == "e5m2",
             num_warps=8 if k > block else min(16, max(4, block // 1024)),
         )  # fmt: skip
     if blockwise:

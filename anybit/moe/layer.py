@@ -172,7 +172,7 @@ def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: t
     """None when `QuantMoE` runs these experts as grouped Triton GEMMs, else why the per-expert loop runs."""
     from anybit.backends.base import Problem
     from anybit.backends.triton import TritonBackend, fp8_unsupported
-    from anybit.backends.triton_layout import fp8_as_is
+    from anybit.backends.triton_layout import codes_a16, fp8_as_is
     from anybit.formats.scheme import ActMode
 
     act = scheme.act
@@ -186,6 +186,11 @@ def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: t
     why = fp8_unsupported(scheme) if act.quantized else None
     if why:
         return why
+    if codes_a16(scheme) and scheme.granularity.k < 32:  # the dense route's A16 kernels take these; experts do not
+        return (
+            f"FP8 activations on e2m1 weights scaled every {scheme.granularity.k} along K: the grouped FP8 GEMM "
+            "applies weight scales per K tile of >= 32"
+        )
     ok, why = TritonBackend().supports(Problem(scheme, 0, 0, None, device, dtype))
     return None if ok else why
 

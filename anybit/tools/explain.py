@@ -26,13 +26,17 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         pick_config,
         tuning_cache,
     )
-    from anybit.backends.triton_layout import fp8_as_is, frag_format
+    from anybit.backends.triton_layout import a8_mma, codes_a16, fp8_as_is, frag_format
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
-    if frag and m > FRAG_MAX_M and not scheme.act.quantized and not frag_mid(scheme, m, n, k, dtype):
+    codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
+    if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype):
+        if codes:
+            return (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, M > {FRAG_MAX_M}: one-pass "
+                    "Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after")  # fmt: skip
         from anybit import settings
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
@@ -48,10 +52,10 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                     f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages")  # fmt: skip
         return (f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS "
                 f"(warp-specialised kernel not used: {why})")  # fmt: skip
-    if cuda and m > DEQUANT_MATMUL_MIN_M and not scheme.act.quantized:
+    if cuda and m > DEQUANT_MATMUL_MIN_M and not a8_mma(scheme):
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     ws_a8_note = ""
-    if frag and scheme.act.quantized and m > FRAG_MAX_M:
+    if frag and a8_mma(scheme) and m > FRAG_MAX_M:
         from anybit.kernels.frag_ws_a8 import ws_a8_plan
 
         tile, why = ws_a8_plan(scheme, m, n, k, device, _sm_count(device) if cuda else 132)
@@ -76,6 +80,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
+    if codes:
+        act += "their codes in x's dtype on the bf16/fp16 MMA (exact; x scales after it), "
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "

@@ -21,7 +21,7 @@ import anybit
 from anybit.backends.base import Problem
 from anybit.backends.registry import explain, get_backend
 from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, frag_mid, pick_config, tuning_cache
-from anybit.backends.triton_layout import frag_format
+from anybit.backends.triton_layout import a8_mma, frag_format
 from anybit.bench.recipe import Recipe
 from anybit.bench.runner import _copies, _weight
 from anybit.bench.timing import median, time_eager, time_graph
@@ -42,9 +42,9 @@ def time_us(fns: list[Callable[[], object]], m: int, recipe: Recipe) -> float:
 
 def _uses_tiles(scheme: Scheme, m: int, n: int, k: int) -> bool:
     """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS)."""
-    if frag_format(scheme) and not scheme.act.quantized:  # FP8 frag weights run their kernel at every M
+    if frag_format(scheme) and not a8_mma(scheme):  # FP8-MMA frag weights run their kernel at every M
         return m <= FRAG_MAX_M or frag_mid(scheme, m, n, k, torch.bfloat16)  # tune_problem's x is bf16
-    return scheme.act.quantized or m <= DEQUANT_MATMUL_MIN_M
+    return a8_mma(scheme) or m <= DEQUANT_MATMUL_MIN_M
 
 
 def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, backends) -> dict:

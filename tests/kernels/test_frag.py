@@ -6,7 +6,7 @@ import torch
 
 from anybit import prepare, quantize
 from anybit.backends import get_backend
-from anybit.backends.triton_layout import frag_format, stored_codes, to_triton_layout
+from anybit.backends.triton_layout import codes_a16, frag_format, stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag import gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
@@ -218,8 +218,12 @@ FLOAT_FORMATS = ["nvfp4", "mxfp4", "w4a16:e2m1:g64:bf16", "w4a16:e2m1:g128:fp16"
 def test_fragment_layout_formats():
     assert all(frag_format(Scheme.parse(t)) for t in FLOAT_FORMATS)
     assert not frag_format(Scheme.parse("w6a16:e2m3:g32:fp16"))  # not e2m1
-    assert not frag_format(Scheme.parse("w4a8-mxfp4"))  # FP8 activations, e2m1
-    assert frag_format(Scheme.parse("w4a8"))  # int4, e4m3 per token: the FP8 MMA's order
+    # FP8 activations on e2m1 groups < 128: their codes on the A16 kernels, the A16 order (`codes_a16`)
+    assert frag_format(Scheme.parse("w4a8-mxfp4")) and codes_a16(Scheme.parse("w4a8-mxfp4"))
+    assert codes_a16(Scheme.parse("w4a8:e2m1:g16:e4m3:gs:e5m2-token"))
+    assert not frag_format(Scheme.parse("w4a8:e2m1:g128:bf16:e4m3-token"))  # whole 128-K groups: the FP8 MMA
+    assert not codes_a16(Scheme.parse("w4a8:e2m1:g32:ue8m0:e4m3-g128"))  # x scales per group
+    assert frag_format(Scheme.parse("w4a8")) and not codes_a16(Scheme.parse("w4a8"))  # int4: the FP8 MMA's order
     assert not frag_format(Scheme.parse("w4a8:int4:g128:fp32:e4m3-g128"))  # x scales per group
 
 

@@ -164,3 +164,13 @@ def test_launch_plan_half_width_tails_from_32_rows_without_split():
     assert plan["tail_half"] and plan["split_k"] == 1 and plan["num_rows"] == 512
     assert "tail_half" not in launch_plan(tw, 8, 512, dict(tiles, block_m=16), True, torch.device("cpu"))
     assert "tail_half" not in launch_plan(tw, 8, 512, tiles, True, torch.device("cpu"), split_k=2)
+
+
+def test_fp8_experts_scaled_every_16_say_why_they_take_the_loop(interpret):
+    """NVFP4 weights with FP8 x run dense on the A16 kernels (`codes_a16`); the grouped FP8 GEMM cannot."""
+    from anybit.formats.scheme import Scheme
+    from anybit.moe.layer import grouped_why_not
+
+    why = grouped_why_not(Scheme.parse("w4a8:e2m1:g16:e4m3:gs:e4m3-token"), "auto", torch.device("cpu"), torch.float16)
+    assert why is not None and "every 16 along K" in why
+    assert grouped_why_not(Scheme.parse("w4a8-mxfp4"), "auto", torch.device("cpu"), torch.float16) is None
