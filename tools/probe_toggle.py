@@ -5,6 +5,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
   quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
   codes-a16   FP8-activation e2m1 weights on the A16 frag kernels (`codes_a16`; off: the bit-plane layout)
+  quant-early the quantizer lets its frag GEMM launch at once (`QUANT_EARLY_LAUNCH`; off: when it has finished)
+  pdl         ANYBIT_PDL: programmatic dependent launch at all
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -24,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from probe_out import relaunch_check, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
+from anybit.backends import triton as triton_backend  # noqa: E402
 from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
@@ -47,7 +50,15 @@ def _frag(on: bool) -> None:  # the switch is the layout (`_prepare`)
     pass
 
 
-SWITCHES = {"settle": _settle, "quant-wide": _quant_wide, "codes-a16": _frag}
+def _quant_early(on: bool) -> None:
+    triton_backend.QUANT_EARLY_LAUNCH = on  # read per call
+
+
+def _pdl(on: bool) -> None:
+    os.environ["ANYBIT_PDL"] = "1" if on else "0"  # read per call
+
+
+SWITCHES = {"settle": _settle, "quant-wide": _quant_wide, "codes-a16": _frag, "quant-early": _quant_early, "pdl": _pdl}
 
 
 def _prepare(name: str, qw, on: bool):

@@ -38,6 +38,8 @@ FRAG_MAX_M = 64
 # cuBLAS's block-scaled FP8 GEMM above (`anybit.backends.blockscaled`; H200 M=256: 8192² W4A8 g128 61.8 µs
 # vs 138.0, FP8-block 41.2 vs 117.1).
 BLOCKSCALED_MIN_M = 64
+# The activation quantizer lets its frag GEMM launch at once (PDL's early trigger), or only when it has finished
+QUANT_EARLY_LAUNCH = True
 FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
 
 
@@ -286,7 +288,8 @@ class TritonBackend:
         x_scales = None
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            x2, x_scales = quantize_act(x2, act, static, pdl=pdl_launch(x2.device), codes_dtype=x2.dtype)
+            early = QUANT_EARLY_LAUNCH and pdl_launch(x2.device)
+            x2, x_scales = quantize_act(x2, act, static, pdl=early, codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, m, x.dtype)):
             return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
@@ -326,7 +329,7 @@ class TritonBackend:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl)
+                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl and QUANT_EARLY_LAUNCH)
             else:
                 x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0
