@@ -5,7 +5,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
   quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
   codes-a16   FP8-activation e2m1 weights on the A16 frag kernels (`codes_a16`; off: the bit-plane layout)
-  quant-early the quantizer lets its frag GEMM launch at once (`QUANT_EARLY_LAUNCH`; off: when it has finished)
+  quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
@@ -51,7 +51,7 @@ def _frag(on: bool) -> None:  # the switch is the layout (`_prepare`)
 
 
 def _quant_early(on: bool) -> None:
-    triton_backend.QUANT_EARLY_LAUNCH = on  # read per call
+    triton_backend.QUANT_EARLY_MAX_M = 1 << 30 if on else 0  # read per call
 
 
 def _pdl(on: bool) -> None:
@@ -115,7 +115,6 @@ def main() -> int:
                           f"  on/off {ratio:5.3f}", flush=True)  # fmt: skip
                 rows.append(row)
             torch.cuda.empty_cache()
-    switch(True)
     write_probe(args.out, f"probe_{args.switch.replace('-', '_')}", rows, errors)
     return 1 if errors else 0
 

@@ -38,8 +38,11 @@ FRAG_MAX_M = 64
 # cuBLAS's block-scaled FP8 GEMM above (`anybit.backends.blockscaled`; H200 M=256: 8192² W4A8 g128 61.8 µs
 # vs 138.0, FP8-block 41.2 vs 117.1).
 BLOCKSCALED_MIN_M = 64
-# The activation quantizer lets its frag GEMM launch at once (PDL's early trigger), or only when it has finished
-QUANT_EARLY_LAUNCH = True
+# Up to this many rows the activation quantizer lets its frag GEMM launch at once (PDL's early trigger); above, the
+# GEMM launches when it has finished. H200 graphs (tools/probe_toggle.py --switch quant-early): M=16 early 8192^2
+# w4a8 19.9 vs 18.1 µs, 8192x28672 51.5 vs 45.5, w4a8-mxfp4 28.4 vs 23.7, 81.6 vs 63.3 (the GEMM's CTAs land on the
+# SMs its 16 quantizer CTAs leave free); M=1 early 1-7 % faster, M=64 0-3 %
+QUANT_EARLY_MAX_M = 4
 FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
 
 
@@ -288,7 +291,7 @@ class TritonBackend:
         x_scales = None
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            early = QUANT_EARLY_LAUNCH and pdl_launch(x2.device)
+            early = m <= QUANT_EARLY_MAX_M and pdl_launch(x2.device)
             x2, x_scales = quantize_act(x2, act, static, pdl=early, codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, m, x.dtype)):
@@ -329,7 +332,8 @@ class TritonBackend:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=pdl and QUANT_EARLY_LAUNCH)
+                early = pdl and m <= QUANT_EARLY_MAX_M
+                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=early)
             else:
                 x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0
