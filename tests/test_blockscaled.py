@@ -92,3 +92,39 @@ def test_block_scaled_call_against_its_emulation(interpret, monkeypatch, text):
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T + bias.double()
     assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+def test_mxfp4_rows_as_e4m3_times_a_power_of_two_exactly(interpret):
+    """MXFP4 under FP8 x: each row's codes times its groups' powers of two relative to the row's largest are e4m3
+    values (the row-wise route's W), and the row scales give back `dequantize()` bit for bit."""
+    import dataclasses
+
+    qw = quantize(torch.randn(80, 384) * 0.05, "w4a8-mxfp4")
+    tw = to_triton_layout(qw)
+    assert tw.codes_a16 and tw.rowwise is not None
+    rel, rows = tw.rowwise
+    wq = dequantize_frag(dataclasses.replace(tw, scales=rel), dtype=torch.float8_e4m3fn)
+    assert torch.equal(wq.float() * rows[:, None], qw.dequantize())
+
+
+def test_mxfp4_rows_spanning_more_than_8_binades_keep_the_a16_kernels():
+    w = torch.randn(32, 256) * 0.05
+    w[3, :32] *= 2.0**-12  # one group of row 3 twelve binades below the rest: not e4m3 relative to its row
+    tw = to_triton_layout(quantize(w, "w4a8-mxfp4"))
+    assert tw.codes_a16 and tw.rowwise is None
+    assert "8 binades" in blockscaled.rowwise_why_not(tw, torch.device("cuda"), torch.bfloat16)
+    assert to_triton_layout(quantize(torch.randn(32, 256), "w4a8:e2m1:g16:e4m3:gs:e4m3-token")).rowwise is None
+
+
+@pytest.mark.parametrize("m", [1, 13, 200])
+def test_rowwise_call_against_the_product_of_its_quantized_x(interpret, m):
+    """`rowwise_gemm` end to end on the CPU (torch's CPU `_scaled_mm`): against float64 x_q s_x @ W^T with the
+    quantizer's own codes."""
+    g = torch.Generator().manual_seed(m)
+    qw = quantize(torch.randn(48, 256, generator=g) * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, 256, generator=g).half()
+    bias = torch.randn(48, generator=g).half()
+    y = blockscaled.rowwise_gemm(x, to_triton_layout(qw), bias)
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T + bias.double()
+    assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]

@@ -7,6 +7,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   codes-a16   FP8-activation e2m1 weights on the A16 frag kernels (`codes_a16`; off: the bit-plane layout)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
+  rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -58,7 +59,18 @@ def _pdl(on: bool) -> None:
     os.environ["ANYBIT_PDL"] = "1" if on else "0"  # read per call
 
 
-SWITCHES = {"settle": _settle, "quant-wide": _quant_wide, "codes-a16": _frag, "quant-early": _quant_early, "pdl": _pdl}
+def _rowwise(on: bool) -> None:
+    triton_backend.ROWWISE_MIN_M = 0 if on else 1 << 30  # read per call
+
+
+SWITCHES = {
+    "rowwise": _rowwise,
+    "settle": _settle,
+    "quant-wide": _quant_wide,
+    "codes-a16": _frag,
+    "quant-early": _quant_early,
+    "pdl": _pdl,
+}
 
 
 def _prepare(name: str, qw, on: bool):

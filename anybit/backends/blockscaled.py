@@ -10,10 +10,14 @@ Which weights (`blockscaled_recipe`): e4m3 activations per token or per 128-K gr
 * e4m3 weights with 128x128 block scales (DeepSeek-V3 FP8) — read as they are;
 * 4-bit integer weights (W4A8) with scales per 128 along K in the FP8 fragment layout — their integers
   (q - z, exact in e4m3) are written out once per call by `dequantize_frag` (N*K bytes), then 1x128.
+
+And row-wise (`rowwise_gemm`, `torch._scaled_mm` with per-token x and per-row W scales): MXFP4 weights under
+FP8 x whose rows' group scales lie within 8 binades — each written per call as e4m3 times a power of two a row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -104,4 +108,66 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
     xq, sx = quantize_act(torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x, tw.scheme.act, blockwise=True)
     wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn) if tw.blockscaled == "1x128" else tw.planes[0]
     y = _scaled_mm(xq, sx, wq, tw.blockscaled_scales, tw.blockscaled, x.dtype)[:m]
+    return y + bias if bias is not None else y
+
+
+# e2m1 * 2**-d is an e4m3 value for every e2m1 value when d <= 8 (0.5 * 2**-8 = 2**-9, e4m3's smallest subnormal)
+ROW_SPREAD_MAX = 8
+
+
+def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """MXFP4 weights (e2m1, ue8m0 scales per group along K) as e4m3 values times one power of two per row,
+    exactly, for cuBLAS's row-wise FP8 GEMM: (each group's ue8m0 code relative to its row's largest, in the
+    Triton layout [K/g, N]; fp32 [N] row scales 2**(largest - 127)). None unless the scheme is `codes_a16` with
+    ue8m0 scales and e4m3 x per token, N and K multiples of 16 (cuBLAS), and every row's groups lie within
+    ROW_SPREAD_MAX binades of each other (else some products would need more than e4m3)."""
+    from anybit.backends.triton_layout import codes_a16
+
+    s = qw.scheme
+    if not (codes_a16(s) and s.scale_dtype.name == "ue8m0" and s.act.dtype.name == "e4m3"):
+        return None
+    if s.act.mode is not ActMode.TOKEN or qw.n % 16 or qw.k % 16 or len(qw.shape) != 2:
+        return None
+    codes = qw.scales.to(torch.int32)  # [N, K/g] ue8m0 codes
+    top = codes.amax(dim=1, keepdim=True)
+    if bool((top == 255).any()) or int((top - codes).max()) > ROW_SPREAD_MAX:
+        return None
+    rel = (codes - top + 127).to(qw.scales.dtype).t().contiguous()
+    return rel, torch.exp2(top.squeeze(1).float() - 127)
+
+
+def rowwise_why_not(tw, device: torch.device, out_dtype: torch.dtype) -> str | None:
+    """None when a call of this prepared weight can take `rowwise_gemm` on `device`, else why not."""
+    if tw.rowwise is None:
+        return "the weight is not MXFP4 within 8 binades a row (`e2m1_row_scales`)"
+    if device.type != "cuda":
+        return "cuBLAS needs a CUDA device"
+    return rowwise_support(device.index if device.index is not None else torch.cuda.current_device(), out_dtype)
+
+
+@functools.cache
+def rowwise_support(device_index: int, out_dtype: torch.dtype) -> str | None:
+    """None when this torch and GPU run the row-wise FP8 GEMM (one tiny call), else why not."""
+    if torch.cuda.get_device_capability(device_index) < (8, 9):
+        return "FP8 tensor cores need sm_89+"
+    a = torch.ones((16, 32), device=torch.device("cuda", device_index)).to(torch.float8_e4m3fn)
+    s = torch.ones((16, 1), device=a.device)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=s, scale_b=s.t(), out_dtype=out_dtype)
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        return f"torch._scaled_mm row-wise: {str(e).splitlines()[0][:200]}"
+    return None
+
+
+def rowwise_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] bf16/fp16 -> y [M, N] for MXFP4 weights under FP8 x (`e2m1_row_scales`): x quantized per token, W
+    written as e4m3 (N*K bytes, exact: the codes times their group's power of two relative to the row), then
+    cuBLAS's row-wise FP8 GEMM with x's scales and the rows' powers of two."""
+    from anybit.kernels.frag_dequant import dequantize_frag
+    from anybit.kernels.quant_act import quantize_act
+
+    rel, rows = tw.rowwise
+    xq, sx = quantize_act(x, tw.scheme.act)
+    wq = dequantize_frag(dataclasses.replace(tw, scales=rel), dtype=torch.float8_e4m3fn)
+    y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=rows.view(1, -1), out_dtype=x.dtype)
     return y + bias if bias is not None else y

@@ -11,7 +11,7 @@ import torch
 
 from anybit import settings
 from anybit.backends.base import Prepared, Problem
-from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not
+from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not, rowwise_gemm, rowwise_why_not
 from anybit.backends.torch_ref import TorchBackend
 from anybit.backends.triton_layout import TritonWeight, a8_mma, codes_a16, frag_format, to_triton_layout
 from anybit.errors import FallbackWarning, KernelFailure
@@ -43,6 +43,8 @@ BLOCKSCALED_MIN_M = 64
 # w4a8 19.9 vs 18.1 µs, 8192x28672 51.5 vs 45.5, w4a8-mxfp4 28.4 vs 23.7, 81.6 vs 63.3 (the GEMM's CTAs land on the
 # SMs its 16 quantizer CTAs leave free); M=1 early 1-7 % faster, M=64 0-3 %
 QUANT_EARLY_MAX_M = 4
+# MXFP4 weights under FP8 x above this many rows: e4m3 W a call and cuBLAS's row-wise FP8 GEMM (`rowwise_gemm`)
+ROWWISE_MIN_M = 128
 FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
 
 
@@ -289,6 +291,8 @@ class TritonBackend:
         act = tw.scheme.act
         a8 = act.quantized and not tw.codes_a16  # on the FP8 MMA
         x_scales = None
+        if config is None and m > ROWWISE_MIN_M and rowwise_why_not(tw, x.device, x.dtype) is None:
+            return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             early = m <= QUANT_EARLY_MAX_M and pdl_launch(x2.device)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales
+from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_layout import pack_frag
@@ -44,6 +44,7 @@ class TritonWeight:
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
+    rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype (A16) / "a8" -> whether the ws kernels run it (False: failed);
     # ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel)
@@ -178,6 +179,7 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         fold=_foldable(qw) if frag else frozenset(),
         blockscaled=recipe,
         blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
+        rowwise=e2m1_row_scales(qw) if frag else None,
     )
 
 

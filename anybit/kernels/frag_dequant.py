@@ -22,11 +22,15 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
                          GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr,
                          CODES: tl.constexpr = False):
     """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS).
-    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM."""
+    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM. Scaled
+    values into e4m3 (MXFP4 with row-relative scales, `e2m1_row_scales`) round to nearest: exact there."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
     mask_n = offs_n < N
-    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    if out_ptr.dtype.element_ty.primitive_bitwidth == 8:  # e4m3 out: decode through fp16 (exact for 4-bit codes)
+        dtype: tl.constexpr = tl.float16
+    else:
+        dtype: tl.constexpr = out_ptr.dtype.element_ty
     KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
     WSTEP: tl.constexpr = 16 * PANEL
     p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
@@ -67,7 +71,7 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
         if HAS_GS:
             w = w * tl.load(gs_ptr)
     offs_k = kt * KB + tl.arange(0, KB)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(dtype),
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
              mask=mask_n[:, None] & (offs_k < K)[None, :])
 # fmt: on
 

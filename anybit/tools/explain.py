@@ -21,6 +21,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         BLOCKSCALED_MIN_M,
         DEQUANT_MATMUL_MIN_M,
         FRAG_MAX_M,
+        ROWWISE_MIN_M,
         _sm_count,
         frag_mid,
         pick_config,
@@ -33,10 +34,16 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
+    rowwise = ""  # MXFP4 under FP8 x above ROWWISE_MIN_M rows: the row-wise FP8 route, where the weight allows
+    if codes and scheme.scale_dtype.name == "ue8m0" and scheme.act.mode.name == "TOKEN" and m > ROWWISE_MIN_M:
+        rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
+                   "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
+                   "instead" if cuda and scheme.act.dtype.name == "e4m3" else
+                   "; the row-wise FP8 route needs e4m3 x on a CUDA device")  # fmt: skip
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype):
         if codes:
             return (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, M > {FRAG_MAX_M}: one-pass "
-                    "Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after")  # fmt: skip
+                    f"Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after{rowwise}")  # fmt: skip
         from anybit import settings
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
