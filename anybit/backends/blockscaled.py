@@ -61,9 +61,14 @@ def blockscaled_why_not(recipe: str | None, device: torch.device, out_dtype: tor
     `device`, else why not."""
     if recipe is None:
         return "the weight has no 128-K scale blocks cuBLAS's block-scaled FP8 GEMM takes"
+    return _cuda_why_not(device, blockscaled_support, out_dtype)
+
+
+def _cuda_why_not(device: torch.device, support, out_dtype: torch.dtype) -> str | None:
+    """Why a cuBLAS FP8 route cannot run on `device` (its `support` probe, cached per GPU and dtype), else None."""
     if device.type != "cuda":
         return "cuBLAS needs a CUDA device"
-    return blockscaled_support(device.index if device.index is not None else torch.cuda.current_device(), out_dtype)
+    return support(device.index if device.index is not None else torch.cuda.current_device(), out_dtype)
 
 
 @functools.cache
@@ -140,9 +145,7 @@ def rowwise_why_not(tw, device: torch.device, out_dtype: torch.dtype) -> str | N
     """None when a call of this prepared weight can take `rowwise_gemm` on `device`, else why not."""
     if tw.rowwise is None:
         return "the weight is not MXFP4 within 8 binades a row (`e2m1_row_scales`)"
-    if device.type != "cuda":
-        return "cuBLAS needs a CUDA device"
-    return rowwise_support(device.index if device.index is not None else torch.cuda.current_device(), out_dtype)
+    return _cuda_why_not(device, rowwise_support, out_dtype)
 
 
 @functools.cache
