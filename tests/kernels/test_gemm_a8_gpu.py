@@ -31,7 +31,7 @@ def test_quantizer_is_bitwise_the_reference(text, m, k):
 
 
 @pytest.mark.parametrize("text", A8_FORMATS)
-@pytest.mark.parametrize("m", [1, 13, 257, 2048])
+@pytest.mark.parametrize("m", [1, 13, 100, 257, 2048])  # 100: the codes path's 128-token tiles
 def test_bf16_every_fp8_scheme(text, m):
     g = torch.Generator(device="cuda").manual_seed(m)
     w = torch.randn(1000, 4096, generator=g, device="cuda") * 0.05
