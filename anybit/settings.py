@@ -27,8 +27,9 @@ class Settings:
     """ANYBIT_PDL (default 1; 0 turns it off), sm_90+: frag GEMMs, dense and grouped (MoE), are launched with
     programmatic dependent launch and wait (griddepcontrol.wait) before they read anything, so their launch
     overlaps the end of the kernel before them; the FP8 activation quantizer lets its GEMM launch at once
-    (griddepcontrol.launch_dependents). H200, CUDA graphs of 20 calls: w4a16 0.2-0.4 µs per call faster
-    (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs (6144x4096 M=1 11.2 -> 10.1)."""
+    (griddepcontrol.launch_dependents; dense calls up to 4 rows only, `QUANT_EARLY_MAX_M`). H200, CUDA graphs
+    of 20 calls: w4a16 0.2-0.4 µs per call faster (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs
+    (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ws_max_m: int
     """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 to
     this many rows (where `frag_mid_max_m` does not take them) run the warp-specialised Gluon kernel

@@ -214,7 +214,8 @@ def _major(device: torch.device) -> int:
 def pdl_launch(device: torch.device) -> bool:
     """On an sm_90+ GPU (not the interpreter) unless ANYBIT_PDL=0: frag GEMMs launch as programmatic dependents of
     the kernel before them (`gemm_frag(pdl=True)`: it waits for that kernel before any read), and the FP8
-    activation quantizer lets its GEMM launch at once (`quantize_act(pdl=True)`)."""
+    activation quantizer lets its GEMM launch at once (`quantize_act(pdl=True)`; dense calls up to
+    `QUANT_EARLY_MAX_M` rows)."""
     return device.type == "cuda" and settings.pdl() and not settings.triton_interpret() and _major(device) >= 9
 
 

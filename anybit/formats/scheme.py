@@ -271,6 +271,7 @@ PRESETS: dict[str, str] = {
     "w8a16": "w8a16:int8:ch:bf16",
     "w4a8": "w4a8:int4:g128:fp32:e4m3-token",
     "w4a8-mxfp4": "w4a8:e2m1:g32:ue8m0:e4m3-token",
+    "w4a8-nvfp4": "w4a8:e2m1:g16:e4m3:gs:e4m3-token",
     "w8a8-fp8": "w8a8:e4m3:ch:fp32:e4m3-token",
     "w8a8-int8": "w8a8:int8:ch:fp32:int8-token",
     "fp8-block": "w8a8:e4m3:b128x128:fp32:e4m3-g128",

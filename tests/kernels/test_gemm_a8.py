@@ -19,7 +19,7 @@ A8_FORMATS = [
     "w8a8-fp8",  # e4m3 weights (bytes fed to the dot as they are), per channel
     "fp8-block",  # e4m3 128x128 blocks, e4m3 per token and group of 128
     "w4a8-mxfp4",  # e2m1 g32 ue8m0 (codes on the A16 kernels, `codes_a16`)
-    "w4a8:e2m1:g16:e4m3:gs:e4m3-token",  # NVFP4 weights, FP8 x (codes on the A16 kernels)
+    "w4a8-nvfp4",  # e2m1 g16 e4m3 + global scale, FP8 x (codes on the A16 kernels)
     "w4a8:uint4:g64:fp16:zp-int:e4m3-token",
     "w4a8:e2m1:g64:bf16:e5m2-token",
     "w6a8:e3m2:ch:bf16:e4m3-token",
