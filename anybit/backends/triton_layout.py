@@ -60,6 +60,7 @@ class TritonWeight:
         bs = self.blockscaled_scales
         if bs is not None and bs.untyped_storage().data_ptr() != self.scales.untyped_storage().data_ptr():
             ts.append(bs)  # an fp32 copy (bf16/fp16 scales, or padded 128x128 blocks)
+        ts += list(self.rowwise or ())  # row-relative scale codes and row scales (`e2m1_row_scales`)
         return sum(t.numel() * t.element_size() for t in ts)
 
 
