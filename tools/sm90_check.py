@@ -179,7 +179,10 @@ def check_moe(
     ids = torch.randint(0, e, (t, top_k))
     sorted_ids, expert_ids, total = moe_align(ids, e, tiles["block_m"])
     x, extra = torch.randn(t, k, dtype=torch.bfloat16), {}
-    if tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
+    if tw.codes_a16:  # FP8 codes in bf16 on the A16 grouped kernel
+        x, xs = quantize_act(x, tw.scheme.act, codes_dtype=torch.bfloat16)
+        extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
+    elif tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
         x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag)
         group = tw.scheme.act.group if tw.scheme.act.mode.name == "GROUP" else 0
         extra = dict(x_scales=xs, x_group=group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)

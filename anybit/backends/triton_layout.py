@@ -236,8 +236,6 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    # the grouped kernels run FP8 activations on frag weights only on the FP8 MMA: `codes_a16` experts keep bit planes
-    allow_frag = allow_frag and not codes_a16(qw.scheme)
     parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag) for e in range(qw.shape[0])]
     first = parts[0]
 
@@ -251,5 +249,6 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
         scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
         group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, nk=first.nk, frag=first.frag,
+        codes_a16=first.codes_a16,
         fold=frozenset.intersection(*(p.fold for p in parts)),
     )  # fmt: skip

@@ -271,13 +271,14 @@ def _moe_frag_kernel(
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
-    SETTLE: tl.constexpr = False,
+    SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
     as a programmatic dependent, it waits for the kernel before it ahead of any read. TAIL_HALF: a block
     whose second half is padding (an expert's last, short block) runs its MMA on the first half only
-    (without split-K: the split workspace is laid out by whole blocks)."""
+    (without split-K: the split workspace is laid out by whole blocks). HAS_XS: x's rows carry per-token scales
+    (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts)."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
@@ -289,13 +290,13 @@ def _moe_frag_kernel(
                            cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
                            stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS)
         else:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
                            cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
                            stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS)
 
 
 @triton.jit
@@ -307,7 +308,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, 
                    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
-                   SETTLE: tl.constexpr):
+                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
@@ -328,8 +329,8 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, 
         acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                S_EXP, S_MAN)[:, None]
     _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
-                 mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, x_ptr.dtype.element_ty == tl.float8e4nv,
-                 MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS, BLOCK_N)
+                 mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
+                 BLOCK_N)
 
 
 @triton.jit
@@ -426,7 +427,7 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
     Qwen3-30B-A3B, w4a16/mxfp4/nvfp4: 10-23 % faster than 128 rows (A8 experts and 128-K groups of
     the other formats spill there). Hopper only: for sm_80 the tile spills and needs more shared memory
     than an A100 block has."""
-    if not tw.frag or tw.scheme.act.quantized or tw.fmt["W_BITS"] != 4:
+    if not tw.frag or tw.scheme.act.quantized or tw.fmt["W_BITS"] != 4:  # `codes_a16`: its x-scale epilogue spills
         return False
     if not settings.triton_interpret() and target_sm() < 90:
         return False
@@ -436,12 +437,12 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
 
 def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
     """What `anybit.moe.layer.moe_tiles` picks tiles by: "wide" (`moe_wide_tile`), "a8" (other fragment-layout
-    experts under FP8 x), "fp8" / "fp8-block" (FP8 experts read as stored under per-token / per-group FP8
-    x: no decode, a deep K tile), or ""."""
+    experts under FP8 x on the FP8 MMA; `codes_a16` experts take the A16 kinds), "fp8" / "fp8-block" (FP8
+    experts read as stored under per-token / per-group FP8 x: no decode, a deep K tile), or ""."""
     if moe_wide_tile(tw, x_dtype):
         return "wide"
     act = tw.scheme.act
-    if tw.frag and act.quantized:
+    if tw.frag and act.quantized and not tw.codes_a16:
         return "a8"
     if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
@@ -500,7 +501,8 @@ def moe_gemm(
 
     silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
-    x_scales: x is FP8 (`quantize_act` per token) with these fp32 [rows of x, 1] scales, or with
+    x_scales: x is FP8 (`quantize_act` per token; `codes_a16` experts: its codes in bf16/fp16,
+    `quantize_act(codes_dtype=...)`) with these fp32 [rows of x, 1] scales, or with
     `x_group` > 0 per row and x_group columns ([rows of x, K / x_group]; experts that are x's FP8 dtype
     already, e.g. FP8-block, whose K tile then lies in one group); the weight is
     cast to x's FP8 dtype in registers (exact: the backend's `fp8_unsupported` rule) and y is
@@ -532,15 +534,18 @@ def moe_gemm(
             raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {tiles} counters")
     dummy = tw.scales
     if tw.frag:
-        if fp8_x != tw.scheme.act.quantized:
-            raise ValueError(f"{tw.scheme} experts were packed for {'e4m3' if fp8_x else 'bf16/fp16'} activations")
+        mma_a8 = tw.scheme.act.quantized and not tw.codes_a16
+        if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != mma_a8:
+            want = "e4m3" if mma_a8 else ("FP8 codes in bf16/fp16" if tw.codes_a16 else "bf16/fp16")
+            raise ValueError(f"{tw.scheme} experts were packed for {want} activations (with x_scales for FP8 "
+                             f"schemes), got {x.dtype}{' with' if fp8_x else ' without'} x_scales")  # fmt: skip
         rows_x = num_rows // top_k  # the kernel reads the sums as [blocks, rows of x]
         if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
             want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, x_sums if fp8_x else None, tw.planes[0], tw.scales,
+            x, x_scales if fp8_x else dummy, x_sums if fp8_x and mma_a8 else None, tw.planes[0], tw.scales,
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
             workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
@@ -552,7 +557,7 @@ def moe_gemm(
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, SETTLE=frag_settle(),
             SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-            num_warps=num_warps,
+            HAS_XS=fp8_x, num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

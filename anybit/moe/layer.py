@@ -172,7 +172,7 @@ def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: t
     """None when `QuantMoE` runs these experts as grouped Triton GEMMs, else why the per-expert loop runs."""
     from anybit.backends.base import Problem
     from anybit.backends.triton import TritonBackend, fp8_unsupported
-    from anybit.backends.triton_layout import codes_a16, fp8_as_is
+    from anybit.backends.triton_layout import fp8_as_is
     from anybit.formats.scheme import ActMode
 
     act = scheme.act
@@ -186,11 +186,6 @@ def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: t
     why = fp8_unsupported(scheme) if act.quantized else None
     if why:
         return why
-    if codes_a16(scheme) and scheme.granularity.k < 32:  # the dense route's A16 kernels take these; experts do not
-        return (
-            f"FP8 activations on e2m1 weights scaled every {scheme.granularity.k} along K: the grouped FP8 GEMM "
-            "applies weight scales per K tile of >= 32"
-        )
     ok, why = TritonBackend().supports(Problem(scheme, 0, 0, None, device, dtype))
     return None if ok else why
 
@@ -237,9 +232,13 @@ def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> di
     plan's `pdl`)."""
     if not scheme.act.quantized:
         return dict(x=x)
+    from anybit.backends.triton_layout import codes_a16
     from anybit.formats.scheme import ActMode
     from anybit.kernels.quant_act import quantize_act
 
+    if frag and codes_a16(scheme):  # the A16 kernels on x's FP8 codes in x's dtype, its scales in their epilogue
+        xq, xs = quantize_act(x.contiguous(), scheme.act, pdl=pdl, codes_dtype=x.dtype)
+        return dict(x=xq, x_scales=xs)
     xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=pdl)
     group = scheme.act.group if scheme.act.mode is ActMode.GROUP else 0
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)

@@ -35,7 +35,9 @@ def test_grouped_gemm_matches_per_slot_products(interpret, scheme, e, k, t):
         assert rel_err(y[r], ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("scheme", ["w4a8", "w8a8-fp8", "w8a8:e4m3:g128:fp32:e4m3-token", "w4a8-mxfp4", "fp8-block"])
+@pytest.mark.parametrize(
+    "scheme", ["w4a8", "w8a8-fp8", "w8a8:e4m3:g128:fp32:e4m3-token", "w4a8-mxfp4", "w4a8-nvfp4", "fp8-block"]
+)
 def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     """FP8 x (per-token scales; FP8-block: per row and 128 columns, applied per K tile) against per-slot
     products built from the kernel's own quantized x; e4m3 experts under e4m3 x are read as stored
@@ -47,11 +49,12 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     e, k, t, n, kk = 5, 2, 9, 40, 256
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
     x = torch.randn(t, kk, generator=g).half()
-    xq, xs = quantize_act(x, qw.scheme.act)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
-    sorted_ids, expert_ids, total = moe_align(ids, e, 16)
     tw = stack_experts(qw)
     assert tw.nk == (scheme.startswith("w8a8") or scheme == "fp8-block")
+    assert tw.codes_a16 == scheme.startswith("w4a8-")  # MXFP4/NVFP4 experts: the A16 kernel on x's codes in fp16
+    xq, xs = quantize_act(x, qw.scheme.act, codes_dtype=x.dtype if tw.codes_a16 else None)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    sorted_ids, expert_ids, total = moe_align(ids, e, 16)
     group = qw.scheme.act.group if qw.scheme.act.mode.name == "GROUP" else 0
     y = moe_gemm(xq, tw, sorted_ids, expert_ids, total, block_m=16, num_rows=t * k, top_k=k, x_scales=xs,
                  x_group=group, out_dtype=torch.float16, block_k=64)  # fmt: skip

@@ -10,7 +10,9 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "mxfp4", "w8a16", "w4a8", "w8a8-fp8", "fp8-block"])
+@pytest.mark.parametrize(
+    "scheme", ["w4a16", "nvfp4", "mxfp4", "w8a16", "w4a8", "w8a8-fp8", "fp8-block", "w4a8-mxfp4", "w4a8-nvfp4"]
+)
 @pytest.mark.parametrize("e, k, t", [(64, 8, 1), (19, 2, 300), (128, 8, 16), (8, 2, 600)])
 def test_bf16_grouped_moe(scheme, e, k, t):
     """(8, 2, 600): 150 rows per expert, the 128-row tiles (w4a16: group scales on the decoded weights)."""
