@@ -150,3 +150,29 @@ def test_fp8_decode_tiles_go_deep_on_long_k(text, m, n, k, block_k):
 
     c = pick_config(m, n, k, Scheme.parse(text), 132, interpret=False, nk=True)
     assert c.block_k == block_k and (c.num_stages == 3 or block_k == 128)
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8-mxfp4"])
+def test_the_quantizer_triggers_its_gemms_early_launch_only_for_a_few_rows(interpret, monkeypatch, text):
+    """PDL's early trigger up to QUANT_EARLY_MAX_M rows (H200 M=16: the GEMM's CTAs landed on the SMs the quantizer
+    CTAs left free, up to 1.3x slower); the GEMM itself still launches as a dependent. Launches recorded, run plain."""
+    import anybit.backends.triton as triton_backend
+
+    seen, real_gemm = [], triton_backend.gemm_frag
+
+    def recorded_quantizer(*args, pdl=False, **kw):
+        seen.append(("quantizer", pdl))
+        return quantize_act(*args, **kw)
+
+    def recorded_gemm(*args, pdl=False, **kw):
+        seen.append(("gemm", pdl))
+        return real_gemm(*args, **kw)
+
+    monkeypatch.setattr(triton_backend, "pdl_launch", lambda device: True)
+    monkeypatch.setattr(triton_backend, "quantize_act", recorded_quantizer)
+    monkeypatch.setattr(triton_backend, "gemm_frag", recorded_gemm)
+    p = prepare(quantize(torch.randn(48, 256) * 0.05, text), backend="triton")
+    for m in (triton_backend.QUANT_EARLY_MAX_M, triton_backend.QUANT_EARLY_MAX_M + 12):
+        seen.clear()
+        get_backend("triton").gemm(torch.randn(m, 256).half(), p)
+        assert seen == [("quantizer", m <= triton_backend.QUANT_EARLY_MAX_M), ("gemm", True)]
