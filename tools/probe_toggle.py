@@ -4,7 +4,6 @@ of the route's own quantized x) and a relaunch bit for bit, then CUDA-graph µs 
 beyond L2 (the two variants timed alternately, twice each, so drift lands on both). Switches:
   settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
   quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
-  codes-a16   FP8-activation e2m1 weights on the A16 frag kernels (`codes_a16`; off: the bit-plane layout)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
@@ -28,8 +27,6 @@ from probe_out import relaunch_check, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
-from anybit.backends.base import Prepared  # noqa: E402
-from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels import quant_act  # noqa: E402
@@ -45,10 +42,6 @@ def _settle(on: bool) -> None:
 
 def _quant_wide(on: bool, wide=quant_act.WIDE_MAX_M) -> None:
     quant_act.WIDE_MAX_M = wide if on else 0  # read per call
-
-
-def _frag(on: bool) -> None:  # the switch is the layout (`_prepare`)
-    pass
 
 
 def _quant_early(on: bool) -> None:
@@ -67,17 +60,9 @@ SWITCHES = {
     "rowwise": _rowwise,
     "settle": _settle,
     "quant-wide": _quant_wide,
-    "codes-a16": _frag,
     "quant-early": _quant_early,
     "pdl": _pdl,
 }
-
-
-def _prepare(name: str, qw, on: bool):
-    """The weight as the route gets it; codes-a16 off: the bit-plane layout (what such weights had before)."""
-    if name == "codes-a16" and not on:
-        return Prepared("triton", qw, to_triton_layout(qw, allow_frag=False))
-    return anybit.prepare(qw)
 
 
 def _timed(x, preps, switch, on: bool) -> float:
@@ -102,7 +87,7 @@ def main() -> int:
         for shape in args.shapes.split(","):
             n, k = (int(v) for v in shape.split("x"))
             qws = [anybit.quantize(torch.randn(n, k, device=dev) * 0.02, scheme) for _ in range(args.copies)]
-            preps = {v: [_prepare(args.switch, qw, v == "on") for qw in qws] for v in VARIANTS}
+            preps = [anybit.prepare(qw) for qw in qws]
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device=dev).bfloat16()
                 xr = x[:64]
@@ -113,14 +98,14 @@ def main() -> int:
                 row, ok = dict(scheme=name, n=n, k=k, m=m, switch=args.switch), True
                 for v in VARIANTS:
                     switch(v == "on")
-                    why = relaunch_check(lambda x=x, p=preps[v][0]: anybit.gemm(x, p), ref)
+                    why = relaunch_check(lambda x=x, p=preps[0]: anybit.gemm(x, p), ref)
                     if why:
                         errors[f"{name} {shape} M={m} {args.switch} {v}"] = why
                         ok = False
                 if ok:
                     samples = {v: [] for v in VARIANTS}
                     for v in VARIANTS + VARIANTS:
-                        samples[v].append(_timed(x, preps[v], switch, v == "on"))
+                        samples[v].append(_timed(x, preps, switch, v == "on"))
                     row.update({f"{v}_us": min(s) for v, s in samples.items()})
                     ratio = row["on_us"] / row["off_us"]
                     print(f"{name:24s} {shape:11s} M={m:4d}  off {row['off_us']:7.1f}  on {row['on_us']:7.1f}"
