@@ -26,6 +26,11 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 WIDE_MAX_M = 128  # up to this many rows, a row is read in one step (`quantize_act`)
 WIDE_MAX_K = 32768  # ... when it is at most this long (64 fp32 values a thread at 16 warps)
+# Up to this many rows (and K > SPLIT_CHUNK), several programs share a row, each casting SPLIT_CHUNK columns. Off (0):
+# not yet measured (tools/probe_toggle.py --switch quant-split); the aim is the one-CTA latency of a decode row
+# (H200: 3.3 µs at K=8192, 7.7 at 28672, which an FP8 decode GEMM waits for)
+SPLIT_MAX_M = 0
+SPLIT_CHUNK = 2048
 
 
 @triton.jit
@@ -43,7 +48,7 @@ def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_xm, stride_qm, stride_sm, stride_sum, QMAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, SUMS: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False, stride_sg=1, COLS: tl.constexpr = 1,
-    CODES16: tl.constexpr = False, E5M2: tl.constexpr = False,
+    CODES16: tl.constexpr = False, E5M2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """GROUP == 0: one scale per row (s_ptr [M, 1]; COLS > 1: written to each of the K/128 columns, COLS
     their power-of-two bound); GROUP == -1: the static scale at s_ptr[M] (read, copied to each row's
@@ -53,13 +58,24 @@ def _quant_act_kernel(
     (amax, then cast).
     SUMS (GROUP <= 0, BLOCK a multiple of 128): also the sum of each 128-K block's quantized values,
     fp32 at sum_ptr [K/128 blocks, M] (the FP8 fragment kernel's zero-point term, `gemm_frag`).
-    CODES16: q_ptr is bf16/fp16 and holds the FP8 codes (e4m3, E5M2: e5m2) exactly."""
+    CODES16: q_ptr is bf16/fp16 and holds the FP8 codes (e4m3, E5M2: e5m2) exactly.
+    CHUNK > 0 (a multiple of 128, of BLOCK for groups): program (row, c) casts columns [c * CHUNK, (c + 1) * CHUNK)
+    only; per token each of a row's programs takes the row's amax itself (its other reads hit L2), the first
+    writes the scale."""
     if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
         gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xm
     q_row = q_ptr + row * stride_qm
+    CAST: tl.constexpr = CHUNK if CHUNK > 0 and GROUP <= 0 else BLOCK  # columns a cast step
+    offs_c = tl.arange(0, CAST)
+    if CHUNK > 0:
+        k_lo = tl.program_id(1) * CHUNK
+        k_hi = tl.minimum(k_lo + CHUNK, K)
+    else:
+        k_lo = 0
+        k_hi = K
     if GROUP <= 0:
         xdt = x_ptr.dtype.element_ty  # held as loaded: half the registers of fp32 (a 32768-long row, 16 warps)
         x = tl.zeros((BLOCK,), dtype=xdt)
@@ -71,23 +87,27 @@ def _quant_act_kernel(
             scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_SCALE)
         else:
             scale = tl.load(s_ptr + tl.num_programs(0) * stride_sm)
-        if COLS == 1:
-            tl.store(s_ptr + row * stride_sm, scale)
-        else:
-            c = tl.arange(0, COLS)
-            tl.store(s_ptr + row * stride_sm + c * stride_sg, tl.zeros((COLS,), tl.float32) + scale, mask=c < K // 128)
-        for k0 in range(0, K, BLOCK):
-            if not ONE_PASS or GROUP != 0:
-                x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
-            y = _codes(tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -QMAX, QMAX), q_ptr, CODES16, E5M2)
-            tl.store(q_row + k0 + offs, y, mask=k0 + offs < K)
+        if k_lo == 0:  # the row's first program writes its scale
+            if COLS == 1:
+                tl.store(s_ptr + row * stride_sm, scale)
+            else:
+                c = tl.arange(0, COLS)
+                tl.store(s_ptr + row * stride_sm + c * stride_sg, tl.zeros((COLS,), tl.float32) + scale,
+                         mask=c < K // 128)  # fmt: skip
+        for k0 in range(k_lo, k_hi, CAST):
+            if ONE_PASS and GROUP == 0 and CHUNK == 0:
+                xc = x
+            else:
+                xc = tl.load(x_row + k0 + offs_c, mask=k0 + offs_c < K, other=0.0)
+            y = _codes(tl.clamp(tl.math.div_rn(xc.to(tl.float32), scale), -QMAX, QMAX), q_ptr, CODES16, E5M2)
+            tl.store(q_row + k0 + offs_c, y, mask=k0 + offs_c < K)
             if SUMS:
-                blk = k0 // 128 + tl.arange(0, BLOCK // 128)
-                sums = tl.sum(tl.reshape(y.to(tl.float32), (BLOCK // 128, 128)), axis=1)
+                blk = k0 // 128 + tl.arange(0, CAST // 128)
+                sums = tl.sum(tl.reshape(y.to(tl.float32), (CAST // 128, 128)), axis=1)
                 tl.store(sum_ptr + blk * stride_sum + row, sums, mask=blk * 128 < K)
     else:
         GB: tl.constexpr = BLOCK // GROUP
-        for k0 in range(0, K, BLOCK):
+        for k0 in range(k_lo, k_hi, BLOCK):
             x = tl.reshape(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32), (GB, GROUP))
             scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, MIN_SCALE)
             g = k0 // GROUP + tl.arange(0, GB)
@@ -133,12 +153,16 @@ def quantize_act(
         if group == -1:
             scales[m] = static_scale
     sums = torch.empty((cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
+    chunk = 0  # SPLIT_MAX_M: a row's columns over several programs (whole groups, a power of two a program)
+    if m <= SPLIT_MAX_M and k > SPLIT_CHUNK and (group <= 0 or SPLIT_CHUNK % group == 0):
+        chunk = SPLIT_CHUNK
+        block = chunk if group > 0 else block
     if m:
-        _quant_act_kernel[(m,)](
+        _quant_act_kernel[(m, cdiv(k, chunk) if chunk else 1)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
             ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand, CODES16=codes_dtype is not None,
-            E5M2=spec.dtype.name == "e5m2",
+            E5M2=spec.dtype.name == "e5m2", CHUNK=chunk,
             num_warps=8 if k > block else min(16, max(4, block // 1024)),
         )  # fmt: skip
     if blockwise:

@@ -176,3 +176,21 @@ def test_the_quantizer_triggers_its_gemms_early_launch_only_for_a_few_rows(inter
         seen.clear()
         get_backend("triton").gemm(torch.randn(m, 256).half(), p)
         assert seen == [("quantizer", m <= triton_backend.QUANT_EARLY_MAX_M), ("gemm", True)]
+
+
+@pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token", "w4a8-mxfp4"])
+@pytest.mark.parametrize("m, k", [(3, 5120), (5, 2176)])  # the last program of a row short
+def test_quantizer_with_a_row_over_several_programs_writes_the_same(interpret, monkeypatch, text, m, k):
+    """`SPLIT_MAX_M`: each of a row's programs casts SPLIT_CHUNK columns (per token: with the row's amax taken by
+    each) — bit for bit what one program a row writes, codes, scales and block sums."""
+    from anybit.kernels import quant_act
+
+    spec = Scheme.parse(text).act
+    x = torch.randn(m, k).half() * 3
+    kw = dict(block_sums=spec.mode.name == "TOKEN" and text != "w4a8-mxfp4")
+    kw["codes_dtype"] = torch.float16 if text == "w4a8-mxfp4" else None
+    one = quantize_act(x, spec, **kw)
+    monkeypatch.setattr(quant_act, "SPLIT_MAX_M", 128)
+    monkeypatch.setattr(quant_act, "SPLIT_CHUNK", 1024)
+    split = quantize_act(x, spec, **kw)
+    assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, split, strict=True))
