@@ -349,8 +349,18 @@ def main() -> int:
                     "block_m=256:stages=4,stages=4")  # fmt: skip
     ap.add_argument("--peers", default="", help="humming: its indexed MoE GEMMs on the same weights; bf16: a "
                     "plain Triton grouped GEMM on bf16 weights (tools/moe_bf16.py)")  # fmt: skip
+    ap.add_argument(
+        "--quant-early-max-rows",
+        type=int,
+        default=None,
+        help="rows of x up to which the FP8 quantizer triggers its GEMM's early launch",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    if args.quant_early_max_rows is not None:
+        import anybit.moe.layer as moe_layer
+
+        moe_layer.QUANT_EARLY_MAX_ROWS = args.quant_early_max_rows
     rows = run(args)
     os.makedirs(args.out, exist_ok=True)
     name, n = "moe_bench.json", 1
@@ -359,7 +369,8 @@ def main() -> int:
         name = f"moe_bench_{n}.json"
     with open(os.path.join(args.out, name), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-                   "commit": os.environ.get("ANYBIT_COMMIT")}, f, indent=1)  # fmt: skip
+                   "commit": os.environ.get("ANYBIT_COMMIT"), "quant_early_max_rows": args.quant_early_max_rows}, f,
+                  indent=1)  # fmt: skip
     return 0
 
 

@@ -225,6 +225,12 @@ def _fitting(launch: dict, run):
             launch.update(fewer_stages(e, launch))
 
 
+# Rows of x up to which the quantizer triggers its grouped GEMM's early launch (PDL). The dense route stops at 4 rows
+# (`anybit.backends.triton.QUANT_EARLY_MAX_M`: at 16 the early GEMM's CTAs crowded the SMs the quantizer left free);
+# here every size still triggers — not yet measured against (tools/moe_bench.py --quant-early-max-rows).
+QUANT_EARLY_MAX_ROWS = 1 << 30
+
+
 def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> dict:
     """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row (or per row
     and group: `x_group`) with its scales (and, for frag-layout experts, its per-128-K-block sums), as
@@ -232,6 +238,7 @@ def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> di
     plan's `pdl`)."""
     if not scheme.act.quantized:
         return dict(x=x)
+    pdl = pdl and x.shape[0] <= QUANT_EARLY_MAX_ROWS
     from anybit.backends.triton_layout import codes_a16
     from anybit.formats.scheme import ActMode
     from anybit.kernels.quant_act import quantize_act
