@@ -16,8 +16,13 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token"])
 @pytest.mark.parametrize("m, k", [(33, 4096), (1, 28672), (16, 7168), (200, 8192), (5, 40064)])
-def test_quantizer_is_bitwise_the_reference(text, m, k):
-    """Rows read in one step (decode, up to 32768 long) and in steps (more rows, longer rows) alike."""
+@pytest.mark.parametrize("split", [0, 128])
+def test_quantizer_is_bitwise_the_reference(monkeypatch, text, m, k, split):
+    """Rows read in one step (decode, up to 32768 long) and in steps (more rows, longer rows) alike; `split`: a row
+    over several programs (`SPLIT_MAX_M`)."""
+    from anybit.kernels import quant_act
+
+    monkeypatch.setattr(quant_act, "SPLIT_MAX_M", split)
     spec = Scheme.parse(text).act
     x = torch.randn(m, k, device="cuda").bfloat16() * 5
     x[m // 2] = 0
