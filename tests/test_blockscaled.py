@@ -97,13 +97,11 @@ def test_block_scaled_call_against_its_emulation(interpret, monkeypatch, text):
 def test_mxfp4_rows_as_e4m3_times_a_power_of_two_exactly(interpret):
     """MXFP4 under FP8 x: each row's codes times its groups' powers of two relative to the row's largest are e4m3
     values (the row-wise route's W), and the row scales give back `dequantize()` bit for bit."""
-    import dataclasses
-
     qw = quantize(torch.randn(80, 384) * 0.05, "w4a8-mxfp4")
     tw = to_triton_layout(qw)
     assert tw.codes_a16 and tw.rowwise is not None
     rel, rows = tw.rowwise
-    wq = dequantize_frag(dataclasses.replace(tw, scales=rel), dtype=torch.float8_e4m3fn)
+    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn, scales=rel)
     assert torch.equal(wq.float() * rows[:, None], qw.dequantize())
 
 

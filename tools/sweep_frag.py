@@ -52,6 +52,15 @@ def write_sweep(out_dir: str, name: str, rows: list, summary: list) -> None:
         json.dump(dict(rows=rows, summary=summary, commit=os.environ.get("ANYBIT_COMMIT")), f, indent=1)
 
 
+def humming_copies(qw) -> list:
+    """COPIES of `qw` prepared for the humming backend, or none (said why: not installed, or refused)."""
+    try:
+        return [anybit.prepare(qw, backend="humming") for _ in range(COPIES)]
+    except Exception as e:  # the sweep goes on without it
+        print("humming:", repr(e)[:160])
+        return []
+
+
 def checked_time(backend, x, preps, config, ref) -> float | None:
     """Graph µs of `config` after it matched `ref` (first rows) and its relaunch bit for bit; None (said why) when
     it is wrong or does not compile or fit."""
@@ -90,11 +99,7 @@ def main() -> int:
         qw = anybit.quantize(torch.randn(n, k, device="cuda") * 0.02, args.scheme)
         frag = [anybit.prepare(qw, backend="triton") for _ in range(COPIES)]
         planes = [Prepared("triton", qw, to_triton_layout(qw, allow_frag=False)) for _ in range(COPIES)]
-        try:
-            hum = [anybit.prepare(qw, backend="humming") for _ in range(COPIES)]
-        except Exception as e:  # not installed or refused: say so, sweep the rest
-            print("humming:", repr(e)[:160])
-            hum = []
+        hum = humming_copies(qw)
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda").bfloat16()
             if qw.scheme.act.quantized:  # x is quantized inside the call: the route (GPU-tested) is the reference

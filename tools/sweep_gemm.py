@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from sweep_frag import COPIES, _time, checked_time, note_tile, write_sweep  # noqa: E402
+from sweep_frag import COPIES, _time, checked_time, humming_copies, note_tile, write_sweep  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -45,11 +45,7 @@ def main() -> int:
         n, k = (int(v) for v in shape.split("x"))
         qw = anybit.quantize(torch.randn(n, k, device="cuda") * 0.02, args.scheme)
         preps = [anybit.prepare(qw, backend="triton") for _ in range(COPIES)]
-        try:
-            hum = [anybit.prepare(qw, backend="humming") for _ in range(COPIES)]
-        except Exception as e:  # not installed or refused: say so, sweep the rest
-            print("humming:", repr(e)[:160])
-            hum = []
+        hum = humming_copies(qw)
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = tri.gemm(x, preps[0]).double()  # the route, itself checked by the GPU tests

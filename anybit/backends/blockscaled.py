@@ -17,7 +17,6 @@ FP8 x whose rows' group scales lie within 8 binades — each written per call as
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -131,7 +130,7 @@ def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
     s = qw.scheme
     if not (codes_a16(s) and s.scale_dtype.name == "ue8m0" and s.act.dtype.name == "e4m3"):
         return None
-    if s.act.mode is not ActMode.TOKEN or qw.n % 16 or qw.k % 16 or len(qw.shape) != 2:
+    if s.act.mode is not ActMode.TOKEN or qw.n % 16 or qw.k % 16:
         return None
     codes = qw.scales.to(torch.int32)  # [N, K/g] ue8m0 codes
     top = codes.amax(dim=1, keepdim=True)
@@ -171,6 +170,6 @@ def rowwise_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Tensor
 
     rel, rows = tw.rowwise
     xq, sx = quantize_act(x, tw.scheme.act)
-    wq = dequantize_frag(dataclasses.replace(tw, scales=rel), dtype=torch.float8_e4m3fn)
+    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn, scales=rel)
     y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=rows.view(1, -1), out_dtype=x.dtype)
     return y + bias if bias is not None else y

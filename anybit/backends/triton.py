@@ -219,6 +219,12 @@ def pdl_launch(device: torch.device) -> bool:
     return device.type == "cuda" and settings.pdl() and not settings.triton_interpret() and _major(device) >= 9
 
 
+def quant_early(m: int, device: torch.device) -> bool:
+    """Whether the activation quantizer of an M-row dense frag call triggers its GEMM's early launch
+    (`QUANT_EARLY_MAX_M`)."""
+    return m <= QUANT_EARLY_MAX_M and pdl_launch(device)
+
+
 class _Workspace:
     """Split-K partials and tile counters, per device, grown on demand and reused by every call."""
 
@@ -296,8 +302,7 @@ class TritonBackend:
             return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            early = m <= QUANT_EARLY_MAX_M and pdl_launch(x2.device)
-            x2, x_scales = quantize_act(x2, act, static, pdl=early, codes_dtype=x2.dtype)
+            x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, m, x.dtype)):
             return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
@@ -337,8 +342,7 @@ class TritonBackend:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                early = pdl and m <= QUANT_EARLY_MAX_M
-                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=early)
+                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=quant_early(m, x2.device))
             else:
                 x2, x_scales = quantize_act(x2, act, static)
             x_group = act.group if act.mode is ActMode.GROUP else 0

@@ -76,20 +76,25 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
 # fmt: on
 
 
-def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
+def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.Tensor | None = None) -> torch.Tensor:
     """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
     rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
-    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM."""
+    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM.
+    scales: others in the layout and dtype of `tw.scales` (the row-relative ue8m0 codes of `e2m1_row_scales`)."""
     codes = bool(tw.scheme.act.quantized) and not tw.codes_a16
     if codes and dtype != torch.float8_e4m3fn:
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
+    scales = tw.scales if scales is None else scales
+    if scales.shape != tw.scales.shape or scales.dtype != tw.scales.dtype:
+        raise ValueError(f"scales must be {tw.scales.dtype} {tuple(tw.scales.shape)} like the weight's, got "
+                         f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
-    dummy = tw.scales
+    dummy = scales
     # fmt: off
     _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, frag_block_k(tw.fmt["W_BITS"])))](
-        tw.planes[0], tw.scales, tw.zeros if tw.zeros is not None else dummy,
+        tw.planes[0], scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
-        tw.scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
+        scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
         GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, CODES=codes,
         num_warps=4,
     )
