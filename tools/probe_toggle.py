@@ -4,7 +4,7 @@ of the route's own quantized x) and a relaunch bit for bit, then CUDA-graph µs 
 beyond L2 (the two variants timed alternately, twice each, so drift lands on both). Switches:
   settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
   quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
-  quant-split several programs share a decode row, SPLIT_CHUNK columns each (`quant_act.SPLIT_MAX_M`; on: 128)
+  quant-split several programs share a decode row, SPLIT_CHUNK columns each (`split_chunk`; off: SPLIT_MAX_M 0)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
@@ -45,8 +45,8 @@ def _quant_wide(on: bool, wide=quant_act.WIDE_MAX_M) -> None:
     quant_act.WIDE_MAX_M = wide if on else 0  # read per call
 
 
-def _quant_split(on: bool) -> None:
-    quant_act.SPLIT_MAX_M = 128 if on else 0  # read per call
+def _quant_split(on: bool, rows=quant_act.SPLIT_MAX_M or 64) -> None:
+    quant_act.SPLIT_MAX_M = rows if on else 0  # read per call (on: the shipped rule, `split_chunk`)
 
 
 def _quant_early(on: bool) -> None:

@@ -1,16 +1,17 @@
 """Dynamic FP8 activation quantization on the GPU, matching `anybit.quant.activations` bit for bit:
 scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to nearest even.
 
-One program per row. Up to WIDE_MAX_M rows (decode: a row per SM at most) a row of up to WIDE_MAX_K
-values is read in one step and held in registers (up to 16 warps): the GEMM after it waits for the whole
-grid, and a row walked 4096 (per group 1024) columns at a time is a chain of dependent loads in one CTA.
-More rows: per token, rows up to 4096 long are loaded once (amax, scale, cast from registers), longer
-ones twice, 4096 at a time (the second read mostly from L2); per group, 1024 columns at a time, each
-group's amax, scale and cast in one pass. H200, M=4096 (`tools/probe_blockwise.py --parts`): per token
-K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass row: 183 µs at K=14336, one CTA per SM); per group
-37/34/56 µs (one group per step: 55/106/180). Static: the calibrated scale is read from memory and
-written out per row, so the GEMM treats it as a per-token scale. No host synchronisation (CUDA-graph
-safe); the activations' finiteness is the caller's contract here (the reference path checks it).
+One program per row (a decode row over several, `split_chunk`). Up to WIDE_MAX_M rows (decode: a row per
+SM at most) a row of up to WIDE_MAX_K values is read in one step and held in registers (up to 16 warps):
+the GEMM after it waits for the whole grid, and a row walked 4096 (per group 1024) columns at a time is
+a chain of dependent loads in one CTA. More rows: per token, rows up to 4096 long are loaded once (amax,
+scale, cast from registers), longer ones twice, 4096 at a time (the second read mostly from L2); per
+group, 1024 columns at a time, each group's amax, scale and cast in one pass. H200, M=4096
+(`tools/probe_blockwise.py --parts`): per token K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass
+row: 183 µs at K=14336, one CTA per SM); per group 37/34/56 µs (one group per step: 55/106/180). Static:
+the calibrated scale is read from memory and written out per row, so the GEMM treats it as a per-token
+scale. No host synchronisation (CUDA-graph safe); the activations' finiteness is the caller's contract
+here (the reference path checks it).
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 WIDE_MAX_M = 128  # up to this many rows, a row is read in one step (`quantize_act`)
 WIDE_MAX_K = 32768  # ... when it is at most this long (64 fp32 values a thread at 16 warps)
-# Up to this many rows (and K > SPLIT_CHUNK), several programs share a row, each casting SPLIT_CHUNK columns. Off (0):
-# not yet measured (tools/probe_toggle.py --switch quant-split); the aim is the one-CTA latency of a decode row
-# (H200: 3.3 µs at K=8192, 7.7 at 28672, which an FP8 decode GEMM waits for)
-SPLIT_MAX_M = 0
+# Up to this many rows (and K > SPLIT_CHUNK) several programs share a row, each casting SPLIT_CHUNK columns
+# (`split_chunk`): a decode row is one CTA's chain of loads otherwise (H200: 3.3 µs at K=8192, 7.7 at 28672, which
+# the FP8 decode GEMM waits for). Per token each program reads the whole row for its amax (from L2): no split when
+# those extra reads pass SPLIT_MAX_REREAD bytes. H200, CUDA graphs, 8192x8192 / 8192x28672 (`tools/probe_toggle.py
+# --switch quant-split`): 3-7 % faster at M=1/16/64 (FP8-block, per token up to 16 rows of 28672), 9-10 % slower
+# per token at M=64 K=28672 (48 MB re-read); with the early launch (`pdl`) more than 4 programs were slower too.
+SPLIT_MAX_M = 64
 SPLIT_CHUNK = 2048
+SPLIT_MAX_REREAD = 16 << 20
+SPLIT_MAX_EARLY_PROGRAMS = 4
 
 
 @triton.jit
@@ -116,6 +122,19 @@ def _quant_act_kernel(
             tl.store(q_row + k0 + offs, _codes(y, q_ptr, CODES16, E5M2), mask=k0 + offs < K)
 
 
+def split_chunk(m: int, k: int, group: int, pdl: bool, itemsize: int = 2) -> int:
+    """Columns a program casts when several share a row (0: one program a row). group as the kernel's GROUP
+    (0 per token, -1 static, else the group); pdl: the GEMM after it launches early (`quantize_act(pdl=True)`)."""
+    if m > SPLIT_MAX_M or k <= SPLIT_CHUNK or (group > 0 and SPLIT_CHUNK % group):
+        return 0
+    programs = cdiv(k, SPLIT_CHUNK)
+    if group == 0 and (programs - 1) * m * k * itemsize > SPLIT_MAX_REREAD:
+        return 0
+    if pdl and m * programs > SPLIT_MAX_EARLY_PROGRAMS:
+        return 0
+    return SPLIT_CHUNK
+
+
 def quantize_act(
     x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False,
     pdl: bool = False, blockwise: bool = False, codes_dtype: torch.dtype | None = None,
@@ -153,10 +172,9 @@ def quantize_act(
         if group == -1:
             scales[m] = static_scale
     sums = torch.empty((cdiv(k, 128), m), device=x.device, dtype=torch.float32) if block_sums else scales
-    chunk = 0  # SPLIT_MAX_M: a row's columns over several programs (whole groups, a power of two a program)
-    if m <= SPLIT_MAX_M and k > SPLIT_CHUNK and (group <= 0 or SPLIT_CHUNK % group == 0):
-        chunk = SPLIT_CHUNK
-        block = chunk if group > 0 else block
+    chunk = split_chunk(m, k, group, pdl, x.element_size())
+    if chunk and group > 0:
+        block = chunk
     if m:
         _quant_act_kernel[(m, cdiv(k, chunk) if chunk else 1)](
             x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),

@@ -194,3 +194,16 @@ def test_quantizer_with_a_row_over_several_programs_writes_the_same(interpret, m
     monkeypatch.setattr(quant_act, "SPLIT_CHUNK", 1024)
     split = quantize_act(x, spec, **kw)
     assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, split, strict=True))
+
+
+def test_a_decode_row_is_split_where_it_was_measured_faster():
+    """`split_chunk`: per token not past SPLIT_MAX_REREAD bytes of re-read rows, not past
+    SPLIT_MAX_EARLY_PROGRAMS programs when the GEMM launches early; per group and static rows need no re-read."""
+    from anybit.kernels.quant_act import SPLIT_CHUNK, split_chunk
+
+    assert split_chunk(16, 28672, 0, False) == SPLIT_CHUNK  # 12 MB re-read
+    assert split_chunk(64, 28672, 0, False) == 0  # 48 MB
+    assert split_chunk(64, 28672, 128, False) == split_chunk(64, 28672, -1, False) == SPLIT_CHUNK
+    assert split_chunk(1, 8192, 0, True) == SPLIT_CHUNK and split_chunk(1, 28672, 0, True) == 0
+    assert split_chunk(65, 8192, 128, False) == split_chunk(16, SPLIT_CHUNK, 0, False) == 0
+    assert split_chunk(4, 8192, 96, False) == 0  # a chunk of whole groups only
