@@ -205,7 +205,8 @@ def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
     if nk:
         return [qw.codes().view(torch_float8(qw.scheme.weight))]
     if frag:
-        return [pack_frag(stored_codes(qw), a8=a8_mma(qw.scheme), bits=qw.scheme.weight_bits)]
+        e2m1 = isinstance(qw.scheme.weight, FloatType)  # the fragment layout's one float format
+        return [pack_frag(stored_codes(qw), a8=a8_mma(qw.scheme), bits=qw.scheme.weight_bits, e2m1=e2m1)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from anybit.kernels.frag_layout import E2M1_ROT, E2M1_ROT3
+
 # word -> four pairs (MAGIC + nibble j of each half) - OFF, j = 0..3 (`unpack_pairs_minus`)
 _PAIRS_MINUS = """{
 .reg .b32 t, m, g, c;
@@ -213,35 +215,51 @@ def unpack_bytes(p, R: tl.constexpr, MASK, sub, DTYPE: tl.constexpr, PTX: tl.con
     return tl.reshape(tl.permute(v, (0, 2, 3, 1, 4)), (R, 64))  # k = 16c + 8j + 2t + e
 
 
+# the rotations of `frag_layout.e2m1_bit_order` (fp16: exponent and mantissa 3 bits higher than in bf16)
+_R1: tl.constexpr = tl.constexpr(E2M1_ROT[1])
+_R2: tl.constexpr = tl.constexpr(E2M1_ROT[2])
+_R3M: tl.constexpr = tl.constexpr(E2M1_ROT3[0])
+_R3: tl.constexpr = tl.constexpr(E2M1_ROT3[1])
+_F0: tl.constexpr = tl.constexpr((E2M1_ROT[0] - 3) % 32)
+_F1: tl.constexpr = tl.constexpr((E2M1_ROT[1] - 3) % 32)
+_F2: tl.constexpr = tl.constexpr((E2M1_ROT[2] - 3) % 32)
+_F3M: tl.constexpr = tl.constexpr((E2M1_ROT3[0] - 3) % 32)
+_F3: tl.constexpr = tl.constexpr((E2M1_ROT3[1] - 3) % 32)
+
+
 @triton.jit
-def _e2m1_pair(t, SHIFT: tl.constexpr, EM_MASK: tl.constexpr):
-    """t holds a code at bits 12-15 of each half: its sign stays at bit 15, exponent and mantissa
-    move under DTYPE's exponent field's lowest bits (value * 2**-(DTYPE bias - 1), subnormals too)."""
-    return (t & -0x7FFF8000) | ((t >> SHIFT) & EM_MASK)  # -0x7FFF8000: the int32 of 0x80008000
+def _rotr(u, T: tl.constexpr):
+    """uint32 u rotated right by T (one SHF.R.W)."""
+    return (u >> T) | (u << (32 - T))
 
 
 @triton.jit
 def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr, FOLD: tl.constexpr = False):
-    """[R, 16] words of e2m1 codes -> [R, 128] exact DTYPE values in natural K order: the fields are
-    placed into DTYPE's bits (bf16: exponent/mantissa at bits 6-8, a bf16 subnormal for the two
-    e = 0 codes; fp16: bits 9-11) and one packed multiply by 2**126 (bf16) or 2**14 (fp16) rebiases
-    them — the decode vLLM's Marlin kernels use for FP4. FOLD: without that multiply (the caller's
-    group scales carry 2**118 / 2**6 instead, `frag_fold`)."""
+    """[R, 16] words of e2m1 codes (`frag_layout.e2m1_bit_order`) -> [R, 128] exact DTYPE values in natural
+    K order: the fields land in DTYPE's bits (bf16: exponent/mantissa at bits 6-8 of each half, a bf16
+    subnormal for the two e = 0 codes; fp16: bits 9-11) and one packed multiply by 2**126 (bf16) or 2**14
+    (fp16) rebiases them — the decode vLLM's Marlin kernels use for FP4. bf16: pairs 0-2 by one rotation
+    and one AND each, pair 3 by two (rotations `E2M1_ROT`, `E2M1_ROT3`); fp16 takes sign and exponent/
+    mantissa from different rotations (3 bits apart). FOLD: without the multiply (the caller's group
+    scales carry 2**118 / 2**6 instead, `frag_fold`). MASK: unused, kept for the decoders' signature."""
+    u = p.to(tl.uint32, bitcast=True)
     if DTYPE == tl.bfloat16:
-        SHIFT: tl.constexpr = 6
-        EM: tl.constexpr = 0x01C001C0
         rebias: tl.constexpr = 2.0**126
+        r0 = u & 0x81C081C0  # E2M1_ROT[0] == 0
+        r1 = _rotr(u, _R1) & 0x81C081C0
+        r2 = _rotr(u, _R2) & 0x81C081C0
+        r3 = (_rotr(u, _R3) & 0x81808180) | (_rotr(u, _R3M) & 0x00400040)
     else:
-        SHIFT: tl.constexpr = 3
-        EM: tl.constexpr = 0x0E000E00
         rebias: tl.constexpr = 2.0**14
-    r0 = _e2m1_pair(p << 12, SHIFT, EM)
-    r1 = _e2m1_pair(p << 8, SHIFT, EM)
-    r2 = _e2m1_pair(p << 4, SHIFT, EM)
-    r3 = _e2m1_pair(p << (MASK >> 31), SHIFT, EM)  # the opaque zero shift, as in unpack_pairs
+        r0 = (u & 0x80008000) | (_rotr(u, _F0) & 0x0E000E00)
+        r1 = (_rotr(u, _R1) & 0x80008000) | (_rotr(u, _F1) & 0x0E000E00)
+        r2 = (_rotr(u, _R2) & 0x80008000) | (_rotr(u, _F2) & 0x0E000E00)
+        r3 = (_rotr(u, _R3) & 0x80008000) | (_rotr(u, _F3) & 0x0C000C00) | (_rotr(u, _F3M) & 0x02000200)
+    w = pairs_to_rows(r0.to(tl.int32, bitcast=True), r1.to(tl.int32, bitcast=True),
+                      r2.to(tl.int32, bitcast=True), r3.to(tl.int32, bitcast=True), R, DTYPE)  # fmt: skip
     if FOLD:
-        return pairs_to_rows(r0, r1, r2, r3, R, DTYPE)
-    return pairs_to_rows(r0, r1, r2, r3, R, DTYPE) * rebias
+        return w
+    return w * rebias
 
 
 @triton.jit

@@ -5,7 +5,9 @@ a Hopper wgmma A fragment consumes them, stored in panels of 64 rows; `pack_frag
 
 4 bits: int32 [N, K_pad/8], K padded to 128; in each 128-K block of a row the 16 words are numbered
 w = 4t + c, and code k = e + 2t + 8j + 32c sits in word 4t + c at nibble j + 4e (FP8 activations:
-k = i + 4t + 16j + 32c at nibble 2i + j; 2 and 8 bits: `_frag_order`).
+k = i + 4t + 16j + 32c at nibble 2i + j; 2 and 8 bits: `_frag_order`). e2m1 codes (`e2m1=True`): the same
+words with each code's four bits moved (`e2m1_bit_order`), so that a bf16 pair comes out of a word by
+one rotation and one AND.
 """
 
 from __future__ import annotations
@@ -55,16 +57,51 @@ def _frag_order(a8: bool = False, bits: int = 4) -> torch.Tensor:
     return torch.tensor(inv)
 
 
+# e2m1 words: code bits (mantissa, exponent low, exponent high, sign) go where the bf16 decode wants them
+# (bits 6, 7, 8, 15 of each half: a subnormal bf16 of value * 2**-126, `unpack_e2m1`) after a rotation
+# right: nibble j < 3 of both halves by E2M1_ROT[j] (then one AND with 0x81C081C0), nibble 3's mantissa
+# by E2M1_ROT3[0], its sign and exponent by E2M1_ROT3[1]. 9 instructions a word instead of 15 (two
+# shifts and two LOP3 a pair); three whole pairs is the most 32 bits hold (searched exhaustively).
+E2M1_ROT = (0, 4, 10)
+E2M1_ROT3 = (14, 6)
+_E2M1_BF16_BITS = (6, 7, 8, 15)
+
+
+def e2m1_bit_order() -> list[int]:
+    """new[b] = where bit b of a 4-bit layout word (nibble j + 4e holds the code of pair j, half e) sits
+    in the e2m1 word."""
+    new = [0] * 32
+    for j in range(4):
+        for e in range(2):
+            for b in range(4):
+                rot = E2M1_ROT[j] if j < 3 else E2M1_ROT3[0 if b == 0 else 1]
+                new[4 * j + 16 * e + b] = (_E2M1_BF16_BITS[b] + 16 * e + rot) % 32
+    assert sorted(new) == list(range(32)), "the e2m1 word order is not a permutation"
+    return new
+
+
+def _permute_bits(words: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """int64 words (0 <= w < 2**32) with bit b moved to order[b], by one look-up per byte."""
+    byte = torch.arange(256, device=words.device)
+    out = torch.zeros_like(words)
+    for i in range(4):
+        lut = sum(((byte >> b) & 1) << order[8 * i + b] for b in range(8))
+        out |= lut[(words >> (8 * i)) & 0xFF]
+    return out
+
+
 def frag_mask(bits: int) -> int:
     """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
     frag_block_k(bits)  # names an unsupported width
     return {4: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
 
 
-def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Tensor:
+def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4, e2m1: bool = False) -> torch.Tensor:
     """uint8 `bits`-bit codes (4 or 2) [..., N, K] -> int32 [..., N, K_pad * bits / 32] in the fragment
     order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of the block, `frag_block_k`;
-    kernels mask the activations there)."""
+    kernels mask the activations there). e2m1: 4-bit e2m1 codes, bits in `e2m1_bit_order`."""
+    if e2m1 and (a8 or bits != 4):
+        raise ValueError(f"the e2m1 word order holds 4-bit codes in the A16 MMA order, got bits={bits}, a8={a8}")
     *lead, n, k = codes.shape
     c = codes.to(torch.int64)
     kb = frag_block_k(bits)
@@ -75,6 +112,8 @@ def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4) -> torch.Ten
     blocks = c.reshape(*lead, n, -1, kb)[..., _frag_order(a8, bits).to(c.device)]
     shifted = blocks.reshape(*lead, n, -1, FRAG_WORDS, fields) << (torch.arange(fields, device=c.device) * bits)
     words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
+    if e2m1:
+        words = _permute_bits(words, e2m1_bit_order())
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     return to_panels(words, FRAG_PANEL)
 
@@ -98,13 +137,18 @@ def from_panels(words: torch.Tensor, n: int, panel: int) -> torch.Tensor:
     return p.reshape(*lead, n_pad, kw)[..., :n, :]
 
 
-def unpack_frag(words: torch.Tensor, k: int, a8: bool = False, bits: int = 4, n: int | None = None) -> torch.Tensor:
+def unpack_frag(
+    words: torch.Tensor, k: int, a8: bool = False, bits: int = 4, n: int | None = None, e2m1: bool = False
+) -> torch.Tensor:
     """The inverse of `pack_frag` (tests, and the torch view of a prepared weight): uint8 [..., N, K]
     (the first n rows: the packing pads N to whole panels)."""
     words = from_panels(words, words.shape[-2] if n is None else n, FRAG_PANEL)
     *lead, n, kw = words.shape
     fields = 32 // bits
     w = words.to(torch.int64).reshape(*lead, n, -1, FRAG_WORDS, 1) & 0xFFFFFFFF
+    if e2m1:
+        order = e2m1_bit_order()
+        w = _permute_bits(w, [order.index(b) for b in range(32)])
     f = (w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)
     f = f.reshape(*lead, n, -1, frag_block_k(bits))
     out = torch.empty_like(f)
