@@ -17,7 +17,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 export ANYBIT_CACHE_DIR=$OUT/cache HUMMING_CACHE_DIR=/tmp/humming-cache
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-rc=0
+rc=0; nb=0
 while [ $# -gt 0 ]; do
   part=$1; shift; args=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
@@ -26,7 +26,8 @@ while [ $# -gt 0 ]; do
   case $part in
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "${args[@]}" 2>&1 | tail -40 ;;
     tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | tail -80 ;;
-    bench) python3 -m anybit.cli bench --out "$OUT/bench" "${args[@]}" 2>&1 | tail -120 ;;
+    bench) nb=$((nb + 1)); d=$OUT/bench; [ $nb -gt 1 ] && d=$OUT/bench_$nb  # each bench part its own folder
+           python3 -m anybit.cli bench --out "$d" "${args[@]}" 2>&1 | tail -120 ;;
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
