@@ -116,7 +116,8 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
-        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8_mma(scheme))
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8_mma(scheme),
+                      float_codes=isinstance(scheme.weight, FloatType))  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip

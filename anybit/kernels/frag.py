@@ -460,19 +460,38 @@ def frag_group_k(tw, num_warps: int = 4) -> int:
     return CHANNEL_AS_BLOCKS if tw.fmt["W_BITS"] == 8 and num_warps != 4 else 1 << 30
 
 
-def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False) -> dict:
+# A CTA's fixed cost (prologue, pipeline fill, the split's reduction) in K blocks of its main loop, for
+# `balanced_split`: fitted to the H200 sweep of tiles in [SMs, 2 SMs) (BENCHMARKS.md); e2m1 blocks cost more
+# to decode, so the same fixed cost is fewer of them
+SPLIT_CTA_COST = 2.0
+SPLIT_CTA_COST_FLOAT = 1.0
+
+
+def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> int:
+    """The K split (1, 2, 4, 8; >= 4 K blocks a split) that minimises the busiest SM's work, ceil(tiles *
+    split / SMs) CTAs of k_blocks / split + cta_cost blocks each: for launches of one to two CTAs per SM,
+    where split 1 leaves some SMs one CTA and others two. H200, M=1 W4A16 / MXFP4 (µs, split 1 -> this):
+    28672x8192 42.2 -> 37.9 / 52.8 -> 44.5, 18432x7168 36.9 -> 27.7 / 46.2 -> 27.9, 24576x5120 27.4 ->
+    22.6 / 34.1 -> 26.7, 28672x4096 23.0 (split 1 kept) / 28.0 -> 25.3."""
+    cost = {s: -(-tiles * s // num_sms) * (k_blocks / s + cta_cost) for s in (1, 2, 4, 8) if k_blocks >= 4 * s}
+    return min(cost, key=lambda s: (cost[s], s))
+
+
+def frag_tile(
+    m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False, float_codes: bool = False
+) -> dict:
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
-    (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the
-    launch holds ~2 CTAs per SM (int4, int8, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per
-    split. 2-bit codes take 64-row tiles of 3 stages (a 256-K block decoded whole holds the registers of
-    128 rows of 4-bit codes; at M = 64, 4 stages or 128 rows ran 1.3-3x slower). `mid`, 64 < M <= 128 (A16
-    4-bit ints with scales on the decoded weights, `scaled_int4_why_not`): from N = 8192 on, 128 tokens x
-    256 weight rows of 16 warps (four warpgroups on one SM: each of its register-operand wgmmas waits
-    for the last) split until one wave; below, 64 x 128 of 8 warps capped at 128 registers (two CTAs
-    per SM), split until two a SM — graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114,
-    4096^2 18, 4096x14336 40 (dequantize + cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`,
-    128 < M <= 256 (long K only): 256 tokens x 128 weight rows of 8 warps, split until one wave (M=256 8192x28672
-    206 µs, 4096x14336 68)."""
+    (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the launch
+    holds ~2 CTAs per SM (int4, int8, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split; up to
+    16 tokens with one to two tiles per SM, the split that balances the SMs (`balanced_split`). 2-bit codes
+    take 64-row tiles of 3 stages (a 256-K block decoded whole holds the registers of 128 rows of 4-bit
+    codes; at M = 64, 4 stages or 128 rows ran 1.3-3x slower). `mid`, 64 < M <= 128 (A16 4-bit ints with
+    scales on the decoded weights, `scaled_int4_why_not`): from N = 8192 on, 128 tokens x 256 weight rows of
+    16 warps (four warpgroups on one SM: each of its register-operand wgmmas waits for the last) split until
+    one wave; below, 64 x 128 of 8 warps capped at 128 registers (two CTAs per SM), split until two a SM —
+    graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114, 4096^2 18, 4096x14336 40 (dequantize +
+    cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`, 128 < M <= 256 (long K only): 256
+    tokens x 128 weight rows of 8 warps, split until one wave (M=256 8192x28672 206 µs, 4096x14336 68)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -500,7 +519,10 @@ def frag_tile(m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int =
         return tile if wide else tile | dict(maxnreg=128)
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     bn, stages = (64, 3) if bits == 2 else (128, 4)
-    split = split_to(cdiv(n, bn) * cdiv(m, bm), 2 * num_sms)
+    tiles = cdiv(n, bn) * cdiv(m, bm)
+    split = split_to(tiles, 2 * num_sms)
+    if m <= 16 and num_sms <= tiles < 2 * num_sms:  # (at M=64 split 1 stayed best: 24576x5120 45.2 vs 51.7 at 2)
+        split = balanced_split(tiles, k_blocks, num_sms, SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST)
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)
 
 

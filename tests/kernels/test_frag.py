@@ -8,7 +8,7 @@ from anybit import prepare, quantize
 from anybit.backends import get_backend
 from anybit.backends.triton_layout import codes_a16, frag_format, stored_codes, to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag import gemm_frag
+from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag, to_panels, unpack_frag
 from anybit.kernels.gemm import GemmConfig, gemm_dense
@@ -377,3 +377,16 @@ def test_8bit_swap_ab_gemm_matches_dequantize(interpret, text, m):
     y = get_backend("triton").gemm(x, prepared)
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
     assert torch.equal(dequantize_frag(prepared.data, dtype=torch.float16), qw.dequantize(torch.float16))
+
+
+def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
+    """`balanced_split` (M <= 16, one to two tiles per SM): the H200 sweep's best splits, and the older rule (fill
+    two CTAs per SM) elsewhere."""
+    splits = {(n, k, fl): frag_tile(1, n, k, 132, False, float_codes=fl)["split_k"]
+              for n, k in [(28672, 8192), (18432, 7168), (24576, 5120), (28672, 4096), (8192, 8192)]
+              for fl in (False, True)}  # fmt: skip
+    assert splits == {(28672, 8192, False): 4, (28672, 8192, True): 4, (18432, 7168, False): 4,
+                      (18432, 7168, True): 8, (24576, 5120, False): 2, (24576, 5120, True): 2,
+                      (28672, 4096, False): 1, (28672, 4096, True): 4, (8192, 8192, False): 4,
+                      (8192, 8192, True): 4}  # fmt: skip
+    assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
