@@ -7,6 +7,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   quant-split several programs share a decode row, SPLIT_CHUNK columns each (`split_chunk`; off: SPLIT_MAX_M 0)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
+  mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
+              large-M paths)
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
@@ -61,7 +63,15 @@ def _rowwise(on: bool) -> None:
     triton_backend.ROWWISE_MIN_M = 0 if on else 1 << 30  # read per call
 
 
+def _mid256_e2m1(on: bool) -> None:
+    if on:
+        triton_backend.FRAG_MID_256["e2m1"] = 0  # read per call (any shape)
+    else:
+        triton_backend.FRAG_MID_256.pop("e2m1", None)
+
+
 SWITCHES = {
+    "mid256-e2m1": _mid256_e2m1,
     "rowwise": _rowwise,
     "settle": _settle,
     "quant-wide": _quant_wide,

@@ -128,6 +128,8 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
 
 
 FRAG_MID_LONG_K = 2  # 128 < M <= 256: the frag kernel only where K >= this x N (H200: 8192x28672, 4096x14336 win)
+# 128 < M <= 256: the `frag_mid_kind`s whose 256-token tiles run, with the least K / N they take
+FRAG_MID_256 = {"int4": FRAG_MID_LONG_K}
 
 
 def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:
@@ -149,12 +151,12 @@ def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:
 
 def frag_mid_rows(kind: str | None, m: int, n: int, k: int) -> bool:
     """The M (and shape) part of `frag_mid`: FRAG_MAX_M < M <= `settings.frag_mid_max_m()` (default 256), 128-token
-    tiles up to 128 rows; 129-256 rows only for "int4" weights with K >= FRAG_MID_LONG_K x N (256-token tiles; H200
-    graphs M=256: 4096x14336 91 -> 68 µs, 8192x28672 217 -> 206; on square and tall shapes the warp-specialised
-    kernel or dequantize + cuBLAS stay faster)."""
+    tiles up to 128 rows; 129-256 rows for the kinds of FRAG_MID_256 (256-token tiles; "int4" with K >= FRAG_MID_LONG_K
+    x N — H200 graphs M=256: 4096x14336 91 -> 68 µs, 8192x28672 217 -> 206; on square and tall shapes the
+    warp-specialised kernel or dequantize + cuBLAS stay faster)."""
     if kind is None or not FRAG_MAX_M < m <= settings.frag_mid_max_m():
         return False
-    return m <= 128 or (kind == "int4" and k >= FRAG_MID_LONG_K * n)
+    return m <= 128 or (kind in FRAG_MID_256 and k >= FRAG_MID_256[kind] * n)
 
 
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
