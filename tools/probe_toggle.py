@@ -8,7 +8,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
-              large-M paths)
+              large-M paths, as before 2026-12-01)
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]

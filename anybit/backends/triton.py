@@ -116,8 +116,9 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
 def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
     """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
-        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8_mma(scheme),
-                      float_codes=isinstance(scheme.weight, FloatType))  # fmt: skip
+        a8 = a8_mma(scheme)  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs with it)
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8,
+                      float_codes=isinstance(scheme.weight, FloatType), balance=not a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
@@ -128,8 +129,11 @@ def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: boo
 
 
 FRAG_MID_LONG_K = 2  # 128 < M <= 256: the frag kernel only where K >= this x N (H200: 8192x28672, 4096x14336 win)
-# 128 < M <= 256: the `frag_mid_kind`s whose 256-token tiles run, with the least K / N they take
-FRAG_MID_256 = {"int4": FRAG_MID_LONG_K}
+# 128 < M <= 256: the `frag_mid_kind`s whose 256-token tiles run, with the least K / N they take. e2m1 on every
+# shape: H200 graphs, `tools/probe_toggle.py --switch mid256-e2m1`, MXFP4 / NVFP4 M=256 (µs, large-M path -> these):
+# 8192^2 96.0 -> 76.4 / 99.8 -> 82.6, 28672x8192 333.7 -> 239.4 / 346.5 -> 253.9, 8192x28672 325.7 -> 228.3 /
+# 338.8 -> 243.0; M=192 0.86-0.95x
+FRAG_MID_256 = {"int4": FRAG_MID_LONG_K, "e2m1": 0}
 
 
 def frag_mid_kind(scheme: Scheme, dtype: torch.dtype) -> str | None:

@@ -478,8 +478,9 @@ def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> 
 
 
 def frag_tile(
-    m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False, float_codes: bool = False
-) -> dict:
+    m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False,
+    float_codes: bool = False, balance: bool = True,
+) -> dict:  # fmt: skip
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the launch
     holds ~2 CTAs per SM (int4, int8, e2m1 and W4A8 alike, every M up to 64); >= 4 K blocks per split; up to
@@ -521,7 +522,7 @@ def frag_tile(
     bn, stages = (64, 3) if bits == 2 else (128, 4)
     tiles = cdiv(n, bn) * cdiv(m, bm)
     split = split_to(tiles, 2 * num_sms)
-    if m <= 16 and num_sms <= tiles < 2 * num_sms:  # (at M=64 split 1 stayed best: 24576x5120 45.2 vs 51.7 at 2)
+    if balance and m <= 16 and num_sms <= tiles < 2 * num_sms:  # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2)
         split = balanced_split(tiles, k_blocks, num_sms, SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST)
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)
 

@@ -183,7 +183,8 @@ def test_which_calls_take_the_128_token_tiles(monkeypatch):
     assert not frag_mid(s, 128, *sq, torch.float16)  # bf16 scales: the decoder multiplies in x's dtype
     assert not frag_mid(Scheme.parse("w4a16-zp"), 128, *sq, torch.float16)
     assert frag_mid(Scheme.parse("nvfp4"), 100, *sq, bf) and frag_mid(Scheme.parse("mxfp4"), 100, *sq, torch.float16)
-    assert not frag_mid(Scheme.parse("nvfp4"), 256, 4096, 14336, bf)  # not measured above 128 rows
+    assert frag_mid(Scheme.parse("nvfp4"), 256, *sq, bf) and frag_mid(Scheme.parse("mxfp4"), 192, 28672, 8192, bf)
+    assert not frag_mid(Scheme.parse("mxfp4"), 257, *sq, bf)  # e2m1: 256-token tiles on every shape, up to 256 rows
     assert frag_mid(Scheme.parse("w8a16"), 100, *sq, bf) and not frag_mid(Scheme.parse("w8a16"), 129, 4096, 14336, bf)
     assert not frag_mid(Scheme.parse("w8a16:int8:g128:bf16"), 100, *sq, bf)  # per-block fp32 scaling: not measured
     assert frag_tile(128, 8192, 8192, 132, False, bits=8, mid=True) == dict(block_m=128, block_n=128, num_warps=4,
@@ -390,3 +391,4 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
                       (28672, 4096, False): 1, (28672, 4096, True): 4, (8192, 8192, False): 4,
                       (8192, 8192, True): 4}  # fmt: skip
     assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
+    assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # W4A8: split 1 measured faster
