@@ -129,10 +129,10 @@ def pending_operand_writes(body: list) -> int:
 
 
 def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, pdl: bool = False,
-          tiles: dict | None = None) -> str:  # fmt: skip
+          tiles: dict | None = None, dtype: torch.dtype = torch.bfloat16) -> str:  # fmt: skip
     qw = quantize(torch.randn(n, k) * 0.05, fmt)
     tw = to_triton_layout(qw)
-    x = torch.randn(m, k, dtype=torch.bfloat16)
+    x = torch.randn(m, k, dtype=dtype)
     cfg = default_config(m, n, k, qw.scheme.weight_bits, 132, interpret=False)
     act, extra = qw.scheme.act, {}
     if tw.codes_a16:  # FP8 codes in bf16 on the A16 frag kernel
@@ -146,7 +146,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
     if tw.frag:
-        mid = frag_mid(qw.scheme, m, n, k, torch.bfloat16)
+        mid = frag_mid(qw.scheme, m, n, k, dtype)
         tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
@@ -280,6 +280,7 @@ def main() -> int:
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
+    ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense kernels; default bf16)")
     args = ap.parse_args()
     _StandInDriver.arch = args.arch
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -304,7 +305,7 @@ def main() -> int:
             tiles=tiles,
         )
         if args.moe
-        else functools.partial(check, pdl=args.pdl, tiles=tiles)
+        else functools.partial(check, pdl=args.pdl, tiles=tiles, dtype=torch.float16 if args.fp16 else torch.bfloat16)
     )
     for fmt in args.formats.split(","):
         for m in (int(v) for v in (args.moe or args.m).split(",")):
