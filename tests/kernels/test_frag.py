@@ -79,12 +79,33 @@ def test_which_formats_take_the_fragment_layout():
         assert not frag_format(Scheme.parse(t)), t
 
 
+@pytest.mark.parametrize("e2m1", [False, True])
 @pytest.mark.parametrize("k", [128, 200, 640])
-def test_pack_round_trip(k):
+def test_pack_round_trip(k, e2m1):
     codes = torch.randint(0, 16, (3, 5, k), dtype=torch.uint8)
-    words = pack_frag(codes)
+    words = pack_frag(codes, e2m1=e2m1)
     assert words.shape == (3, FRAG_PANEL, -(-k // 128) * 16) and words.dtype == torch.int32  # N: whole panels
-    assert torch.equal(unpack_frag(words, k, n=5), codes)
+    assert torch.equal(unpack_frag(words, k, n=5, e2m1=e2m1), codes)
+
+
+def test_e2m1_words_put_each_pair_where_one_rotation_and_one_and_decode_it():
+    """`e2m1_bit_order`: nibble j of both halves (pair j) comes out at bf16 bits 6-8 and 15 of each half by a rotation
+    right of E2M1_ROT[j] and the mask 0x81C081C0 (pair 3: mantissa by E2M1_ROT3[0], the rest by E2M1_ROT3[1])."""
+    from anybit.kernels.frag_layout import E2M1_ROT, E2M1_ROT3, _permute_bits, e2m1_bit_order
+
+    nib = torch.randint(0, 1 << 32, (500,), dtype=torch.int64)
+    w = _permute_bits(nib, e2m1_bit_order())
+
+    def rotr(v, t):
+        return ((v >> t) | (v << (32 - t))) & 0xFFFFFFFF
+
+    def place(j):  # the pair as the decoder wants it, from the nibble-order word
+        lo, hi = (nib >> 4 * j) & 0xF, (nib >> (16 + 4 * j)) & 0xF
+        return sum(((c & 7) << 6 | (c >> 3) << 15) << 16 * e for e, c in enumerate((lo, hi)))
+
+    for j, t in enumerate(E2M1_ROT):
+        assert torch.equal(rotr(w, t) & 0x81C081C0, place(j))
+    assert torch.equal((rotr(w, E2M1_ROT3[1]) & 0x81808180) | (rotr(w, E2M1_ROT3[0]) & 0x00400040), place(3))
 
 
 def test_panels_hold_each_block_of_their_rows_contiguously():
