@@ -9,6 +9,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
               large-M paths, as before 2026-12-01)
+  scale-bits  NVFP4's folded e4m3 scales built from their bits (`frag.E4M3_SCALE_BITS`; off: the hardware conversion)
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
@@ -32,7 +33,7 @@ import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels import quant_act  # noqa: E402
+from anybit.kernels import frag, quant_act  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 from anybit.quant.activations import dequantize_activation  # noqa: E402
 
@@ -59,6 +60,10 @@ def _pdl(on: bool) -> None:
     os.environ["ANYBIT_PDL"] = "1" if on else "0"  # read per call
 
 
+def _scale_bits(on: bool) -> None:
+    frag.E4M3_SCALE_BITS = on  # read per call
+
+
 def _rowwise(on: bool) -> None:
     triton_backend.ROWWISE_MIN_M = 0 if on else 1 << 30  # read per call
 
@@ -72,6 +77,7 @@ def _mid256_e2m1(on: bool) -> None:
 
 SWITCHES = {
     "mid256-e2m1": _mid256_e2m1,
+    "scale-bits": _scale_bits,
     "rowwise": _rowwise,
     "settle": _settle,
     "quant-wide": _quant_wide,

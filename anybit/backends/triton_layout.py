@@ -42,6 +42,7 @@ class TritonWeight:
     codes_a16: bool = False  # FP8 activations on the A16 frag kernels, their codes in x's dtype (`codes_a16`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
+    fold_bits: bool = False  # ... and whose e4m3 scales may be built from their bits there (`scale_bits_exact`)
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
@@ -178,10 +179,27 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         codes_a16=frag and codes_a16(scheme),
         input_scale=qw.input_scale,
         fold=_foldable(qw) if frag else frozenset(),
+        fold_bits=frag and scale_bits_exact(qw),
         blockscaled=recipe,
         blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
         rowwise=e2m1_row_scales(qw) if frag else None,
     )
+
+
+def scale_bits_exact(qw: QuantizedWeight) -> bool:
+    """Whether the folded frag decode may build e2m1 weights' e4m3 group scales from their bits (`frag_fold` 2:
+    code * 16 + 0x7700 is bf16 scale * 2**118, code * 128 + 0x3800 fp16 scale * 2**6): every scale non-negative
+    and normal, or +0 over a group whose codes are all ±0 (+0 builds 2**111 / 0.5, times zero codes still 0)."""
+    if qw.scheme.scale_dtype.name != "e4m3" or not isinstance(qw.scheme.weight, FloatType) or qw.block[0] != 1:
+        return False
+    b = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else None
+    if b is None or bool((b >= 0x80).any()) or bool(((b > 0) & (b < 8)).any()):
+        return False  # a sign bit or a subnormal scale
+    zero = b == 0
+    if not bool(zero.any()):
+        return True
+    codes = qw.codes().reshape(*b.shape, qw.block[1])  # [N, K/g, g]
+    return not bool(((codes & 7) != 0)[zero].any())
 
 
 def _foldable(qw: QuantizedWeight) -> frozenset:
@@ -252,4 +270,5 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, nk=first.nk, frag=first.frag,
         codes_a16=first.codes_a16,
         fold=frozenset.intersection(*(p.fold for p in parts)),
+        fold_bits=all(p.fold_bits for p in parts),
     )  # fmt: skip

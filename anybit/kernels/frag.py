@@ -106,7 +106,7 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
-                   PTX: tl.constexpr, FOLD: tl.constexpr = False, W_SIGNED: tl.constexpr = True, xsum=None,
+                   PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
                    acc=None, SCALE_W: tl.constexpr = False):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
@@ -134,7 +134,11 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
         w = unpack_e2m1(p, BN, MASK, dtype, FOLD)
         if GROUP_K < 128:
             G: tl.constexpr = 128 // GROUP_K
-            if FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
+            if FOLD == 2:  # e4m3 scale * 2**118 (fp16 2**6) from its bits (`scale_bits_exact`)
+                s = rows_to_mma(s_raw.to(tl.int32) * 16 + 0x7700 if dtype == tl.bfloat16 else
+                                s_raw.to(tl.int32) * 128 + 0x3800, BN, NW, G)  # fmt: skip
+                w = times_groups(w, s.to(tl.int16).to(dtype, bitcast=True), G, PTX)
+            elif FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
                 s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 118), BN, NW, G).to(dtype)
                 w = times_groups(w, s, G, PTX)
             elif FOLD:
@@ -391,14 +395,24 @@ def frag_settle() -> bool:
     return not settings.triton_interpret() and target_sm() >= 90 and settings.frag_settle()
 
 
-def frag_fold(tw, x_dtype: torch.dtype) -> bool:
+# `frag_fold` 2 (e4m3 scales built from their bits: one IMAD a scale instead of a conversion, an fp32 multiply and a
+# pack) where `TritonWeight.fold_bits`. sm_90a loop, NVFP4 bf16 M=16 475 -> 395 instructions (fp16 539 -> 523, grouped
+# MoE 1 row an expert 483 -> 403), no spill, HAZARD 0; CPU-tested bit for bit in fp16. Off until GPU-tested in bf16
+# and measured: tests/kernels/test_frag_gpu.py -k scale_bits, `tools/probe_toggle.py --switch scale-bits`
+E4M3_SCALE_BITS = False
+
+
+def frag_fold(tw, x_dtype: torch.dtype) -> int:
     """e2m1 codes decode to value * 2**-126 in bf16 (2**-14 in fp16) and need a packed multiply by
     2**126 (2**14) per pair; with group scales shorter than the block (NVFP4, MXFP4) that rebias rides
     on the scales instead: scale * 2**118 (fp16: * 2**6) in registers, the last 2**8 on the fp32 sum.
     Exact where `TritonWeight.fold` says so (scales small enough to stay finite, and in fp16 large
     enough that every product keeps its last bit). sm_89+ (or the interpreter) only: the folded decode
-    converts e4m3 scales in hardware, which Triton does not compile for sm_80."""
-    return x_dtype in tw.fold and (settings.triton_interpret() or target_sm() >= 89)
+    converts e4m3 scales in hardware, which Triton does not compile for sm_80. 0: no fold; 1: fold; 2: fold with
+    the e4m3 scales built from their bits (`E4M3_SCALE_BITS`, `scale_bits_exact`)."""
+    if x_dtype not in tw.fold or not (settings.triton_interpret() or target_sm() >= 89):
+        return 0
+    return 2 if E4M3_SCALE_BITS and tw.fold_bits else 1
 
 
 @functools.cache

@@ -8,7 +8,12 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.frag import frag_tile, gemm_frag
-from tests.kernels.test_frag import FRAG_FORMATS, assert_fold_gives_the_same_bits
+from tests.kernels.test_frag import (
+    FRAG_FORMATS,
+    assert_fold_gives_the_same_bits,
+    assert_scale_bits_give_the_same_bits,
+    nvfp4_with_zero_groups,
+)
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -156,6 +161,14 @@ def test_e2m1_rebias_folded_into_the_scales_gives_the_same_bits_in_bf16(text, m)
     subnormals for the two e = 0 codes) are multiplied by them directly: the same bits as the plain decode."""
     x, qw, ref = _case(text, m, 3000, 4096, seed=m)
     assert_fold_gives_the_same_bits(x, qw, ref)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 128])
+def test_e4m3_scales_built_from_their_bits_give_the_same_bits_in_bf16(monkeypatch, m):
+    """`frag_fold` 2 in bf16 (the interpreter's bf16 cannot check it): bit for bit the hardware conversion's."""
+    qw = nvfp4_with_zero_groups(3000, 4096, device="cuda", seed=m)
+    x = torch.randn(m, 4096, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").bfloat16()
+    assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
 
 
 def test_quantizer_block_sums_on_the_gpu():
