@@ -9,7 +9,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
               large-M paths, as before 2026-12-01)
-  scale-bits  NVFP4's folded e4m3 scales built from their bits (`frag.E4M3_SCALE_BITS`; off: the hardware conversion)
+  scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
@@ -61,7 +61,7 @@ def _pdl(on: bool) -> None:
 
 
 def _scale_bits(on: bool) -> None:
-    frag.E4M3_SCALE_BITS = on  # read per call
+    frag.SCALE_BITS = on  # read per call
 
 
 def _rowwise(on: bool) -> None:

@@ -187,10 +187,16 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
 
 
 def scale_bits_exact(qw: QuantizedWeight) -> bool:
-    """Whether the folded frag decode may build e2m1 weights' e4m3 group scales from their bits (`frag_fold` 2:
-    code * 16 + 0x7700 is bf16 scale * 2**118, code * 128 + 0x3800 fp16 scale * 2**6): every scale non-negative
-    and normal, or +0 over a group whose codes are all ±0 (+0 builds 2**111 / 0.5, times zero codes still 0)."""
-    if qw.scheme.scale_dtype.name != "e4m3" or not isinstance(qw.scheme.weight, FloatType) or qw.block[0] != 1:
+    """Whether the folded frag decode may build e2m1 weights' group scales from their bits (`frag_fold` 2). ue8m0:
+    always (the fold's range, 2**-15 <= scale < 2**9 for fp16, < 2**9 for bf16, keeps e + 118 / e - 106 a normal
+    exponent field). e4m3 (code * 16 + 0x7700 is bf16 scale * 2**118, code * 128 + 0x3800 fp16 scale * 2**6): every
+    scale non-negative and normal, or +0 over a group whose codes are all ±0 (+0 builds 2**111 / 0.5, times zero
+    codes still 0)."""
+    if not isinstance(qw.scheme.weight, FloatType) or qw.block[0] != 1:
+        return False
+    if qw.scheme.scale_dtype.name == "ue8m0":
+        return True
+    if qw.scheme.scale_dtype.name != "e4m3":
         return False
     b = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else None
     if b is None or bool((b >= 0x80).any()) or bool(((b > 0) & (b < 8)).any()):

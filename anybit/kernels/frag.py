@@ -134,10 +134,13 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
         w = unpack_e2m1(p, BN, MASK, dtype, FOLD)
         if GROUP_K < 128:
             G: tl.constexpr = 128 // GROUP_K
-            if FOLD == 2:  # e4m3 scale * 2**118 (fp16 2**6) from its bits (`scale_bits_exact`)
-                s = rows_to_mma(s_raw.to(tl.int32) * 16 + 0x7700 if dtype == tl.bfloat16 else
-                                s_raw.to(tl.int32) * 128 + 0x3800, BN, NW, G)  # fmt: skip
-                w = times_groups(w, s.to(tl.int16).to(dtype, bitcast=True), G, PTX)
+            if FOLD == 2:  # scale * 2**118 (fp16 2**6) from its bits (`scale_bits_exact`): e4m3, else ue8m0
+                c = s_raw.to(tl.int32)
+                if SCALE_KIND == 1:
+                    b = c * 16 + 0x7700 if dtype == tl.bfloat16 else c * 128 + 0x3800
+                else:  # exponent code e: bf16 field e + 118, fp16 e - 106 (the fold keeps 2**-15 <= scale < 2**9)
+                    b = c * 128 + 0x3B00 if dtype == tl.bfloat16 else c * 1024 - 0x1A800
+                w = times_groups(w, rows_to_mma(b, BN, NW, G).to(tl.int16).to(dtype, bitcast=True), G, PTX)
             elif FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
                 s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 118), BN, NW, G).to(dtype)
                 w = times_groups(w, s, G, PTX)
@@ -395,11 +398,12 @@ def frag_settle() -> bool:
     return not settings.triton_interpret() and target_sm() >= 90 and settings.frag_settle()
 
 
-# `frag_fold` 2 (e4m3 scales built from their bits: one IMAD a scale instead of a conversion, an fp32 multiply and a
-# pack) where `TritonWeight.fold_bits`. sm_90a loop, NVFP4 bf16 M=16 475 -> 395 instructions (fp16 539 -> 523, grouped
-# MoE 1 row an expert 483 -> 403), no spill, HAZARD 0; CPU-tested bit for bit in fp16. Off until GPU-tested in bf16
-# and measured: tests/kernels/test_frag_gpu.py -k scale_bits, `tools/probe_toggle.py --switch scale-bits`
-E4M3_SCALE_BITS = False
+# `frag_fold` 2 (e4m3 / ue8m0 scales built from their bits: one IMAD a scale instead of a conversion, an fp32
+# multiply and a pack) where `TritonWeight.fold_bits`. sm_90a loop, bf16 M=16: NVFP4 475 -> 395 instructions, MXFP4
+# 371 -> 363 (fp16 NVFP4 539 -> 523; grouped MoE NVFP4, 1 row an expert, 483 -> 403), no spill, HAZARD 0; CPU-tested
+# bit for bit in fp16. Off until GPU-tested in bf16 and measured: tests/kernels/test_frag_gpu.py -k scales_built,
+# `tools/probe_toggle.py --switch scale-bits`
+SCALE_BITS = False
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> int:
@@ -409,10 +413,10 @@ def frag_fold(tw, x_dtype: torch.dtype) -> int:
     Exact where `TritonWeight.fold` says so (scales small enough to stay finite, and in fp16 large
     enough that every product keeps its last bit). sm_89+ (or the interpreter) only: the folded decode
     converts e4m3 scales in hardware, which Triton does not compile for sm_80. 0: no fold; 1: fold; 2: fold with
-    the e4m3 scales built from their bits (`E4M3_SCALE_BITS`, `scale_bits_exact`)."""
+    the e4m3 scales built from their bits (`SCALE_BITS`, `scale_bits_exact`)."""
     if x_dtype not in tw.fold or not (settings.triton_interpret() or target_sm() >= 89):
         return 0
-    return 2 if E4M3_SCALE_BITS and tw.fold_bits else 1
+    return 2 if SCALE_BITS and tw.fold_bits else 1
 
 
 @functools.cache

@@ -294,44 +294,48 @@ def test_which_e2m1_weights_fold_their_rebias():
     assert to_triton_layout(quantize(w, "w4a16:e2m1:ch:bf16")).fold == frozenset()  # scaled after the dot
 
 
-def nvfp4_with_zero_groups(n, k, device="cpu", seed=0):
-    """An NVFP4 weight whose first group is zero in a few rows (scale 0 over zero codes)."""
+def e2m1_weight(text, n, k, device="cpu", seed=0):
+    """An NVFP4 or MXFP4 weight; NVFP4's first group zero in a few rows (scale 0 over zero codes)."""
     g = torch.Generator(device=device).manual_seed(seed)
     w = torch.randn(n, k, generator=g, device=device) * 0.05
-    w[:7, :16] = 0
-    qw = quantize(w, "nvfp4")
-    assert bool((qw.scales.view(torch.uint8)[:7, 0] == 0).all())
+    if text == "nvfp4":
+        w[:7, :16] = 0
+    qw = quantize(w, text)
+    assert text != "nvfp4" or bool((qw.scales.view(torch.uint8)[:7, 0] == 0).all())
     return qw
 
 
 def assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, ref):
-    """The folded decode with e4m3 scales built from their bits (`frag_fold` 2) equals, bit for bit, the hardware
-    conversion's (the same scale values), within x's dtype tolerance of ref."""
+    """The folded decode with its scales built from their bits (`frag_fold` 2) equals, bit for bit, the decoded
+    scales' (the same values), within x's dtype tolerance of ref."""
     from anybit.kernels import frag
 
     prepared = prepare(qw, backend="triton")
     assert prepared.data.fold_bits and x.dtype in prepared.data.fold
     be = get_backend("triton")
     converted = be.gemm(x, prepared)
-    monkeypatch.setattr(frag, "E4M3_SCALE_BITS", True)
+    monkeypatch.setattr(frag, "SCALE_BITS", True)
     assert frag.frag_fold(prepared.data, x.dtype) == 2
     assert torch.equal(be.gemm(x, prepared), converted)
     assert rel_err(converted, ref) < GEMM_REL_ERR[x.dtype]
 
 
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 13])
-def test_e4m3_scales_built_from_their_bits_give_the_same_bits(interpret, monkeypatch, m):
-    qw = nvfp4_with_zero_groups(80, 384, seed=m)
+def test_scales_built_from_their_bits_give_the_same_bits(interpret, monkeypatch, text, m):
+    qw = e2m1_weight(text, 80, 384, seed=m)
     x = torch.randn(m, 384, generator=torch.Generator().manual_seed(m)).half()
     assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
 
 
 def test_which_e4m3_scales_may_be_built_from_their_bits():
-    """`scale_bits_exact`: e4m3 group scales, non-negative and normal, or zero over zero codes."""
+    """`scale_bits_exact`: ue8m0 group scales always; e4m3, non-negative and normal, or zero over zero codes; not
+    bf16 scales."""
     from anybit.backends.triton_layout import scale_bits_exact
 
-    qw = nvfp4_with_zero_groups(64, 256)
-    assert scale_bits_exact(qw) and not scale_bits_exact(quantize(torch.randn(64, 256), "mxfp4"))
+    qw = e2m1_weight("nvfp4", 64, 256)
+    assert scale_bits_exact(qw) and scale_bits_exact(quantize(torch.randn(64, 256), "mxfp4"))
+    assert not scale_bits_exact(quantize(torch.randn(64, 256), "w4a16:e2m1:g64:bf16"))
     s = qw.scales.view(torch.uint8)
     for code, why in [(3, "subnormal"), (0x80 | 60, "negative")]:
         bad = s.clone()

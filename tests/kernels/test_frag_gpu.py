@@ -12,7 +12,7 @@ from tests.kernels.test_frag import (
     FRAG_FORMATS,
     assert_fold_gives_the_same_bits,
     assert_scale_bits_give_the_same_bits,
-    nvfp4_with_zero_groups,
+    e2m1_weight,
 )
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -163,10 +163,11 @@ def test_e2m1_rebias_folded_into_the_scales_gives_the_same_bits_in_bf16(text, m)
     assert_fold_gives_the_same_bits(x, qw, ref)
 
 
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 16, 64, 128])
-def test_e4m3_scales_built_from_their_bits_give_the_same_bits_in_bf16(monkeypatch, m):
-    """`frag_fold` 2 in bf16 (the interpreter's bf16 cannot check it): bit for bit the hardware conversion's."""
-    qw = nvfp4_with_zero_groups(3000, 4096, device="cuda", seed=m)
+def test_scales_built_from_their_bits_give_the_same_bits_in_bf16(monkeypatch, text, m):
+    """`frag_fold` 2 in bf16 (the interpreter's bf16 cannot check it): bit for bit the decoded scales'."""
+    qw = e2m1_weight(text, 3000, 4096, device="cuda", seed=m)
     x = torch.randn(m, 4096, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").bfloat16()
     assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
 
