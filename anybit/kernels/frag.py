@@ -413,7 +413,7 @@ def frag_fold(tw, x_dtype: torch.dtype) -> int:
     Exact where `TritonWeight.fold` says so (scales small enough to stay finite, and in fp16 large
     enough that every product keeps its last bit). sm_89+ (or the interpreter) only: the folded decode
     converts e4m3 scales in hardware, which Triton does not compile for sm_80. 0: no fold; 1: fold; 2: fold with
-    the e4m3 scales built from their bits (`SCALE_BITS`, `scale_bits_exact`)."""
+    the scales built from their bits (`SCALE_BITS`, `scale_bits_exact`)."""
     if x_dtype not in tw.fold or not (settings.triton_interpret() or target_sm() >= 89):
         return 0
     return 2 if SCALE_BITS and tw.fold_bits else 1
