@@ -491,7 +491,8 @@ def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> 
     where split 1 leaves some SMs one CTA and others two. H200, M=1 W4A16 / MXFP4 (µs, split 1 -> this):
     28672x8192 42.2 -> 37.9 / 52.8 -> 44.5, 18432x7168 36.9 -> 27.7 / 46.2 -> 27.9, 24576x5120 27.4 ->
     22.6 / 34.1 -> 26.7, 28672x4096 23.0 (split 1 kept) / 28.0 -> 25.3."""
-    cost = {s: -(-tiles * s // num_sms) * (k_blocks / s + cta_cost) for s in (1, 2, 4, 8) if k_blocks >= 4 * s}
+    splits = [s for s in (1, 2, 4, 8) if s == 1 or k_blocks >= 4 * s]
+    cost = {s: -(-tiles * s // num_sms) * (k_blocks / s + cta_cost) for s in splits}
     return min(cost, key=lambda s: (cost[s], s))
 
 

@@ -466,4 +466,5 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
                       (28672, 4096, False): 1, (28672, 4096, True): 4, (8192, 8192, False): 4,
                       (8192, 8192, True): 4}  # fmt: skip
     assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
+    assert frag_tile(1, 20000, 256, 132, False)["split_k"] == 1  # two K blocks: nothing to split
     assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # W4A8: split 1 measured faster
