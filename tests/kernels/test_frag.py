@@ -156,16 +156,18 @@ def test_large_m_dequantizes_exactly(interpret):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16:int4:ch:fp16", "nvfp4", "mxfp4"])
-def test_128_token_tiles_scale_the_decoded_weights(interpret, text):
-    """The tile the route takes for 64 < M <= 128 (`frag_tile(mid=True)`): 128 tokens, group scales on the
-    decoded weights (SCALE_W) for int groups, none for channel scales, e2m1 groups in registers; N and K off
-    the tile, split K."""
-    x, qw, ref = _problem(text, 100, 70, 384, seed=11)
+@pytest.mark.parametrize("text, m, bm", [("w4a16:int4:g128:fp16", 100, 128), ("w4a16:int4:ch:fp16", 100, 128),
+                                         ("nvfp4", 100, 128), ("mxfp4", 100, 128), ("nvfp4", 200, 256),
+                                         ("mxfp4", 200, 256)])  # fmt: skip
+def test_128_token_tiles_scale_the_decoded_weights(interpret, text, m, bm):
+    """The tiles the route takes for 64 < M <= 256 (`frag_tile(mid=True)`): 128 (256: e2m1 above 128 rows) tokens,
+    group scales on the decoded weights (SCALE_W) for int groups, none for channel scales, e2m1 groups in
+    registers; N and K off the tile, split K."""
+    x, qw, ref = _problem(text, m, 70, 384, seed=11)
     tw = to_triton_layout(qw)
-    ws, cnt = torch.empty(2 * 100 * 70), torch.zeros(4, dtype=torch.int32)
-    out = torch.full((100, 70), float("nan"), dtype=torch.float16)
-    gemm_frag(x, tw, None, block_m=128, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt, out=out)
+    ws, cnt = torch.empty(2 * m * 70), torch.zeros(4, dtype=torch.int32)
+    out = torch.full((m, 70), float("nan"), dtype=torch.float16)
+    gemm_frag(x, tw, None, block_m=bm, block_n=64, split_k=2, num_stages=1, workspace=ws, counters=cnt, out=out)
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
 
