@@ -39,7 +39,7 @@ class Settings:
     frag_mid_max_m: int
     """ANYBIT_FRAG_MID_MAX_M (default 256; 64 or less turns it off): A16 weights of 4-bit integers with scales in x's
     dtype, NVFP4, MXFP4 and 8-bit integers with channel scales (`anybit.backends.triton.frag_mid`) with M from 65 to
-    this many rows (above 128: 4-bit integers with K >= 2N only) run the frag kernel's 128/256-token tiles
+    this many rows (above 128: 4-bit integers with K >= 2N, NVFP4 and MXFP4) run the frag kernel's 128/256-token tiles
     (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs, M=128: 8192^2 65
     -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40, W8A16 8192^2 102 -> 49; M=256 4096x14336 91 -> 68."""
     frag_ws_a8_max_m: int

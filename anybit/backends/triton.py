@@ -303,7 +303,7 @@ class TritonBackend:
             x2 = x2.contiguous()
         m = x2.shape[0]
         act = tw.scheme.act
-        a8 = act.quantized and not tw.codes_a16  # on the FP8 MMA
+        a8 = tw.mma_a8
         x_scales = None
         if config is None and m > ROWWISE_MIN_M and rowwise_why_not(tw, x.device, x.dtype) is None:
             return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
@@ -345,7 +345,7 @@ class TritonBackend:
         m, act = x2.shape[0], tw.scheme.act
         x_sums, x_group, out_dtype = None, 0, None
         pdl = tw.frag and pdl_launch(x2.device)
-        if act.quantized and not tw.codes_a16:
+        if tw.mma_a8:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block

@@ -42,7 +42,7 @@ class TritonWeight:
     codes_a16: bool = False  # FP8 activations on the A16 frag kernels, their codes in x's dtype (`codes_a16`)
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
-    fold_bits: bool = False  # ... and whose e4m3 scales may be built from their bits there (`scale_bits_exact`)
+    fold_bits: bool = False  # ... and whose scales may be built from their bits there (`scale_bits_exact`)
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
@@ -54,6 +54,16 @@ class TritonWeight:
     @property
     def device(self) -> torch.device:
         return self.scales.device
+
+    @property
+    def mma_a8(self) -> bool:
+        """The kernels run it on the FP8 MMA (FP8 activations, not `codes_a16`): x comes as e4m3."""
+        return self.scheme.act.quantized and not self.codes_a16
+
+    @property
+    def x_wants(self) -> str:
+        """The activations the kernels take for this weight, for error messages."""
+        return "e4m3" if self.mma_a8 else ("FP8 codes in bf16/fp16" if self.codes_a16 else "bf16/fp16")
 
     @property
     def nbytes(self) -> int:
@@ -162,6 +172,7 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
     scales = qw.scales.t().contiguous()
     recipe = blockscaled_recipe(scheme, qw.n, qw.k, nk, frag)
+    fold = _foldable(qw) if frag else frozenset()
     return TritonWeight(
         scheme=scheme,
         n=qw.n,
@@ -178,8 +189,8 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         frag=frag,
         codes_a16=frag and codes_a16(scheme),
         input_scale=qw.input_scale,
-        fold=_foldable(qw) if frag else frozenset(),
-        fold_bits=frag and scale_bits_exact(qw),
+        fold=fold,
+        fold_bits=bool(fold) and scale_bits_exact(qw),  # (read only where the decode folds)
         blockscaled=recipe,
         blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
         rowwise=e2m1_row_scales(qw) if frag else None,
@@ -198,8 +209,8 @@ def scale_bits_exact(qw: QuantizedWeight) -> bool:
         return True
     if qw.scheme.scale_dtype.name != "e4m3":
         return False
-    b = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else None
-    if b is None or bool((b >= 0x80).any()) or bool(((b > 0) & (b < 8)).any()):
+    b = qw.scales.view(torch.uint8)  # e4m3 codes
+    if bool((b >= 0x80).any()) or bool(((b > 0) & (b < 8)).any()):
         return False  # a sign bit or a subnormal scale
     zero = b == 0
     if not bool(zero.any()):

@@ -510,8 +510,9 @@ def frag_tile(
     16 warps (four warpgroups on one SM: each of its register-operand wgmmas waits for the last) split until
     one wave; below, 64 x 128 of 8 warps capped at 128 registers (two CTAs per SM), split until two a SM —
     graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114, 4096^2 18, 4096x14336 40 (dequantize +
-    cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`, 128 < M <= 256 (long K only): 256
-    tokens x 128 weight rows of 8 warps, split until one wave (M=256 8192x28672 206 µs, 4096x14336 68)."""
+    cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`, 128 < M <= 256 (int4 with long K,
+    e2m1 on every shape: `FRAG_MID_256`): 256 tokens x 128 weight rows of 8 warps, split until one wave
+    (M=256 8192x28672 206 µs, 4096x14336 68)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -566,10 +567,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
     fp8 = x.dtype == torch.float8_e4m3fn
-    mma_a8 = tw.scheme.act.quantized and not tw.codes_a16
-    if fp8 != mma_a8 or tw.scheme.act.quantized != (x_scales is not None):
-        want = "e4m3" if mma_a8 else ("FP8 codes in bf16/fp16" if tw.codes_a16 else "bf16/fp16")
-        raise ValueError(f"{tw.scheme} was packed for {want} activations (with x_scales for FP8 schemes); got "
+    if fp8 != tw.mma_a8 or tw.scheme.act.quantized != (x_scales is not None):
+        raise ValueError(f"{tw.scheme} was packed for {tw.x_wants} activations (with x_scales for FP8 schemes); got "
                          f"{x.dtype}{' with' if x_scales is not None else ' without'} x_scales")  # fmt: skip
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"

@@ -81,7 +81,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.
     rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
     e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM.
     scales: others in the layout and dtype of `tw.scales` (the row-relative ue8m0 codes of `e2m1_row_scales`)."""
-    codes = bool(tw.scheme.act.quantized) and not tw.codes_a16
+    codes = tw.mma_a8
     if codes and dtype != torch.float8_e4m3fn:
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
     scales = tw.scales if scales is None else scales

@@ -442,7 +442,7 @@ def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
     if moe_wide_tile(tw, x_dtype):
         return "wide"
     act = tw.scheme.act
-    if tw.frag and act.quantized and not tw.codes_a16:
+    if tw.frag and tw.mma_a8:
         return "a8"
     if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
@@ -534,10 +534,8 @@ def moe_gemm(
             raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {tiles} counters")
     dummy = tw.scales
     if tw.frag:
-        mma_a8 = tw.scheme.act.quantized and not tw.codes_a16
-        if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != mma_a8:
-            want = "e4m3" if mma_a8 else ("FP8 codes in bf16/fp16" if tw.codes_a16 else "bf16/fp16")
-            raise ValueError(f"{tw.scheme} experts were packed for {want} activations (with x_scales for FP8 "
+        if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != tw.mma_a8:
+            raise ValueError(f"{tw.scheme} experts were packed for {tw.x_wants} activations (with x_scales for FP8 "
                              f"schemes), got {x.dtype}{' with' if fp8_x else ' without'} x_scales")  # fmt: skip
         rows_x = num_rows // top_k  # the kernel reads the sums as [blocks, rows of x]
         if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
@@ -545,7 +543,7 @@ def moe_gemm(
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, x_sums if fp8_x and mma_a8 else None, tw.planes[0], tw.scales,
+            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
             workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,

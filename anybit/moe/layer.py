@@ -227,7 +227,8 @@ def _fitting(launch: dict, run):
 
 # Rows of x up to which the quantizer triggers its grouped GEMM's early launch (PDL). The dense route stops at 4 rows
 # (`anybit.backends.triton.QUANT_EARLY_MAX_M`: at 16 the early GEMM's CTAs crowded the SMs the quantizer left free);
-# here every size still triggers — not yet measured against (tools/moe_bench.py --quant-early-max-rows).
+# here every size still triggers: limited to 4 rows it measured even (H200, W4A8 / W8A8 decode layers, BENCHMARKS.md
+# session 17; tools/moe_bench.py --quant-early-max-rows).
 QUANT_EARLY_MAX_ROWS = 1 << 30
 
 
