@@ -400,10 +400,10 @@ def frag_settle() -> bool:
 
 # `frag_fold` 2 (e4m3 / ue8m0 scales built from their bits: one IMAD a scale instead of a conversion, an fp32
 # multiply and a pack) where `TritonWeight.fold_bits`. sm_90a loop, bf16 M=16: NVFP4 475 -> 395 instructions, MXFP4
-# 371 -> 363 (fp16 NVFP4 539 -> 523; grouped MoE NVFP4, 1 row an expert, 483 -> 403), no spill, HAZARD 0; CPU-tested
-# bit for bit in fp16. Off until GPU-tested in bf16 and measured: tests/kernels/test_frag_gpu.py -k scales_built,
-# `tools/probe_toggle.py --switch scale-bits`
-SCALE_BITS = False
+# 371 -> 363 (grouped MoE NVFP4, 1 row an expert, 483 -> 403), no spill, HAZARD 0; bit for bit in bf16 (GPU) and
+# fp16 (CPU). H200, graphs (`tools/probe_toggle.py --switch scale-bits`, session 18): NVFP4 A16 0.92-1.00x the time
+# at M = 1-256 on 8192^2 / 28672x8192 / 8192x28672 (M=64 0.92-0.96), W4A8-NVFP4 0.91-1.00x, MXFP4 0.98-1.03x (even)
+SCALE_BITS = True
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> int:

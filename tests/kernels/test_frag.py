@@ -315,6 +315,8 @@ def assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, ref):
     prepared = prepare(qw, backend="triton")
     assert prepared.data.fold_bits and x.dtype in prepared.data.fold
     be = get_backend("triton")
+    monkeypatch.setattr(frag, "SCALE_BITS", False)
+    assert frag.frag_fold(prepared.data, x.dtype) == 1
     converted = be.gemm(x, prepared)
     monkeypatch.setattr(frag, "SCALE_BITS", True)
     assert frag.frag_fold(prepared.data, x.dtype) == 2
