@@ -67,6 +67,11 @@ class Settings:
     Triton 3.6 leaves 3-7 of them in flight there (undefined behaviour: 8-bit codes on 8/16 warps gave runs of wrong
     rows on the H200; sm_90a SASS of w4a16 M=128, w8a16 M=16-128, nvfp4/mxfp4 M=1/16/128 show the same pattern,
     `tools/sm90_check.py` HAZARD). Its speed on the H200 is not yet measured (2026-12-01)."""
+    e2m1_a8: bool
+    """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
+    token whose rows span at most 8 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
+    e4m3 by look-up tables (`TritonWeight.e2m1_a8`); off (or other weights), x's FP8 codes run on the A16 kernels
+    (`codes_a16`)."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -130,6 +135,11 @@ def frag_settle() -> bool:
     return _level("ANYBIT_FRAG_SETTLE", 1, (0, 1)) == 1
 
 
+def e2m1_a8() -> bool:
+    """ANYBIT_E2M1_A8 alone (see `Settings.e2m1_a8`)."""
+    return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
+
+
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
@@ -148,4 +158,5 @@ def load() -> Settings:
         moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),
+        e2m1_a8=e2m1_a8(),
     )

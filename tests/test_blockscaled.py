@@ -94,12 +94,14 @@ def test_block_scaled_call_against_its_emulation(interpret, monkeypatch, text):
     assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-def test_mxfp4_rows_as_e4m3_times_a_power_of_two_exactly(interpret):
+@pytest.mark.parametrize("lut", [True, False])
+def test_mxfp4_rows_as_e4m3_times_a_power_of_two_exactly(interpret, lut):
     """MXFP4 under FP8 x: each row's codes times its groups' powers of two relative to the row's largest are e4m3
-    values (the row-wise route's W), and the row scales give back `dequantize()` bit for bit."""
+    values (the row-wise route's W), and the row scales give back `dequantize()` bit for bit — from the A16 words
+    (`codes_a16`) and from the FP8 words with their look-up tables (`e2m1_a8`: values 2**6 higher, rows 2**-6)."""
     qw = quantize(torch.randn(80, 384) * 0.05, "w4a8-mxfp4")
-    tw = to_triton_layout(qw)
-    assert tw.codes_a16 and tw.rowwise is not None
+    tw = to_triton_layout(qw, allow_e2m1_a8=lut)
+    assert tw.e2m1_a8 == lut and tw.codes_a16 != lut and tw.rowwise is not None
     rel, rows = tw.rowwise
     wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn, scales=rel)
     assert torch.equal(wq.float() * rows[:, None], qw.dequantize())
@@ -109,20 +111,39 @@ def test_mxfp4_rows_spanning_more_than_8_binades_keep_the_a16_kernels():
     w = torch.randn(32, 256) * 0.05
     w[3, :32] *= 2.0**-12  # one group of row 3 twelve binades below the rest: not e4m3 relative to its row
     tw = to_triton_layout(quantize(w, "w4a8-mxfp4"))
-    assert tw.codes_a16 and tw.rowwise is None
+    assert tw.codes_a16 and not tw.e2m1_a8 and tw.rowwise is None
     assert "8 binades" in blockscaled.rowwise_why_not(tw, torch.device("cuda"), torch.bfloat16)
     assert to_triton_layout(quantize(torch.randn(32, 256), "w4a8:e2m1:g16:e4m3:gs:e4m3-token")).rowwise is None
 
 
+def test_mxfp4_rows_spanning_8_binades_and_every_code_decode_exactly_on_the_fp8_words(interpret):
+    """The look-up tables at every relative code the FP8 words take (a row's groups 0-8 binades below its largest)
+    and all 16 e2m1 codes (signed zero too): e4m3 values times the row scales give `dequantize()` bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.rand(64, 9 * 32 * 2, generator=g) * 1.9 - 0.95) * 0.05
+    w[:, ::32] = 0.05  # every group's largest: the scales are 2**-g times one row scale
+    w = w * (2.0 ** -torch.arange(9).repeat_interleave(32).repeat(2))[None, :]  # groups 0..8 binades down
+    w[:, 5] = 0.0
+    w[:, 6] = -0.0
+    qw = quantize(w, "w4a8-mxfp4")
+    assert set(stored_codes(qw).unique().tolist()) == set(range(16))
+    tw = to_triton_layout(qw)
+    rel, rows = tw.rowwise
+    assert tw.e2m1_a8 and set(rel.unique().tolist()) == set(range(119, 128))
+    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn)
+    assert torch.equal(wq.float() * rows[:, None], qw.dequantize())
+
+
+@pytest.mark.parametrize("lut", [True, False])
 @pytest.mark.parametrize("m", [1, 13, 200])
-def test_rowwise_call_against_the_product_of_its_quantized_x(interpret, m):
+def test_rowwise_call_against_the_product_of_its_quantized_x(interpret, m, lut):
     """`rowwise_gemm` end to end on the CPU (torch's CPU `_scaled_mm`): against float64 x_q s_x @ W^T with the
-    quantizer's own codes."""
+    quantizer's own codes (W from either word order)."""
     g = torch.Generator().manual_seed(m)
     qw = quantize(torch.randn(48, 256, generator=g) * 0.05, "w4a8-mxfp4")
     x = torch.randn(m, 256, generator=g).half()
     bias = torch.randn(48, generator=g).half()
-    y = blockscaled.rowwise_gemm(x, to_triton_layout(qw), bias)
+    y = blockscaled.rowwise_gemm(x, to_triton_layout(qw, allow_e2m1_a8=lut), bias)
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T + bias.double()
     assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]

@@ -11,6 +11,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               large-M paths, as before 2026-12-01)
   scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
   rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
+  e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
+              x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -75,7 +77,14 @@ def _mid256_e2m1(on: bool) -> None:
         triton_backend.FRAG_MID_256.pop("e2m1", None)
 
 
+def _e2m1_a8(on: bool) -> None:
+    os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
+
+
+PREPARE_TIME = {"e2m1-a8"}  # switches read by `prepare`: each variant times its own prepared copies
+
 SWITCHES = {
+    "e2m1-a8": _e2m1_a8,
     "mid256-e2m1": _mid256_e2m1,
     "scale-bits": _scale_bits,
     "rowwise": _rowwise,
@@ -109,7 +118,13 @@ def main() -> int:
         for shape in args.shapes.split(","):
             n, k = (int(v) for v in shape.split("x"))
             qws = [anybit.quantize(torch.randn(n, k, device=dev) * 0.02, scheme) for _ in range(args.copies)]
-            preps = [anybit.prepare(qw) for qw in qws]
+            preps = {}
+            for v in VARIANTS:
+                if args.switch in PREPARE_TIME or not preps:
+                    switch(v == "on")
+                    preps[v] = [anybit.prepare(qw) for qw in qws]
+                else:
+                    preps[v] = preps["off"]
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device=dev).bfloat16()
                 xr = x[:64]
@@ -120,14 +135,14 @@ def main() -> int:
                 row, ok = dict(scheme=name, n=n, k=k, m=m, switch=args.switch), True
                 for v in VARIANTS:
                     switch(v == "on")
-                    why = relaunch_check(lambda x=x, p=preps[0]: anybit.gemm(x, p), ref)
+                    why = relaunch_check(lambda x=x, p=preps[v][0]: anybit.gemm(x, p), ref)
                     if why:
                         errors[f"{name} {shape} M={m} {args.switch} {v}"] = why
                         ok = False
                 if ok:
                     samples = {v: [] for v in VARIANTS}
                     for v in VARIANTS + VARIANTS:
-                        samples[v].append(_timed(x, preps, switch, v == "on"))
+                        samples[v].append(_timed(x, preps[v], switch, v == "on"))
                     row.update({f"{v}_us": min(s) for v, s in samples.items()})
                     ratio = row["on_us"] / row["off_us"]
                     print(f"{name:24s} {shape:11s} M={m:4d}  off {row['off_us']:7.1f}  on {row['on_us']:7.1f}"

@@ -122,15 +122,12 @@ ROW_SPREAD_MAX = 8
 def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
     """MXFP4 weights (e2m1, ue8m0 scales per group along K) as e4m3 values times one power of two per row,
     exactly, for cuBLAS's row-wise FP8 GEMM: (each group's ue8m0 code relative to its row's largest, in the
-    Triton layout [K/g, N]; fp32 [N] row scales 2**(largest - 127)). None unless the scheme is `codes_a16` with
-    ue8m0 scales and e4m3 x per token, N and K multiples of 16 (cuBLAS), and every row's groups lie within
-    ROW_SPREAD_MAX binades of each other (else some products would need more than e4m3)."""
-    from anybit.backends.triton_layout import codes_a16
+    Triton layout [K/g, N]; fp32 [N] row scales 2**(largest - 127)). None unless the scheme is `e2m1_rows_scheme`
+    and every row's groups lie within ROW_SPREAD_MAX binades of each other
+    (else some products would need more than e4m3). (The FP8 frag kernel's look-up tables take the same, `e2m1_a8`.)"""
+    from anybit.backends.triton_layout import e2m1_rows_scheme
 
-    s = qw.scheme
-    if not (codes_a16(s) and s.scale_dtype.name == "ue8m0" and s.act.dtype.name == "e4m3"):
-        return None
-    if s.act.mode is not ActMode.TOKEN or qw.n % 16 or qw.k % 16:
+    if not e2m1_rows_scheme(qw.scheme):
         return None
     codes = qw.scales.to(torch.int32)  # [N, K/g] ue8m0 codes
     top = codes.amax(dim=1, keepdim=True)
@@ -144,6 +141,8 @@ def rowwise_why_not(tw, device: torch.device, out_dtype: torch.dtype) -> str | N
     """None when a call of this prepared weight can take `rowwise_gemm` on `device`, else why not."""
     if tw.rowwise is None:
         return "the weight is not MXFP4 within 8 binades a row (`e2m1_row_scales`)"
+    if tw.n % 16 or tw.k % 16:
+        return f"N={tw.n}, K={tw.k}: cuBLAS's FP8 GEMM takes multiples of 16"
     return _cuda_why_not(device, rowwise_support, out_dtype)
 
 

@@ -113,10 +113,13 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
     return config
 
 
-def pick_config(m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool) -> GemmConfig:
-    """The tile for one call (cached per prepared weight and M: picking must not cost host time)."""
+def pick_config(
+    m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool, a8: bool | None = None
+) -> GemmConfig:
+    """The tile for one call (cached per prepared weight and M: picking must not cost host time). a8: the weight
+    runs on the FP8 MMA (default `a8_mma(scheme)`; `TritonWeight.mma_a8` where the weight's data decides)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
-        a8 = a8_mma(scheme)  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs with it)
+        a8 = a8_mma(scheme) if a8 is None else a8  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs)
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8,
                       float_codes=isinstance(scheme.weight, FloatType), balance=not a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
@@ -197,7 +200,8 @@ def gemm_source_hash() -> str:
                frag_decode.minus_rows,
                frag_decode.times_groups, frag_decode.unpack_pairs, frag_decode.unpack_pairs_minus,
                frag_decode.unpack_pairs_minus_rows, frag_decode.unpack_pairs2, frag_decode.unpack_bytes,
-               frag_decode.unpack_e2m1, frag_decode.unpack_a8, dequant.decode_scale, dequant.decode_float)  # fmt: skip
+               frag_decode.unpack_e2m1, frag_decode.unpack_a8, frag_decode.a8_rows, frag_decode.unpack_e2m1_a8,
+               frag_decode._table_bytes, dequant.decode_scale, dequant.decode_float)  # fmt: skip
     return source_hash(*kernels)
 
 
@@ -348,7 +352,9 @@ class TritonBackend:
         if tw.mma_a8:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            if tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
+            if tw.e2m1_a8:  # signed e2m1 codes: no sums to subtract
+                x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device))
+            elif tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
                 x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=quant_early(m, x2.device))
             else:
                 x2, x_scales = quantize_act(x2, act, static)
@@ -370,7 +376,7 @@ class TritonBackend:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
         m, cuda = x.shape[0], x.is_cuda
-        default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk)
+        default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk, tw.mma_a8)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
         entry = cache.get(key)

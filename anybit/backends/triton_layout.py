@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from anybit import settings
 from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
+from anybit.kernels.frag_decode import E2M1_A8_SHIFT
 from anybit.kernels.frag_layout import pack_frag
 from anybit.quant.weights import QuantizedWeight
 
@@ -59,6 +61,13 @@ class TritonWeight:
     def mma_a8(self) -> bool:
         """The kernels run it on the FP8 MMA (FP8 activations, not `codes_a16`): x comes as e4m3."""
         return self.scheme.act.quantized and not self.codes_a16
+
+    @property
+    def e2m1_a8(self) -> bool:
+        """MXFP4 on the FP8 MMA: e2m1 codes packed in the FP8 order (`frag_layout.e2m1_a8_bit_order`), decoded to
+        e4m3 by look-up tables of their groups' exponents relative to the row (`rowwise`: those codes, and the
+        rows' powers of two times 2**-E2M1_A8_SHIFT, applied after the K loop)."""
+        return self.frag and self.mma_a8 and bool(self.fmt["W_FLOAT"])
 
     @property
     def x_wants(self) -> str:
@@ -126,6 +135,19 @@ def codes_a16(scheme: Scheme) -> bool:
     return e2m1 and g.kind is ScaleKind.GROUP and g.k in (16, 32, 64)
 
 
+def e2m1_rows_scheme(scheme: Scheme) -> bool:
+    """MXFP4 under e4m3 x per token: `codes_a16` with ue8m0 scales — the schemes whose weights, where their rows'
+    scales lie within 8 binades (`e2m1_row_scales`, checked when prepared), run on the FP8 MMA by look-up tables
+    (`TritonWeight.e2m1_a8`) and above ROWWISE_MIN_M rows as e4m3 through cuBLAS's row-wise FP8 GEMM."""
+    act = scheme.act
+    return (
+        codes_a16(scheme)
+        and scheme.scale_dtype.name == "ue8m0"
+        and act.dtype.name == "e4m3"
+        and (act.mode is ActMode.TOKEN)
+    )
+
+
 def a8_mma(scheme: Scheme) -> bool:
     """Whether the Triton kernels run this scheme on the FP8 MMA (FP8 activations not `codes_a16`)."""
     return scheme.act.quantized and not codes_a16(scheme)
@@ -158,10 +180,13 @@ def frag_format(scheme: Scheme) -> bool:
     return isinstance(w, IntType) and whole_blocks
 
 
-def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True) -> TritonWeight:
+def to_triton_layout(
+    qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True, allow_e2m1_a8: bool = True
+) -> TritonWeight:
     """The dense kernels' layout (also each expert's in `stack_experts`); `allow_nk=False` keeps FP8
     weights in bit planes too, `allow_frag=False` keeps 4-bit weights in bit planes (for the bit-plane
-    kernels)."""
+    kernels). MXFP4 under e4m3 x per token whose rows `e2m1_row_scales` takes runs on the FP8 MMA
+    (`TritonWeight.e2m1_a8`; `allow_e2m1_a8=False` or ANYBIT_E2M1_A8=0: as `codes_a16`)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
@@ -173,11 +198,15 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
     scales = qw.scales.t().contiguous()
     recipe = blockscaled_recipe(scheme, qw.n, qw.k, nk, frag)
     fold = _foldable(qw) if frag else frozenset()
+    rowwise = e2m1_row_scales(qw) if frag else None
+    lut = rowwise is not None and allow_e2m1_a8 and settings.e2m1_a8()  # MXFP4 on the FP8 MMA (`e2m1_a8`)
+    if lut:
+        rowwise = (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
     return TritonWeight(
         scheme=scheme,
         n=qw.n,
         k=qw.k,
-        planes=_planes(qw, nk, frag),
+        planes=_planes(qw, nk, frag, lut),
         plane_bits=PLANES[scheme.weight_bits],
         scales=scales,
         zeros=zeros,
@@ -187,13 +216,13 @@ def to_triton_layout(qw: QuantizedWeight, allow_nk: bool = True, allow_frag: boo
         fmt=weight_format_constexprs(scheme),
         nk=nk,
         frag=frag,
-        codes_a16=frag and codes_a16(scheme),
+        codes_a16=frag and codes_a16(scheme) and not lut,
         input_scale=qw.input_scale,
         fold=fold,
         fold_bits=bool(fold) and scale_bits_exact(qw),  # (read only where the decode folds)
         blockscaled=recipe,
         blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
-        rowwise=e2m1_row_scales(qw) if frag else None,
+        rowwise=rowwise,
     )
 
 
@@ -236,12 +265,13 @@ def _foldable(qw: QuantizedWeight) -> frozenset:
     return frozenset({torch.bfloat16, torch.float16} if fp16 else {torch.bfloat16})
 
 
-def _planes(qw: QuantizedWeight, nk: bool, frag: bool) -> list[torch.Tensor]:
+def _planes(qw: QuantizedWeight, nk: bool, frag: bool, e2m1_a8: bool = False) -> list[torch.Tensor]:
     if nk:
         return [qw.codes().view(torch_float8(qw.scheme.weight))]
     if frag:
         e2m1 = isinstance(qw.scheme.weight, FloatType)  # the fragment layout's one float format
-        return [pack_frag(stored_codes(qw), a8=a8_mma(qw.scheme), bits=qw.scheme.weight_bits, e2m1=e2m1)]
+        a8 = a8_mma(qw.scheme) or e2m1_a8
+        return [pack_frag(stored_codes(qw), a8=a8, bits=qw.scheme.weight_bits, e2m1=e2m1)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 
 
@@ -272,7 +302,8 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
     """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag) for e in range(qw.shape[0])]
+    # (e2m1 experts keep `codes_a16`: the grouped kernel has no e2m1 decode for the FP8 MMA yet)
+    parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag, allow_e2m1_a8=False) for e in range(qw.shape[0])]
     first = parts[0]
 
     def stack(name):

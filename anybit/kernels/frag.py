@@ -43,6 +43,7 @@ from anybit.kernels.frag_decode import (
     unpack_a8,
     unpack_bytes,
     unpack_e2m1,
+    unpack_e2m1_a8,
     unpack_pairs,
     unpack_pairs2,
     unpack_pairs_minus,
@@ -113,15 +114,19 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
     e2m1 times an e4m3 or power-of-two scale fits bf16/fp16), like the bit-plane kernel's per-element
     scaling. FP8 x: `xsum` [BM], the block's sums of x from the quantizer (`block_sums`), else the x
-    tile's own. SCALE_W (PER_BLOCK, bf16/fp16 x): the block's scales multiply the decoded rows instead
-    (each weight rounded once to x's dtype, as the dequantize-then-GEMM path does), so every block's
-    MMA accumulates into acc: no wait on the MMA and no fp32 multiply-add per block (large-M tiles)."""
+    tile's own; e2m1 weights under FP8 x (`unpack_e2m1_a8`): `s_raw` holds the groups' codes relative to
+    their row's largest, whose power of two the caller applies after the K loop. SCALE_W (PER_BLOCK,
+    bf16/fp16 x): the block's scales multiply the decoded rows instead (each weight rounded once to x's
+    dtype, as the dequantize-then-GEMM path does), so every block's MMA accumulates into acc: no wait on
+    the MMA and no fp32 multiply-add per block (large-M tiles)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
-    if dtype == tl.float8e4nv:
+    if dtype == tl.float8e4nv and W_FLOAT:  # e2m1 times 2**(r + 6) a group by its table (row scales after the loop)
+        part = tl.dot(unpack_e2m1_a8(p, rows_to_mma(s_raw, BN, NW, 128 // GROUP_K), BN, PTX), xt)
+    elif dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
         part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
         if xsum is None:  # no sums from the quantizer: the x tile's own (shuffles and a shared-memory trip)
@@ -338,14 +343,15 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
 
 
 @triton.jit(do_not_specialize=["MASK"])
-def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-                      K, stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
+def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
+                      M, N, K, stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
                       W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr,
                       ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
                       HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
-                      SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False):
+                      SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
+                      HAS_RS: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -366,6 +372,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, bias
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
+    if HAS_RS:  # fp32 [N]: each row's power of two (e2m1 under FP8 x, `unpack_e2m1_a8`)
+        acc = acc * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
     if HAS_XS:  # per-token scales of the FP8 activations (as e4m3, or their codes in x's dtype)
         acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)[None, :]
     tile = pid_m * tl.num_programs(0) + pid_n
@@ -553,7 +561,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
               maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
-    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order; `codes_a16` weights take
+    [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order — MXFP4 as e4m3 by
+    look-up tables of row-relative exponents, `TritonWeight.e2m1_a8` —; `codes_a16` weights take
     the codes in bf16/fp16 instead, `quantize_act(codes_dtype=...)`, with their x_scales) and, optionally, its
     per-block sums `x_sums` (`quantize_act(block_sums=True)`: fp32 [ceil(K/128), M]; without them the
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
@@ -579,18 +588,20 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
     dummy = tw.scales
+    scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 under FP8 x: row-relative codes
     # fmt: off
     _frag_gemm_kernel[grid](
-        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
+        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], scales,
         tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
-        bias if bias is not None else dummy, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
+        rows if rows is not None else dummy, bias if bias is not None else dummy, y,
+        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
         k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
-        tw.scales.stride(-2),
+        scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, num_warps=num_warps,
+        HAS_XS=x_scales is not None, HAS_RS=rows is not None, num_warps=num_warps,
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on

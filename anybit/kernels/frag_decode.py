@@ -263,6 +263,19 @@ def unpack_e2m1(p, R: tl.constexpr, MASK, DTYPE: tl.constexpr, FOLD: tl.constexp
 
 
 @triton.jit
+def a8_rows(r0, r1, R: tl.constexpr):
+    """Two [R, 16] int32 tensors of FP8 bytes (register j = 0, 1 of every word in the FP8 fragment order) ->
+    [R, 128] e4m3 in natural K order (register renaming only)."""
+    rr = tl.join(r0, r1)  # [R, 16, 2]: j
+    b0 = rr.to(tl.int8)
+    b1 = (rr >> 8).to(tl.int8)
+    b2 = (rr >> 16).to(tl.int8)
+    b3 = (rr >> 24).to(tl.int8)
+    b = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, 4, 4, 2, 4))  # (t, c, j, i)
+    return tl.reshape(tl.permute(b, (0, 2, 3, 1, 4)), (R, 128)).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def unpack_a8(p, R: tl.constexpr, MASK):
     """[R, 16] words in the FP8 fragment order -> [R, 128] e4m3 in natural K order whose bytes are the
     unsigned codes q themselves: e4m3 reads a byte 0..15 as q * 2**-9 exactly (subnormals and the
@@ -271,11 +284,69 @@ def unpack_a8(p, R: tl.constexpr, MASK):
     # j = 1 by an opaque 4 too: a constant shift folds into the byte extraction below and ptxas rebuilt
     # every register byte by byte (sm_90a: 48 SHF + 48 PRMT per loop)
     r1 = (p >> ((MASK >> 31) + 4)) & 0x0F0F0F0F
-    rr = tl.join(r0, r1)  # [R, 16, 2]: j
-    b0 = rr.to(tl.int8)
-    b1 = (rr >> 8).to(tl.int8)
-    b2 = (rr >> 16).to(tl.int8)
-    b3 = (rr >> 24).to(tl.int8)
-    b = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, 4, 4, 2, 4))  # (t, c, j, i)
-    return tl.reshape(tl.permute(b, (0, 2, 3, 1, 4)), (R, 128)).to(tl.float8e4nv, bitcast=True)
+    return a8_rows(r0, r1, R)
+
+
+def _int32(v: int) -> int:
+    v %= 1 << 32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+# e2m1 under FP8 x (`unpack_e2m1_a8`): a group's codes as e4m3 bytes of value * 2**(r + E2M1_A8_SHIFT), r <= 0 its
+# ue8m0 code relative to its row's largest (`blockscaled.e2m1_row_scales`: rel code c = 127 + r, r >= -8). The
+# look-up table of magnitudes 0, 0.5, 1, 1.5 (low word) and 2, 3, 4, 6 (high word) at r + 6 = 0 is 0x3C383000 /
+# 0x4C484440; every binade adds 8 to each byte but the zero's, so the table of code c is c * step + base (one IMAD a
+# word): r + 6 in [-2, 6] keeps every byte a normal e4m3 (0x20-0x7C), no carry between bytes
+E2M1_A8_SHIFT = 6
+_LUT_LO_STEP: tl.constexpr = tl.constexpr(0x08080800)
+_LUT_HI_STEP: tl.constexpr = tl.constexpr(0x08080808)
+_LUT_LO_BASE: tl.constexpr = tl.constexpr(_int32(0x3C383000 - (127 - E2M1_A8_SHIFT) * 0x08080800))
+_LUT_HI_BASE: tl.constexpr = tl.constexpr(_int32(0x4C484440 - (127 - E2M1_A8_SHIFT) * 0x08080808))
+_SIGNS: tl.constexpr = tl.constexpr(_int32(0x80808080))
+
+# word -> its two registers of e4m3 bytes by the tables ($3: bytes 0-3, $4: bytes 4-7): the magnitudes with every
+# nibble's bit 3 cleared; register 0 by the low half as selector and the signs at the bytes' tops, register 1 by the
+# high half shifted down and the signs shifted up 4 (7 instructions a word: 3 LOP3, 2 PRMT, 2 shifts)
+_E2M1_A8: tl.constexpr = tl.constexpr("""{
+.reg .b32 m, s, t;
+and.b32 m, $2, 0x77777777;
+prmt.b32 $0, $3, $4, m;
+and.b32 t, $2, 0x80808080;
+or.b32 $0, $0, t;
+shr.u32 s, m, 16;
+prmt.b32 $1, $3, $4, s;
+shl.b32 t, $2, 4;
+and.b32 t, t, 0x80808080;
+or.b32 $1, $1, t;
+}""")
+
+
+@triton.jit
+def _table_bytes(sel, lo, hi):
+    """The Triton form of `prmt.b32 d, lo, hi, sel` (the low half's nibbles' bit 3 clear): byte n of d is byte
+    (sel >> 4n) & 7 of the eight-byte table hi:lo."""
+    d = sel * 0
+    for n in tl.static_range(4):
+        idx = (sel >> (4 * n)) & 7
+        d |= ((tl.where(idx < 4, lo, hi) >> ((idx & 3) * 8)) & 0xFF) << (8 * n)
+    return d
+
+
+@triton.jit
+def unpack_e2m1_a8(p, c, R: tl.constexpr, PTX: tl.constexpr):
+    """[R, 16] words of e2m1 codes in the FP8 order (`frag_layout.e2m1_a8_bit_order`) and c [R, 4] the rel codes
+    of the block's four 32-K groups (word 4t + g is group g) -> [R, 128] e4m3 in natural K order, each weight
+    exactly its e2m1 value times 2**(r + E2M1_A8_SHIFT): per word of eight codes two byte permutes of its
+    group's table (built by one IMAD each from the group's code), three LOP3 and two shifts (`_E2M1_A8`)."""
+    ci = c.to(tl.int32)
+    lo = tl.reshape(tl.broadcast_to((ci * _LUT_LO_STEP + _LUT_LO_BASE)[:, None, :], (R, 4, 4)), (R, 16))
+    hi = tl.reshape(tl.broadcast_to((ci * _LUT_HI_STEP + _LUT_HI_BASE)[:, None, :], (R, 4, 4)), (R, 16))
+    if PTX:
+        r0, r1 = tl.inline_asm_elementwise(_E2M1_A8, "=r,=r,r,r,r", [p, lo, hi], dtype=(tl.int32, tl.int32),
+                                           is_pure=True, pack=1)  # fmt: skip
+    else:
+        m = p & 0x77777777
+        r0 = _table_bytes(m, lo, hi) | (p & _SIGNS)
+        r1 = _table_bytes((m >> 16) & 0x7777, lo, hi) | ((p << 4) & _SIGNS)
+    return a8_rows(r0, r1, R)
 # fmt: on

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, load_scale
 from anybit.kernels.frag import frag_constexprs, frag_row_words
-from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_pairs, unpack_pairs2
+from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
 
 
@@ -22,7 +22,8 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
                          GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr,
                          CODES: tl.constexpr = False):
     """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS).
-    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM. Scaled
+    CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM; e2m1 (`s_ptr`:
+    row-relative codes) times 2**(r + E2M1_A8_SHIFT) a group, for the row-wise one. Scaled
     values into e4m3 (MXFP4 with row-relative scales, `e2m1_row_scales`) round to nearest: exact there."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     kt = tl.program_id(1)
@@ -36,7 +37,11 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
                 mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
-    if CODES:
+    rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
+    if CODES and W_FLOAT:  # e2m1 for the FP8 MMA: e4m3 by its groups' tables (row-relative codes, `unpack_e2m1_a8`)
+        c = tl.load(s_ptr + rows[None, :] * stride_s + offs_n[:, None], mask=mask_n[:, None], other=0)
+        q = unpack_e2m1_a8(p, c, BN, False).to(tl.float32)
+    elif CODES:
         q = unpack_a8(p, BN, MASK).to(tl.float32) * 512.0 - (8.0 if W_SIGNED else 0.0)  # bytes read as q * 2**-9
     elif W_FLOAT:
         q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
@@ -58,7 +63,6 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
             q = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 3, 1)), (BN, 256)).to(tl.float32) - off
         else:
             q = unpack_pairs(p, BN, MASK, dtype).to(tl.float32) - off
-    rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if ZP != 0:
         z = tl.load(z_ptr + rows[None, :] * stride_s + (offs_n // GROUP_N)[:, None], mask=mask_n[:, None], other=0)
         q = tl.reshape(tl.reshape(q, (BN, G, KB // G)) - z.to(tl.float32)[:, :, None], (BN, KB))
@@ -79,12 +83,15 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
 def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.Tensor | None = None) -> torch.Tensor:
     """A fragment-layout weight -> W [N, K] in `dtype` (values of `QuantizedWeight.dequantize()`
     rounded once). Weights packed for the FP8 MMA (W4A8) give their unscaled integers q - z instead, in
-    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM.
+    e4m3 (`dtype` must be torch.float8_e4m3fn; exact for 4-bit codes), for a block-scaled FP8 GEMM; MXFP4 packed
+    for it (`TritonWeight.e2m1_a8`) its e4m3 values relative to each row (times `rowwise[1]` they are W).
     scales: others in the layout and dtype of `tw.scales` (the row-relative ue8m0 codes of `e2m1_row_scales`)."""
     codes = tw.mma_a8
     if codes and dtype != torch.float8_e4m3fn:
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
-    scales = tw.scales if scales is None else scales
+    if tw.e2m1_a8 and scales is not None and scales.data_ptr() != tw.rowwise[0].data_ptr():
+        raise ValueError(f"{tw.scheme} is packed for the FP8 MMA by its row-relative scales (`rowwise`): no others")
+    scales = (tw.rowwise[0] if tw.e2m1_a8 else tw.scales) if scales is None else scales
     if scales.shape != tw.scales.shape or scales.dtype != tw.scales.dtype:
         raise ValueError(f"scales must be {tw.scales.dtype} {tuple(tw.scales.shape)} like the weight's, got "
                          f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip

@@ -7,7 +7,8 @@ a Hopper wgmma A fragment consumes them, stored in panels of 64 rows; `pack_frag
 w = 4t + c, and code k = e + 2t + 8j + 32c sits in word 4t + c at nibble j + 4e (FP8 activations:
 k = i + 4t + 16j + 32c at nibble 2i + j; 2 and 8 bits: `_frag_order`). e2m1 codes (`e2m1=True`): the same
 words with each code's four bits moved (`e2m1_bit_order`), so that a bf16 pair comes out of a word by
-one rotation and one AND.
+one rotation and one AND; under FP8 activations (`a8=True, e2m1=True`) the FP8 order with the magnitudes of
+each register's four codes as the nibbles of one byte-permute selector (`e2m1_a8_bit_order`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,22 @@ def e2m1_bit_order() -> list[int]:
     return new
 
 
+def e2m1_a8_bit_order() -> list[int]:
+    """new[b] = where bit b of an FP8-order word (nibble 2i + j holds code i of register j) sits in the e2m1 word
+    of the FP8 MMA (`frag_decode.unpack_e2m1_a8`): the magnitudes (bits 0-2) of register 0's codes in the low
+    nibbles' bits 0-2, register 1's in the high half's, so each half is a PRMT selector of a look-up table of
+    eight e4m3 bytes once its nibbles' bit 3 are cleared; code i's sign at bit 8i + 7 (register 0: one AND puts
+    the signs on the bytes) or 8i + 3 (register 1: a shift by 4 first)."""
+    new = [0] * 32
+    for i in range(4):
+        for j in range(2):
+            for b in range(3):
+                new[4 * (2 * i + j) + b] = 16 * j + 4 * i + b
+            new[4 * (2 * i + j) + 3] = 8 * i + (7 if j == 0 else 3)
+    assert sorted(new) == list(range(32)), "the e2m1 FP8 word order is not a permutation"
+    return new
+
+
 def _permute_bits(words: torch.Tensor, order: list[int]) -> torch.Tensor:
     """int64 words (0 <= w < 2**32) with bit b moved to order[b], by one look-up per byte."""
     byte = torch.arange(256, device=words.device)
@@ -99,9 +116,10 @@ def frag_mask(bits: int) -> int:
 def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4, e2m1: bool = False) -> torch.Tensor:
     """uint8 `bits`-bit codes (4 or 2) [..., N, K] -> int32 [..., N, K_pad * bits / 32] in the fragment
     order (`a8`: the FP8 MMA's; K padded with code 0 to a multiple of the block, `frag_block_k`;
-    kernels mask the activations there). e2m1: 4-bit e2m1 codes, bits in `e2m1_bit_order`."""
-    if e2m1 and (a8 or bits != 4):
-        raise ValueError(f"the e2m1 word order holds 4-bit codes in the A16 MMA order, got bits={bits}, a8={a8}")
+    kernels mask the activations there). e2m1: 4-bit e2m1 codes, bits in `e2m1_bit_order` (`a8`:
+    `e2m1_a8_bit_order`)."""
+    if e2m1 and bits != 4:
+        raise ValueError(f"the e2m1 word orders hold 4-bit codes, got bits={bits}")
     *lead, n, k = codes.shape
     c = codes.to(torch.int64)
     kb = frag_block_k(bits)
@@ -113,7 +131,7 @@ def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4, e2m1: bool =
     shifted = blocks.reshape(*lead, n, -1, FRAG_WORDS, fields) << (torch.arange(fields, device=c.device) * bits)
     words = shifted.sum(dim=-1).reshape(*lead, n, -1)  # disjoint fields: the sum is the OR
     if e2m1:
-        words = _permute_bits(words, e2m1_bit_order())
+        words = _permute_bits(words, e2m1_a8_bit_order() if a8 else e2m1_bit_order())
     words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     return to_panels(words, FRAG_PANEL)
 
@@ -147,7 +165,7 @@ def unpack_frag(
     fields = 32 // bits
     w = words.to(torch.int64).reshape(*lead, n, -1, FRAG_WORDS, 1) & 0xFFFFFFFF
     if e2m1:
-        order = e2m1_bit_order()
+        order = e2m1_a8_bit_order() if a8 else e2m1_bit_order()
         w = _permute_bits(w, [order.index(b) for b in range(32)])
     f = (w >> (torch.arange(fields, device=words.device) * bits)) & ((1 << bits) - 1)
     f = f.reshape(*lead, n, -1, frag_block_k(bits))

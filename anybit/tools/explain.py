@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from anybit import settings
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
@@ -27,24 +28,23 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         pick_config,
         tuning_cache,
     )
-    from anybit.backends.triton_layout import a8_mma, codes_a16, fp8_as_is, frag_format
+    from anybit.backends.triton_layout import a8_mma, codes_a16, e2m1_rows_scheme, fp8_as_is, frag_format
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
-    rowwise = ""  # MXFP4 under FP8 x above ROWWISE_MIN_M rows: the row-wise FP8 route, where the weight allows
-    if codes and scheme.scale_dtype.name == "ue8m0" and scheme.act.mode.name == "TOKEN" and m > ROWWISE_MIN_M:
+    rows = e2m1_rows_scheme(scheme)  # MXFP4 under e4m3 x: the FP8 MMA / row-wise FP8 route where the weight allows
+    rowwise = ""
+    if rows and m > ROWWISE_MIN_M:
         rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
-                   "instead" if cuda and scheme.act.dtype.name == "e4m3" else
-                   "; the row-wise FP8 route needs e4m3 x on a CUDA device")  # fmt: skip
+                   "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype):
         if codes:
             return (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, M > {FRAG_MAX_M}: one-pass "
                     f"Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after{rowwise}")  # fmt: skip
-        from anybit import settings
         from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
 
         limit = settings.frag_ws_max_m()
@@ -84,10 +84,16 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if entry is not None:
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
     else:
-        c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme))
+        a8 = a8_mma(scheme) or (rows and settings.e2m1_a8())  # (the tile of the FP8 MMA where the weight allows)
+        c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme), a8)
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
-    if codes:
+    if rows and settings.e2m1_a8():
+        act += ("on the FP8 MMA where the weight's rows' scales lie within 8 binades (checked when prepared; "
+                "ANYBIT_E2M1_A8=0 turns it off): e2m1 to e4m3 by look-up tables of each group's exponent relative "
+                "to its row, the rows' powers of two after the K loop — else their codes in x's dtype on the "
+                "bf16/fp16 MMA (exact; x scales after it), ")  # fmt: skip
+    elif codes:
         act += "their codes in x's dtype on the bf16/fp16 MMA (exact; x scales after it), "
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
     return (

@@ -18,7 +18,7 @@ A8_FORMATS = [
     "w4a8",  # int4 g128, e4m3 per token
     "w8a8-fp8",  # e4m3 weights (bytes fed to the dot as they are), per channel
     "fp8-block",  # e4m3 128x128 blocks, e4m3 per token and group of 128
-    "w4a8-mxfp4",  # e2m1 g32 ue8m0 (codes on the A16 kernels, `codes_a16`)
+    "w4a8-mxfp4",  # e2m1 g32 ue8m0 (e4m3 by look-up tables on the FP8 MMA, `e2m1_a8`)
     "w4a8-nvfp4",  # e2m1 g16 e4m3 + global scale, FP8 x (codes on the A16 kernels)
     "w4a8:uint4:g64:fp16:zp-int:e4m3-token",
     "w4a8:e2m1:g64:bf16:e5m2-token",
@@ -88,6 +88,22 @@ def test_every_fp8_scheme_matches_reference(interpret, text, m):
     y = get_backend("triton").gemm(x, p)
     assert y.dtype == torch.float16 and y.shape == (m, 40)
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("lut", [True, False])
+@pytest.mark.parametrize("m", [1, 13])
+def test_mxfp4_under_fp8_x_on_either_mma(interpret, monkeypatch, lut, m):
+    """MXFP4 under e4m3 x per token: on the FP8 MMA with e4m3 weights from look-up tables (`e2m1_a8`, the default)
+    or with x's codes on the A16 MMA (ANYBIT_E2M1_A8=0); K off the 128-K block, N off the tile, a bias."""
+    monkeypatch.setenv("ANYBIT_E2M1_A8", "1" if lut else "0")
+    g = torch.Generator().manual_seed(m)
+    qw = quantize(torch.randn(72, 352, generator=g) * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, 352, generator=g).half()
+    bias = torch.randn(72, generator=g).half()
+    p = prepare(qw, backend="triton")
+    assert p.data.e2m1_a8 == lut and p.data.codes_a16 != lut
+    y = get_backend("triton").gemm(x, p, bias)
+    assert rel_err(y, a8_reference(x, qw) + bias.double()) < GEMM_REL_ERR[torch.float16]
 
 
 @pytest.mark.parametrize("text, why", REFUSED.items())

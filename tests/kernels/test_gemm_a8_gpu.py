@@ -49,9 +49,10 @@ def test_bf16_every_fp8_scheme(text, m):
     assert torch.equal(y, get_backend("triton").gemm(x, p))  # relaunch: bit for bit
 
 
+@pytest.mark.parametrize("text", ["w4a8", "w4a8-mxfp4"])
 @pytest.mark.parametrize("m", [1, 64])
-def test_fp8_cuda_graph_replay(m):
-    qw = quantize(torch.randn(4096, 4096, device="cuda") * 0.02, "w4a8")
+def test_fp8_cuda_graph_replay(text, m):
+    qw = quantize(torch.randn(4096, 4096, device="cuda") * 0.02, text)
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
     static_x = torch.randn(m, 4096, device="cuda").bfloat16()
@@ -64,6 +65,23 @@ def test_fp8_cuda_graph_replay(m):
         static_x.copy_(torch.randn(m, 4096, device="cuda").bfloat16())
         graph.replay()
         assert rel_err(y, a8_reference(static_x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 100])
+def test_mxfp4_under_fp8_x_on_the_fp8_mma_matches_the_codes_path(monkeypatch, m):
+    """MXFP4 under e4m3 x: the FP8 MMA on look-up-table e4m3 weights (`e2m1_a8`) against x's codes on the A16 MMA
+    (ANYBIT_E2M1_A8=0), both against the product of the quantized x; N and K off the tiles."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    qw = quantize(torch.randn(3000, 5120 + 96, generator=g, device="cuda") * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, qw.shape[1], generator=g, device="cuda").bfloat16()
+    lut = prepare(qw, backend="triton")
+    monkeypatch.setenv("ANYBIT_E2M1_A8", "0")
+    codes = prepare(qw, backend="triton")
+    assert lut.data.e2m1_a8 and codes.data.codes_a16
+    ref = a8_reference(x, qw)
+    be = get_backend("triton")
+    for p in (lut, codes):
+        assert rel_err(be.gemm(x, p), ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
 def test_static_scale_quantizer_and_gemm_in_a_graph():
