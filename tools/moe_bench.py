@@ -85,7 +85,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     act = torch.empty(m * top_k, i, device=x.device, dtype=x.dtype).normal_()
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
-    xin, ain = grouped_inputs(x, moe.gate_up.scheme, gu.frag), grouped_inputs(act, moe.down.scheme, dn.frag)
+    xin, ain = grouped_inputs(x, gu), grouped_inputs(act, dn)
     out = {}
     for tag, split, over in variants:
         moe.split_k = split

@@ -183,7 +183,7 @@ def check_moe(
         x, xs = quantize_act(x, tw.scheme.act, codes_dtype=torch.bfloat16)
         extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
     elif tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
-        x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag)
+        x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag and not tw.e2m1_a8)
         group = tw.scheme.act.group if tw.scheme.act.mode.name == "GROUP" else 0
         extra = dict(x_scales=xs, x_group=group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()

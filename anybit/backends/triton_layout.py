@@ -299,11 +299,14 @@ def weight_format_constexprs(scheme: Scheme) -> dict:
 
 
 def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
-    """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis."""
+    """An (E, N, K) expert stack as the dense layout of each expert, stacked on a leading E axis. MXFP4 under e4m3 x
+    runs on the FP8 MMA (`TritonWeight.e2m1_a8`) only when every expert's rows allow it; else all as `codes_a16`."""
     if len(qw.shape) != 3:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
-    # (e2m1 experts keep `codes_a16`: the grouped kernel has no e2m1 decode for the FP8 MMA yet)
-    parts = [to_triton_layout(qw.expert(e), allow_frag=allow_frag, allow_e2m1_a8=False) for e in range(qw.shape[0])]
+    experts = [qw.expert(e) for e in range(qw.shape[0])]
+    parts = [to_triton_layout(q, allow_frag=allow_frag) for q in experts]
+    if len({p.e2m1_a8 for p in parts}) > 1:  # some experts' rows span more than 8 binades
+        parts = [to_triton_layout(q, allow_frag=allow_frag, allow_e2m1_a8=False) for q in experts]
     first = parts[0]
 
     def stack(name):
@@ -312,6 +315,9 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
 
     planes = [torch.stack([p.planes[i] for p in parts]).contiguous() for i in range(len(first.planes))]
     gs = stack("global_scale")
+    rowwise = None
+    if first.e2m1_a8:  # row-relative codes [E, K/g, N] and the rows' powers of two [E, N]
+        rowwise = tuple(torch.stack([p.rowwise[i] for p in parts]).contiguous() for i in range(2))
     return TritonWeight(
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
         scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
@@ -319,4 +325,5 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         codes_a16=first.codes_a16,
         fold=frozenset.intersection(*(p.fold for p in parts)),
         fold_bits=all(p.fold_bits for p in parts),
+        rowwise=rowwise,
     )  # fmt: skip

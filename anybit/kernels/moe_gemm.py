@@ -263,22 +263,23 @@ def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, s
 
 @triton.jit(do_not_specialize=["MASK"])
 def _moe_frag_kernel(
-    x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, ws_ptr,
-    cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
+    x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr,
+    ws_ptr, cnt_ptr, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
     SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr,
     W_FLOAT: tl.constexpr,
     SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
-    SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
+    SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
     as a programmatic dependent, it waits for the kernel before it ahead of any read. TAIL_HALF: a block
     whose second half is padding (an expert's last, short block) runs its MMA on the first half only
     (without split-K: the split workspace is laid out by whole blocks). HAS_XS: x's rows carry per-token scales
-    (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts)."""
+    (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each expert's rows' powers of two
+    (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
@@ -286,21 +287,22 @@ def _moe_frag_kernel(
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
         mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
         if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
-            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
-                           cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
-                           stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
+            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
+                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS)
         else:
-            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
-                           cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn,
-                           stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
+            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
+                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS)
 
 
 @triton.jit
-def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr, cnt_ptr,
+def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
+                   cnt_ptr,
                    e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
                    stride_s, MASK, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr,
                    MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
@@ -308,7 +310,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, 
                    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
-                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr):
+                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
@@ -328,6 +330,8 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, 
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                S_EXP, S_MAN)[:, None]
+    if HAS_RS:
+        acc = acc * tl.load(rs_ptr + e64 * N + offs_n, mask=mask_n, other=0.0)[:, None]
     _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
                  mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
                  BLOCK_N)
@@ -541,21 +545,23 @@ def moe_gemm(
         if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
             want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
+        scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 on the FP8 MMA: row-relative codes
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
-            tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy, y,
+            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], scales,
+            tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
+            rows if rows is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
             workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
             k, x.stride(0), y.stride(0),
-            tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
+            tw.planes[0].stride(0), tw.planes[0].stride(1), scales.stride(0), scales.stride(1),
             frag_mask(tw.fmt["W_BITS"]), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps),
             GROUP_N=tw.group_n,
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, SETTLE=frag_settle(),
             SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-            HAS_XS=fp8_x, num_warps=num_warps,
+            HAS_XS=fp8_x, HAS_RS=rows is not None, num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

@@ -95,7 +95,7 @@ class QuantMoE(nn.Module):
         # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
-        xin = grouped_inputs(x, self.gate_up.scheme, gu.frag, launch_gu.get("pdl", False))
+        xin = grouped_inputs(x, gu, launch_gu.get("pdl", False))
         try:
             act = _fitting(launch_gu, lambda **kw: run(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids,
                                                         total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
@@ -113,7 +113,7 @@ class QuantMoE(nn.Module):
         y = torch.empty((t * k, self.hidden), device=x.device, dtype=x.dtype)  # moe_sum skips dropped slots
         routed = topk_weights.reshape(-1).float().contiguous()
         # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
-        ain = grouped_inputs(act, self.down.scheme, dn.frag, launch_dn.get("pdl", False))
+        ain = grouped_inputs(act, dn, launch_dn.get("pdl", False))
         _fitting(launch_dn, lambda **kw: run(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
                                                    top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
         return moe_sum(y, topk_ids, self.num_experts)
@@ -232,22 +232,23 @@ def _fitting(launch: dict, run):
 QUANT_EARLY_MAX_ROWS = 1 << 30
 
 
-def grouped_inputs(x: torch.Tensor, scheme, frag: bool, pdl: bool = False) -> dict:
-    """The grouped GEMM's input: x itself, or (FP8-activation schemes) x quantized per row (or per row
-    and group: `x_group`) with its scales (and, for frag-layout experts, its per-128-K-block sums), as
-    `moe_gemm` keywords. pdl: the GEMM launches as a programmatic dependent of the quantizer (its launch
-    plan's `pdl`)."""
+def grouped_inputs(x: torch.Tensor, tw, pdl: bool = False) -> dict:
+    """The grouped GEMM's input for the stacked experts `tw`: x itself, or (FP8-activation schemes) x quantized per
+    row (or per row and group: `x_group`) with its scales (and, for integer frag-layout experts, its per-128-K-block
+    sums; `codes_a16` experts: the codes in x's dtype), as `moe_gemm` keywords. pdl: the GEMM launches as a
+    programmatic dependent of the quantizer (its launch plan's `pdl`)."""
+    scheme = tw.scheme
     if not scheme.act.quantized:
         return dict(x=x)
     pdl = pdl and x.shape[0] <= QUANT_EARLY_MAX_ROWS
-    from anybit.backends.triton_layout import codes_a16
     from anybit.formats.scheme import ActMode
     from anybit.kernels.quant_act import quantize_act
 
-    if frag and codes_a16(scheme):  # the A16 kernels on x's FP8 codes in x's dtype, its scales in their epilogue
+    if tw.codes_a16:  # the A16 kernels on x's FP8 codes in x's dtype, its scales in their epilogue
         xq, xs = quantize_act(x.contiguous(), scheme.act, pdl=pdl, codes_dtype=x.dtype)
         return dict(x=xq, x_scales=xs)
-    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=frag, pdl=pdl)
+    sums = tw.frag and not tw.e2m1_a8  # (signed e2m1 codes on the FP8 MMA subtract no offset)
+    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=sums, pdl=pdl)
     group = scheme.act.group if scheme.act.mode is ActMode.GROUP else 0
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
 

@@ -51,7 +51,8 @@ def test_grouped_gemm_with_fp8_activations(interpret, scheme):
     x = torch.randn(t, kk, generator=g).half()
     tw = stack_experts(qw)
     assert tw.nk == (scheme.startswith("w8a8") or scheme == "fp8-block")
-    assert tw.codes_a16 == scheme.startswith("w4a8-")  # MXFP4/NVFP4 experts: the A16 kernel on x's codes in fp16
+    # NVFP4 experts: the A16 kernel on x's codes in fp16; MXFP4 the FP8 MMA by look-up tables (`e2m1_a8`)
+    assert tw.codes_a16 == (scheme == "w4a8-nvfp4") and tw.e2m1_a8 == (scheme == "w4a8-mxfp4")
     xq, xs = quantize_act(x, qw.scheme.act, codes_dtype=x.dtype if tw.codes_a16 else None)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
     sorted_ids, expert_ids, total = moe_align(ids, e, 16)

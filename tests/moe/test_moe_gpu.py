@@ -155,7 +155,7 @@ def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
     kw = dict(block_m=bm, block_n=256, block_k=tiles["block_k"], num_warps=tiles["num_warps"],
               num_stages=tiles["num_stages"], num_rows=t, top_k=1)  # fmt: skip
     y = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    xin = grouped_inputs(x, qw.scheme, tw.frag)
+    xin = grouped_inputs(x, tw)
     sorted_ids, expert_ids, total = moe_align(ids, e, bm)
     moe_gemm(tw=tw, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total, out=y, tail_half=True, **xin, **kw)
     xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act) if "x_scales" in xin else x

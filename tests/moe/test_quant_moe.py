@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import anybit
 from anybit.errors import AnybitError
 from anybit.moe import QuantMoE, softmax_topk
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -102,17 +103,19 @@ def test_grouped_path_with_fp8_activations(interpret, scheme, monkeypatch):
 
 def _fp8_grouped(scheme, monkeypatch):
     import anybit.moe.layer as layer
-    from anybit.backends.triton_layout import codes_a16
     from anybit.quant.activations import quantize_activation
 
-    def reference_inputs(x, s, frag, pdl=False):  # the quantizer stand-in launches nothing to depend on
+    def reference_inputs(x, tw, pdl=False):  # the quantizer stand-in launches nothing to depend on
+        s = tw.scheme
         if not s.act.quantized:
             return dict(x=x)
         # rows of dropped slots are never written (and never read): whatever memory held
         xq, xs = quantize_activation(torch.nan_to_num(x), s.act)
-        if frag and codes_a16(s):  # the A16 kernels take the codes in x's dtype
+        if tw.codes_a16:  # the A16 kernels take the codes in x's dtype
             return dict(x=xq.to(x.dtype), x_scales=xs)
-        if not frag:
+        if tw.e2m1_a8:  # e2m1 on the FP8 MMA: no sums
+            return dict(x=xq, x_scales=xs)
+        if not tw.frag:
             return dict(x=xq, x_scales=xs, x_group=s.act.group if s.act.mode.name == "GROUP" else 0)
         blocks = torch.nn.functional.pad(xq.float(), (0, -xq.shape[1] % 128)).reshape(xq.shape[0], -1, 128)
         return dict(x=xq, x_scales=xs, x_sums=blocks.sum(dim=-1).T.contiguous())  # as `quantize_act` sums
@@ -182,8 +185,23 @@ def test_launch_plan_half_width_tails_from_32_rows_without_split():
     assert "tail_half" not in launch_plan(tw, 8, 512, tiles, True, torch.device("cpu"), split_k=2)
 
 
-def test_mxfp4_and_nvfp4_experts_under_fp8_x_run_grouped_on_the_a16_kernel(interpret, monkeypatch):
-    """`codes_a16` experts: fragment layout in the A16 order, x's codes in x's dtype (no block sums)."""
+@pytest.mark.parametrize("lut", [True, False])
+def test_mxfp4_and_nvfp4_experts_under_fp8_x_run_grouped(interpret, monkeypatch, lut):
+    """MXFP4 experts on the FP8 MMA by look-up tables (`e2m1_a8`: the FP8 order, e4m3 x, no block sums), or with
+    ANYBIT_E2M1_A8=0 — and NVFP4 experts always — as `codes_a16` (the A16 order, x's codes in x's dtype)."""
+    monkeypatch.setenv("ANYBIT_E2M1_A8", "1" if lut else "0")
     for scheme in ("w4a8-mxfp4", "w4a8-nvfp4"):
         fast = _fp8_grouped(scheme, monkeypatch)
-        assert all(tw.frag and tw.codes_a16 for tw in fast._stacked[:2])
+        on_fp8 = lut and scheme == "w4a8-mxfp4"
+        assert all(tw.frag and tw.codes_a16 != on_fp8 and tw.e2m1_a8 == on_fp8 for tw in fast._stacked[:2])
+
+
+def test_mxfp4_experts_take_the_fp8_mma_only_when_every_expert_can():
+    """One expert's rows spanning more than 8 binades keep every expert on the codes path (one kernel a stack)."""
+    from anybit.backends.triton_layout import stack_experts
+
+    w = torch.randn(3, 32, 256) * 0.05
+    assert stack_experts(anybit.quantize(w, "w4a8-mxfp4")).e2m1_a8
+    w[1, 3, :32] *= 2.0**-12
+    tw = stack_experts(anybit.quantize(w, "w4a8-mxfp4"))
+    assert tw.codes_a16 and not tw.e2m1_a8 and tw.rowwise is None
