@@ -121,7 +121,11 @@ def main() -> int:
                     rows.append(dict(n=n, k=k, m=m, bm=tbm, bn=bn, warps=warps, stages=stages, split=split, us=us,
                                      maxnreg=cfg.maxnreg))  # fmt: skip
                     note_tile(res, n, k, m, name, us)
-            res["planes"] = _time(tri, x, planes)
+            try:
+                res["planes"] = _time(tri, x, planes)
+            except ValueError as e:  # the bit-plane kernels refuse some formats (MXFP4 under FP8 x: groups < 128)
+                print("planes:", str(e)[:120])
+                res["planes"] = float("nan")
             try:
                 if hum:
                     res["humming"] = _time(get_backend("humming"), x, hum)
