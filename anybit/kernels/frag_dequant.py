@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, load_scale
-from anybit.kernels.frag import frag_constexprs, frag_row_words
+from anybit.kernels.frag import frag_constexprs, frag_ptx, frag_row_words
 from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
 
@@ -20,7 +20,7 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
                          W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                          S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
                          GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BN: tl.constexpr, PANEL: tl.constexpr,
-                         CODES: tl.constexpr = False):
+                         CODES: tl.constexpr = False, PTX: tl.constexpr = 0):
     """W [N, K] in out's dtype, one block (128 K, 2-bit: 256) per program column (large M: then cuBLAS).
     CODES (FP8-MMA order, out e4m3): the integers q - bias - z unscaled, for a block-scaled FP8 GEMM; e2m1 (`s_ptr`:
     row-relative codes) times 2**(r + E2M1_A8_SHIFT) a group, for the row-wise one. Scaled
@@ -40,7 +40,7 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if CODES and W_FLOAT:  # e2m1 for the FP8 MMA: e4m3 by its groups' tables (row-relative codes, `unpack_e2m1_a8`)
         c = tl.load(s_ptr + rows[None, :] * stride_s + offs_n[:, None], mask=mask_n[:, None], other=0)
-        q = unpack_e2m1_a8(p, c, BN, False).to(tl.float32)
+        q = unpack_e2m1_a8(p, c, BN, PTX)  # stored as it is
     elif CODES:
         q = unpack_a8(p, BN, MASK).to(tl.float32) * 512.0 - (8.0 if W_SIGNED else 0.0)  # bytes read as q * 2**-9
     elif W_FLOAT:
@@ -103,6 +103,7 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.
         tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
         scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
         GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, CODES=codes,
+        PTX=frag_ptx(),
         num_warps=4,
     )
     # fmt: on
