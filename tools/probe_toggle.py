@@ -10,7 +10,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
               large-M paths, as before 2026-12-01)
   scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
-  rowwise     MXFP4 under FP8 x through e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M rows (off: never; on: always)
+  rowwise     MXFP4 under FP8 x: e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M(_A8) rows (off: never; on: always)
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
 
@@ -67,7 +67,7 @@ def _scale_bits(on: bool) -> None:
 
 
 def _rowwise(on: bool) -> None:
-    triton_backend.ROWWISE_MIN_M = 0 if on else 1 << 30  # read per call
+    triton_backend.ROWWISE_MIN_M = triton_backend.ROWWISE_MIN_M_A8 = 0 if on else 1 << 30  # read per call
 
 
 def _mid256_e2m1(on: bool) -> None:

@@ -43,8 +43,12 @@ BLOCKSCALED_MIN_M = 64
 # w4a8 19.9 vs 18.1 µs, 8192x28672 51.5 vs 45.5, w4a8-mxfp4 28.4 vs 23.7, 81.6 vs 63.3 (the GEMM's CTAs land on the
 # SMs its 16 quantizer CTAs leave free); M=1 early 1-7 % faster, M=64 0-3 %
 QUANT_EARLY_MAX_M = 4
-# MXFP4 weights under FP8 x above this many rows: e4m3 W a call and cuBLAS's row-wise FP8 GEMM (`rowwise_gemm`)
+# MXFP4 weights under FP8 x above this many rows: e4m3 W a call and cuBLAS's row-wise FP8 GEMM (`rowwise_gemm`);
+# weights on the FP8 MMA (`e2m1_a8`) above ROWWISE_MIN_M_A8: H200 graphs, frag kernel vs row-wise (µs, 8192^2 /
+# 28672x8192 / 8192x28672): M=192 56.7/173/184 vs 70.8/240/244, M=256 58.3/228/197 vs 64.1/223/213, M=384
+# 107/343/353 vs 85/274/288 (`tools/probe_toggle.py --switch rowwise`, session 18)
 ROWWISE_MIN_M = 128
+ROWWISE_MIN_M_A8 = 256
 FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
 
 
@@ -309,7 +313,8 @@ class TritonBackend:
         act = tw.scheme.act
         a8 = tw.mma_a8
         x_scales = None
-        if config is None and m > ROWWISE_MIN_M and rowwise_why_not(tw, x.device, x.dtype) is None:
+        rowwise_min = ROWWISE_MIN_M_A8 if tw.e2m1_a8 else ROWWISE_MIN_M
+        if config is None and m > rowwise_min and rowwise_why_not(tw, x.device, x.dtype) is None:
             return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None

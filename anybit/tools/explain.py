@@ -23,6 +23,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         DEQUANT_MATMUL_MIN_M,
         FRAG_MAX_M,
         ROWWISE_MIN_M,
+        ROWWISE_MIN_M_A8,
         _sm_count,
         frag_mid,
         pick_config,
@@ -37,7 +38,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
     rows = e2m1_rows_scheme(scheme)  # MXFP4 under e4m3 x: the FP8 MMA / row-wise FP8 route where the weight allows
     rowwise = ""
-    if rows and m > ROWWISE_MIN_M:
+    if rows and m > (ROWWISE_MIN_M_A8 if settings.e2m1_a8() else ROWWISE_MIN_M):
         rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
