@@ -127,7 +127,8 @@ def codes_a16(scheme: Scheme) -> bool:
     promote its partial sums every 32 K or fewer (one k32 instruction each: H200 8192² M=1 82 µs against
     17.5 for the A16 kernel); instead x's FP8 codes travel in x's dtype (exact: bf16 and fp16 hold every
     e4m3/e5m2 value), the bf16/fp16 MMA multiplies them with the decoded weights (products exact in its fp32
-    sums, as in the FP8 MMA), and x's scales multiply the sums in the epilogue."""
+    sums, as in the FP8 MMA), and x's scales multiply the sums in the epilogue. (MXFP4 under e4m3 x per token whose
+    rows allow it runs on the FP8 MMA instead, with one scale a row: `TritonWeight.e2m1_a8`.)"""
     act, w, g = scheme.act, scheme.weight, scheme.granularity
     if not (act.quantized and act.mode in (ActMode.TOKEN, ActMode.STATIC) and act.dtype.name in ("e4m3", "e5m2")):
         return False
