@@ -52,3 +52,20 @@ def test_explain_moe_says_grouped_or_loop_and_why(capsys, monkeypatch):
     assert "per-expert loop" in capsys.readouterr().out  # static scales differ per expert
     assert main(["explain", "--scheme", "w4a16", "--moe", "16", "--shape", "4,512,256"]) == 2
     assert "--moe E,TOPK" in capsys.readouterr().err
+
+
+def test_explain_says_mxfp4_under_fp8_x_runs_on_the_fp8_mma_where_the_weight_allows(monkeypatch):
+    """The plan of `explain` follows ANYBIT_E2M1_A8: the look-up-table FP8 path (and its tile), or x's codes on the
+    A16 MMA; NVFP4 under FP8 x always the codes."""
+    import torch
+
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    def plan(text):
+        return triton_plan(Scheme.parse(text), 16, 8192, 8192, torch.device("cpu"), torch.bfloat16)
+
+    assert "on the FP8 MMA where" in plan("w4a8-mxfp4") and "look-up tables" in plan("w4a8-mxfp4")
+    assert "FP8 MMA" not in plan("w4a8-nvfp4") and "their codes in x's dtype" in plan("w4a8-nvfp4")
+    monkeypatch.setenv("ANYBIT_E2M1_A8", "0")
+    assert "FP8 MMA" not in plan("w4a8-mxfp4") and "their codes in x's dtype" in plan("w4a8-mxfp4")
