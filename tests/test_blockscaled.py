@@ -147,3 +147,18 @@ def test_rowwise_call_against_the_product_of_its_quantized_x(interpret, m, lut):
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T + bias.double()
     assert y.dtype == torch.float16 and rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+def test_mxfp4_groups_of_zeros_do_not_count_against_the_row_spread(interpret):
+    """A quantizer gives an all-zero group the smallest scale (code 0): such groups take their row's largest, so
+    pruned or padded weights keep the row-wise / FP8-MMA paths, exactly (a row of zeros too)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(32, 256, generator=g) * 0.05
+    w[1, 32:64] = 0.0
+    w[2] = 0.0
+    qw = quantize(w, "w4a8-mxfp4")
+    assert int(qw.scales[1, 1]) == 0 and bool((qw.scales[2] == 0).all())
+    tw = to_triton_layout(qw)
+    assert tw.e2m1_a8 and tw.rowwise is not None
+    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn)
+    assert torch.equal(wq.float() * tw.rowwise[1][:, None], qw.dequantize())

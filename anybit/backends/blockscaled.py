@@ -123,14 +123,19 @@ def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
     """MXFP4 weights (e2m1, ue8m0 scales per group along K) as e4m3 values times one power of two per row,
     exactly, for cuBLAS's row-wise FP8 GEMM: (each group's ue8m0 code relative to its row's largest, in the
     Triton layout [K/g, N]; fp32 [N] row scales 2**(largest - 127)). None unless the scheme is `e2m1_rows_scheme`
-    and every row's groups lie within ROW_SPREAD_MAX binades of each other
-    (else some products would need more than e4m3). (The FP8 frag kernel's look-up tables take the same, `e2m1_a8`.)"""
+    and every row's groups lie within ROW_SPREAD_MAX binades of each other (else some products would need more than
+    e4m3; groups whose codes are all zero count as the row's largest). (The FP8 frag kernel's look-up tables take the
+    same, `e2m1_a8`.)"""
     from anybit.backends.triton_layout import e2m1_rows_scheme
 
     if not e2m1_rows_scheme(qw.scheme):
         return None
     codes = qw.scales.to(torch.int32)  # [N, K/g] ue8m0 codes
-    top = codes.amax(dim=1, keepdim=True)
+    # groups of zeros (any scale times them is zero) take their row's largest: a zero group with a tiny scale, as
+    # a quantizer gives it, must not push the row past the spread
+    live = ((qw.codes().reshape(*codes.shape, -1) & 7) != 0).any(dim=-1)
+    top = torch.where(live, codes, -1).amax(dim=1, keepdim=True).clamp(min=0)
+    codes = torch.where(live, codes, top)
     if bool((top == 255).any()) or int((top - codes).max()) > ROW_SPREAD_MAX:
         return None
     rel = (codes - top + 127).to(qw.scales.dtype).t().contiguous()
