@@ -69,7 +69,7 @@ class Settings:
     `tools/sm90_check.py` HAZARD). Its speed on the H200 is not yet measured (2026-12-01)."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
-    token whose rows span at most 8 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
+    token whose rows span at most 11 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
     e4m3 by look-up tables (`TritonWeight.e2m1_a8`); off (or other weights), x's FP8 codes run on the A16 kernels
     (`codes_a16`). H200 graphs: 0.67-0.89x the codes path's time at M = 1-128 (8192^2 M=1 18.3 -> 15.1 µs,
     28672x8192 M=16 49.1 -> 41.1, 8192x28672 M=128 142.1 -> 102.6)."""

@@ -116,22 +116,25 @@ def test_mxfp4_rows_spanning_more_than_8_binades_keep_the_a16_kernels():
     assert to_triton_layout(quantize(torch.randn(32, 256), "w4a8:e2m1:g16:e4m3:gs:e4m3-token")).rowwise is None
 
 
-def test_mxfp4_rows_spanning_8_binades_and_every_code_decode_exactly_on_the_fp8_words(interpret):
-    """The look-up tables at every relative code the FP8 words take (a row's groups 0-8 binades below its largest)
-    and all 16 e2m1 codes (signed zero too): e4m3 values times the row scales give `dequantize()` bit for bit."""
+def test_mxfp4_rows_spanning_11_binades_and_every_code_decode_exactly_on_the_fp8_words(interpret, monkeypatch):
+    """The look-up tables at every relative code the FP8 words take (a row's groups 0-11 binades below its largest)
+    and all 16 e2m1 codes (signed zero too): e4m3 values times the row scales give `dequantize()` bit for bit. The
+    codes path's row-wise route takes only 8 binades."""
     g = torch.Generator().manual_seed(5)
-    w = (torch.rand(64, 9 * 32 * 2, generator=g) * 1.9 - 0.95) * 0.05
+    w = (torch.rand(64, 12 * 32 * 2, generator=g) * 1.9 - 0.95) * 0.05
     w[:, ::32] = 0.05  # every group's largest: the scales are 2**-g times one row scale
-    w = w * (2.0 ** -torch.arange(9).repeat_interleave(32).repeat(2))[None, :]  # groups 0..8 binades down
+    w = w * (2.0 ** -torch.arange(12).repeat_interleave(32).repeat(2))[None, :]  # groups 0..11 binades down
     w[:, 5] = 0.0
     w[:, 6] = -0.0
     qw = quantize(w, "w4a8-mxfp4")
     assert set(stored_codes(qw).unique().tolist()) == set(range(16))
     tw = to_triton_layout(qw)
     rel, rows = tw.rowwise
-    assert tw.e2m1_a8 and set(rel.unique().tolist()) == set(range(119, 128))
+    assert tw.e2m1_a8 and set(rel.unique().tolist()) == set(range(116, 128))
     wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn)
     assert torch.equal(wq.float() * rows[:, None], qw.dequantize())
+    monkeypatch.setenv("ANYBIT_E2M1_A8", "0")
+    assert to_triton_layout(qw).rowwise is None
 
 
 @pytest.mark.parametrize("lut", [True, False])

@@ -119,13 +119,13 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
 ROW_SPREAD_MAX = 8
 
 
-def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
+def e2m1_row_scales(qw, spread: int = ROW_SPREAD_MAX) -> tuple[torch.Tensor, torch.Tensor] | None:
     """MXFP4 weights (e2m1, ue8m0 scales per group along K) as e4m3 values times one power of two per row,
     exactly, for cuBLAS's row-wise FP8 GEMM: (each group's ue8m0 code relative to its row's largest, in the
     Triton layout [K/g, N]; fp32 [N] row scales 2**(largest - 127)). None unless the scheme is `e2m1_rows_scheme`
-    and every row's groups lie within ROW_SPREAD_MAX binades of each other (else some products would need more than
-    e4m3; groups whose codes are all zero count as the row's largest). (The FP8 frag kernel's look-up tables take the
-    same, `e2m1_a8`.)"""
+    and every row's groups lie within `spread` binades of each other (else some products would need more than e4m3;
+    groups whose codes are all zero count as the row's largest). The FP8 frag kernel's look-up tables (`e2m1_a8`)
+    take 11 binades: their e4m3 values are 2**6 higher (`frag_decode.E2M1_A8_SPREAD_MAX`)."""
     from anybit.backends.triton_layout import e2m1_rows_scheme
 
     if not e2m1_rows_scheme(qw.scheme):
@@ -136,7 +136,7 @@ def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
     live = ((qw.codes().reshape(*codes.shape, -1) & 7) != 0).any(dim=-1)
     top = torch.where(live, codes, -1).amax(dim=1, keepdim=True).clamp(min=0)
     codes = torch.where(live, codes, top)
-    if bool((top == 255).any()) or int((top - codes).max()) > ROW_SPREAD_MAX:
+    if bool((top == 255).any()) or int((top - codes).max()) > spread:
         return None
     rel = (codes - top + 127).to(qw.scales.dtype).t().contiguous()
     return rel, torch.exp2(top.squeeze(1).float() - 127)
@@ -145,7 +145,7 @@ def e2m1_row_scales(qw) -> tuple[torch.Tensor, torch.Tensor] | None:
 def rowwise_why_not(tw, device: torch.device, out_dtype: torch.dtype) -> str | None:
     """None when a call of this prepared weight can take `rowwise_gemm` on `device`, else why not."""
     if tw.rowwise is None:
-        return "the weight is not MXFP4 within 8 binades a row (`e2m1_row_scales`)"
+        return "the weight is not MXFP4 within 8 binades a row (11 on the FP8 MMA; `e2m1_row_scales`)"
     if tw.n % 16 or tw.k % 16:
         return f"N={tw.n}, K={tw.k}: cuBLAS's FP8 GEMM takes multiples of 16"
     return _cuda_why_not(device, rowwise_support, out_dtype)

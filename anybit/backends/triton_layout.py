@@ -15,7 +15,7 @@ from anybit import settings
 from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
-from anybit.kernels.frag_decode import E2M1_A8_SHIFT
+from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX
 from anybit.kernels.frag_layout import pack_frag
 from anybit.quant.weights import QuantizedWeight
 
@@ -138,7 +138,7 @@ def codes_a16(scheme: Scheme) -> bool:
 
 def e2m1_rows_scheme(scheme: Scheme) -> bool:
     """MXFP4 under e4m3 x per token: `codes_a16` with ue8m0 scales — the schemes whose weights, where their rows'
-    scales lie within 8 binades (`e2m1_row_scales`, checked when prepared), run on the FP8 MMA by look-up tables
+    scales lie within 11 binades (`e2m1_row_scales`, checked when prepared), run on the FP8 MMA by look-up tables
     (`TritonWeight.e2m1_a8`) and above ROWWISE_MIN_M rows as e4m3 through cuBLAS's row-wise FP8 GEMM."""
     act = scheme.act
     return (
@@ -199,10 +199,14 @@ def to_triton_layout(
     scales = qw.scales.t().contiguous()
     recipe = blockscaled_recipe(scheme, qw.n, qw.k, nk, frag)
     fold = _foldable(qw) if frag else frozenset()
-    rowwise = e2m1_row_scales(qw) if frag else None
-    lut = rowwise is not None and allow_e2m1_a8 and settings.e2m1_a8()  # MXFP4 on the FP8 MMA (`e2m1_a8`)
+    rowwise = None
+    if frag and allow_e2m1_a8 and settings.e2m1_a8():  # MXFP4 on the FP8 MMA (`e2m1_a8`): rows of <= 11 binades
+        rowwise = e2m1_row_scales(qw, E2M1_A8_SPREAD_MAX)
+    lut = rowwise is not None
     if lut:
         rowwise = (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
+    elif frag:
+        rowwise = e2m1_row_scales(qw)
     return TritonWeight(
         scheme=scheme,
         n=qw.n,
@@ -306,7 +310,7 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         raise ValueError(f"stack_experts takes an (E, N, K) weight, got {qw.shape}")
     experts = [qw.expert(e) for e in range(qw.shape[0])]
     parts = [to_triton_layout(q, allow_frag=allow_frag) for q in experts]
-    if len({p.e2m1_a8 for p in parts}) > 1:  # some experts' rows span more than 8 binades
+    if len({p.e2m1_a8 for p in parts}) > 1:  # some experts' rows span more than 11 binades
         parts = [to_triton_layout(q, allow_frag=allow_frag, allow_e2m1_a8=False) for q in experts]
     first = parts[0]
 

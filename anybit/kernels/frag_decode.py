@@ -293,11 +293,12 @@ def _int32(v: int) -> int:
 
 
 # e2m1 under FP8 x (`unpack_e2m1_a8`): a group's codes as e4m3 bytes of value * 2**(r + E2M1_A8_SHIFT), r <= 0 its
-# ue8m0 code relative to its row's largest (`blockscaled.e2m1_row_scales`: rel code c = 127 + r, r >= -8). The
+# ue8m0 code relative to its row's largest (`blockscaled.e2m1_row_scales`: rel code c = 127 + r, r >= -11). The
 # look-up table of magnitudes 0, 0.5, 1, 1.5 (low word) and 2, 3, 4, 6 (high word) at r + 6 = 0 is 0x3C383000 /
 # 0x4C484440; every binade adds 8 to each byte but the zero's, so the table of code c is c * step + base (one IMAD a
-# word): r + 6 in [-2, 6] keeps every byte a normal e4m3 (0x20-0x7C), no carry between bytes
+# word): r + 6 in [-5, 6] keeps every byte a normal e4m3 (0x08-0x7C), no carry between bytes
 E2M1_A8_SHIFT = 6
+E2M1_A8_SPREAD_MAX = 11  # r >= -11: r + 6 >= -5 keeps the table's smallest byte 0x30 - 40 = 0x08 (2**-6, normal)
 _LUT_LO_STEP: tl.constexpr = tl.constexpr(0x08080800)
 _LUT_HI_STEP: tl.constexpr = tl.constexpr(0x08080808)
 _LUT_LO_BASE: tl.constexpr = tl.constexpr(_int32(0x3C383000 - (127 - E2M1_A8_SHIFT) * 0x08080800))

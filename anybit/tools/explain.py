@@ -90,7 +90,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
     if rows and settings.e2m1_a8():
-        act += ("on the FP8 MMA where the weight's rows' scales lie within 8 binades (checked when prepared; "
+        act += ("on the FP8 MMA where the weight's rows' scales lie within 11 binades (checked when prepared; "
                 "ANYBIT_E2M1_A8=0 turns it off): e2m1 to e4m3 by look-up tables of each group's exponent relative "
                 "to its row, the rows' powers of two after the K loop — else their codes in x's dtype on the "
                 "bf16/fp16 MMA (exact; x scales after it), ")  # fmt: skip

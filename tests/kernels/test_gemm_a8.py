@@ -106,6 +106,19 @@ def test_mxfp4_under_fp8_x_on_either_mma(interpret, monkeypatch, lut, m):
     assert rel_err(y, a8_reference(x, qw) + bias.double()) < GEMM_REL_ERR[torch.float16]
 
 
+def test_mxfp4_rows_spanning_11_binades_on_the_fp8_mma(interpret):
+    """Every look-up table the FP8 path builds (groups 0-11 binades below their row's largest) through the kernel."""
+    g = torch.Generator().manual_seed(7)
+    w = (torch.rand(40, 12 * 32, generator=g) * 1.9 - 0.95) * 0.05
+    w[:, ::32] = 0.05
+    w = w * (2.0 ** -torch.arange(12).repeat_interleave(32))[None, :]
+    qw = quantize(w, "w4a8-mxfp4")
+    p = prepare(qw, backend="triton")
+    assert p.data.e2m1_a8
+    x = torch.randn(5, 12 * 32, generator=g).half()
+    assert rel_err(get_backend("triton").gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+
+
 @pytest.mark.parametrize("text, why", REFUSED.items())
 def test_inexact_fp8_schemes_are_refused_with_a_reason_and_fall_back(interpret, text, why):
     problem = Problem(Scheme.parse(text), 64, 256, 1, torch.device("cpu"))
