@@ -165,3 +165,12 @@ def test_mxfp4_groups_of_zeros_do_not_count_against_the_row_spread(interpret):
     assert tw.e2m1_a8 and tw.rowwise is not None
     wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn)
     assert torch.equal(wq.float() * tw.rowwise[1][:, None], qw.dequantize())
+
+
+def test_mxfp4_on_the_fp8_mma_keeps_one_copy_of_its_scales():
+    """`e2m1_a8` weights hold the row-relative codes as their scales (no second copy): their bytes are the codes
+    path's less one byte a group."""
+    qw = quantize(torch.randn(64, 512) * 0.05, "w4a8-mxfp4")
+    lut, codes = to_triton_layout(qw), to_triton_layout(qw, allow_e2m1_a8=False)
+    assert lut.e2m1_a8 and lut.scales is lut.rowwise[0]
+    assert lut.nbytes == codes.nbytes - qw.scales.numel()

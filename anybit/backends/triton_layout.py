@@ -33,7 +33,7 @@ class TritonWeight:
     k: int
     planes: list[torch.Tensor]  # int32 [K_pad*w/32, N] per plane
     plane_bits: tuple[int, ...]
-    scales: torch.Tensor  # [K/group_k, ceil(N/group_n)], storage dtype of the scheme
+    scales: torch.Tensor  # [K/group_k, ceil(N/group_n)], storage dtype of the scheme (`e2m1_a8`: row-relative codes)
     zeros: torch.Tensor | None  # same layout as scales
     global_scale: torch.Tensor | None  # fp32 [1]
     group_k: int
@@ -80,7 +80,8 @@ class TritonWeight:
         bs = self.blockscaled_scales
         if bs is not None and bs.untyped_storage().data_ptr() != self.scales.untyped_storage().data_ptr():
             ts.append(bs)  # an fp32 copy (bf16/fp16 scales, or padded 128x128 blocks)
-        ts += list(self.rowwise or ())  # row-relative scale codes and row scales (`e2m1_row_scales`)
+        # row-relative scale codes (for `e2m1_a8` weights the scales themselves) and row scales (`e2m1_row_scales`)
+        ts += [t for t in self.rowwise or () if t.data_ptr() != self.scales.data_ptr()]
         return sum(t.numel() * t.element_size() for t in ts)
 
 
@@ -203,8 +204,8 @@ def to_triton_layout(
     if frag and allow_e2m1_a8 and settings.e2m1_a8():  # MXFP4 on the FP8 MMA (`e2m1_a8`): rows of <= 11 binades
         rowwise = e2m1_row_scales(qw, E2M1_A8_SPREAD_MAX)
     lut = rowwise is not None
-    if lut:
-        rowwise = (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
+    if lut:  # the row-relative codes are the weight's scales from here on (the kernels read no others)
+        scales, rowwise = rowwise[0], (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
     elif frag:
         rowwise = e2m1_row_scales(qw)
     return TritonWeight(
@@ -320,12 +321,12 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
 
     planes = [torch.stack([p.planes[i] for p in parts]).contiguous() for i in range(len(first.planes))]
     gs = stack("global_scale")
-    rowwise = None
-    if first.e2m1_a8:  # row-relative codes [E, K/g, N] and the rows' powers of two [E, N]
-        rowwise = tuple(torch.stack([p.rowwise[i] for p in parts]).contiguous() for i in range(2))
+    scales, rowwise = stack("scales"), None
+    if first.e2m1_a8:  # row-relative codes [E, K/g, N] (the scales) and the rows' powers of two [E, N]
+        rowwise = (scales, torch.stack([p.rowwise[1] for p in parts]).contiguous())
     return TritonWeight(
         scheme=first.scheme, n=first.n, k=first.k, planes=planes, plane_bits=first.plane_bits,
-        scales=stack("scales"), zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
+        scales=scales, zeros=stack("zeros"), global_scale=gs.reshape(-1) if gs is not None else None,
         group_k=first.group_k, group_n=first.group_n, fmt=first.fmt, nk=first.nk, frag=first.frag,
         codes_a16=first.codes_a16,
         fold=frozenset.intersection(*(p.fold for p in parts)),
