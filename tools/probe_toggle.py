@@ -11,6 +11,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               large-M paths, as before 2026-12-01)
   scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
   rowwise     MXFP4 under FP8 x: e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M(_A8) rows (off: never; on: always)
+  pairs       the dense frag kernel's decode tiles take two 128-K blocks an iteration (`frag.FRAG_PAIRS`)
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
 
@@ -77,6 +78,10 @@ def _mid256_e2m1(on: bool) -> None:
         triton_backend.FRAG_MID_256.pop("e2m1", None)
 
 
+def _pairs(on: bool) -> None:
+    frag.FRAG_PAIRS = on  # read per call
+
+
 def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
@@ -85,6 +90,7 @@ PREPARE_TIME = {"e2m1-a8"}  # switches read by `prepare`: each variant times its
 
 SWITCHES = {
     "e2m1-a8": _e2m1_a8,
+    "pairs": _pairs,
     "mid256-e2m1": _mid256_e2m1,
     "scale-bits": _scale_bits,
     "rowwise": _rowwise,

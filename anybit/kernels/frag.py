@@ -280,13 +280,16 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
                STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
-               xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False):
+               xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False,
+               PAIRS: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K; SCALE_W: to the decoded 4-bit weights, `frag_block_dot`).
 
     The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`), and so
-    are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given."""
+    are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given.
+    PAIRS (4-bit, no zero points or sums, `frag_pairs`): two blocks an iteration, the second's x masked past
+    kt_hi (it adds zero there), in the same order of accumulation."""
     if W_BITS == 8:
         off = 8388608.0  # 2**23: the fp32 magic of the byte decode
     elif x_ptr.dtype.element_ty == tl.bfloat16:
@@ -310,7 +313,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     n_groups = tl.cdiv(K, GROUP_K)
     unused = tl.zeros((BN, G), dtype=tl.int8)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
-    for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+    STEP: tl.constexpr = 2 if PAIRS else 1
+    for kt in tl.range(kt_lo, kt_hi, STEP, num_stages=STAGES):
         wb = w_ptrs + kt * WSTEP  # the block's words
         if HAS_S:
             s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
@@ -335,6 +339,18 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
                                  SCALE_W and PER_BLOCK)
+            if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
+                if SETTLE:
+                    acc = settled(acc)
+                k2 = kt + 1
+                if HAS_S:
+                    s2 = block_meta(s_ptr, k2, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
+                else:
+                    s2 = unused
+                x_mask2 = mask_m[None, :] & (k2 * 128 + offs_k < tl.minimum(K, kt_hi * 128))[:, None]
+                acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, z_raw, k2, mask_n, x_mask2, MASK, off,
+                                     W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD,
+                                     W_SIGNED, None, acc, SCALE_W and PER_BLOCK)
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
             acc = settled(acc)
     if FOLD:
@@ -351,7 +367,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
-                      HAS_RS: tl.constexpr = False):
+                      HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -367,7 +383,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
-                     SETTLE)  # sums: [blocks, M]
+                     SETTLE, PAIRS)  # sums: [blocks, M]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -412,6 +428,21 @@ def frag_settle() -> bool:
 # fp16 (CPU). H200, graphs (`tools/probe_toggle.py --switch scale-bits`, session 18): NVFP4 A16 0.92-1.00x the time
 # at M = 1-256 on 8192^2 / 28672x8192 / 8192x28672 (M=64 0.92-0.96), W4A8-NVFP4 0.91-1.00x, MXFP4 0.98-1.03x (even)
 SCALE_BITS = True
+
+# Two 128-K blocks an iteration of the dense frag kernel's decode tiles (`frag_pairs`): the loop's fixed cost
+# (pipeline indices, load predicates, barriers: ~100 instructions a block) paid once for both. sm_90a, M=16, per two
+# blocks (3 stages of two instead of 4 of one): w4a16 642 -> 595 instructions, MXFP4 726 -> 679, NVFP4 790 -> 745,
+# W4A8-MXFP4 572 -> 528, no spill (M=64 spills: not taken there). Off until measured on the GPU:
+# `tools/probe_toggle.py --switch pairs`, tests/kernels/test_frag_gpu.py -k pairs
+FRAG_PAIRS = False
+
+
+def frag_pairs(tw, x_dtype: torch.dtype, block_m: int) -> bool:
+    """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points on decode
+    tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes under FP8 x (their per-block sums of
+    x stay one block an iteration)."""
+    fp8_ints = x_dtype == torch.float8_e4m3fn and not tw.e2m1_a8
+    return FRAG_PAIRS and tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0 and block_m <= 32 and not fp8_ints
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> int:
@@ -589,6 +620,9 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         raise ValueError("split_k > 1 needs a workspace and counters")
     dummy = tw.scales
     scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 under FP8 x: row-relative codes
+    pairs = frag_pairs(tw, x.dtype, block_m)
+    if pairs:  # two blocks a stage: 4 stages -> 3 (6 blocks of buffers, 4 in flight)
+        num_stages = max(2, (num_stages + 2) // 2)
     # fmt: off
     _frag_gemm_kernel[grid](
         x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], scales,
@@ -601,7 +635,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, HAS_RS=rows is not None, num_warps=num_warps,
+        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, num_warps=num_warps,
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on

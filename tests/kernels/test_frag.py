@@ -472,3 +472,32 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
     assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
     assert frag_tile(1, 20000, 256, 132, False)["split_k"] == 1  # two K blocks: nothing to split
     assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # W4A8: split 1 measured faster
+
+
+def assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref):
+    """Two K blocks an iteration (`FRAG_PAIRS`) give the one-block loop's bits (the same products summed in the same
+    order; a split's last odd block pairs with a masked one), within x's dtype tolerance of ref."""
+    from anybit.kernels import frag
+
+    prepared = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    monkeypatch.setattr(frag, "FRAG_PAIRS", False)
+    one = be.gemm(x, prepared)
+    monkeypatch.setattr(frag, "FRAG_PAIRS", True)
+    assert frag.frag_pairs(prepared.data, torch.float8_e4m3fn if prepared.data.mma_a8 else x.dtype, 16)
+    assert torch.equal(be.gemm(x, prepared), one)
+    assert rel_err(one, ref) < GEMM_REL_ERR[x.dtype]
+
+
+@pytest.mark.parametrize(
+    "text, k",  # 5 and 7 K blocks split in two (3 + 2, 4 + 3): a split ends on an odd block; 608: K off the block
+    [("w4a16", 640), ("w4a16", 896), ("mxfp4", 608), ("nvfp4", 896), ("w4a8-mxfp4", 608), ("w4a8-mxfp4", 896)],
+)
+def test_two_blocks_an_iteration_give_the_same_bits(interpret, monkeypatch, text, k):
+    from tests.kernels.test_gemm_a8 import a8_reference
+
+    g = torch.Generator().manual_seed(k)
+    qw = quantize(torch.randn(72, k, generator=g) * 0.05, text)
+    x = torch.randn(5, k, generator=g).half()
+    ref = a8_reference(x, qw) if qw.scheme.act.quantized else x.double() @ qw.dequantize().double().T
+    assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref)

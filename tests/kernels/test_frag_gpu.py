@@ -11,6 +11,7 @@ from anybit.kernels.frag import frag_tile, gemm_frag
 from tests.kernels.test_frag import (
     FRAG_FORMATS,
     assert_fold_gives_the_same_bits,
+    assert_pairs_give_the_same_bits,
     assert_scale_bits_give_the_same_bits,
     e2m1_weight,
 )
@@ -170,6 +171,19 @@ def test_scales_built_from_their_bits_give_the_same_bits_in_bf16(monkeypatch, te
     qw = e2m1_weight(text, 3000, 4096, device="cuda", seed=m)
     x = torch.randn(m, 4096, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").bfloat16()
     assert_scale_bits_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
+
+
+@pytest.mark.parametrize("text", ["w4a16", "mxfp4", "nvfp4", "w4a8-mxfp4"])
+@pytest.mark.parametrize("m", [1, 16, 32])
+def test_two_blocks_an_iteration_give_the_same_bits_in_bf16(monkeypatch, text, m):
+    """`FRAG_PAIRS` in bf16 at decode tiles (K = 7 blocks: an odd split): bit for bit the one-block loop."""
+    from tests.kernels.test_gemm_a8 import a8_reference
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    qw = quantize(torch.randn(3000, 896, generator=g, device="cuda") * 0.05, text)
+    x = torch.randn(m, 896, generator=g, device="cuda").bfloat16()
+    ref = a8_reference(x, qw) if qw.scheme.act.quantized else x.double() @ qw.dequantize().double().T
+    assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref)
 
 
 def test_quantizer_block_sums_on_the_gpu():
