@@ -432,7 +432,9 @@ SCALE_BITS = True
 # Two 128-K blocks an iteration of the dense frag kernel's decode tiles (`frag_pairs`): the loop's fixed cost
 # (pipeline indices, load predicates, barriers: ~100 instructions a block) paid once for both. sm_90a, M=16, per two
 # blocks (3 stages of two instead of 4 of one): w4a16 642 -> 595 instructions, MXFP4 726 -> 679, NVFP4 790 -> 745,
-# W4A8-MXFP4 572 -> 528, no spill (M=64 spills: not taken there). Off until measured on the GPU:
+# W4A8-MXFP4 572 -> 528, no spill (M=64 spills: not taken there); the grouped MoE kernel's decode tiles too (w4a16
+# 658 -> 609, MXFP4 736 -> 684, W4A8-MXFP4 564 -> 518; integer codes not under its 128-register cap, where w4a16
+# spills). Off until measured on the GPU:
 # `tools/probe_toggle.py --switch pairs`, tests/kernels/test_frag_gpu.py -k pairs
 FRAG_PAIRS = False
 

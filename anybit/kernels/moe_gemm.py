@@ -24,6 +24,7 @@ from anybit.kernels.frag import (
     frag_constexprs,
     frag_fold,
     frag_group_k,
+    frag_pairs,
     frag_ptx,
     frag_range,
     frag_scale_w,
@@ -272,6 +273,7 @@ def _moe_frag_kernel(
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
+    PAIRS: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -291,13 +293,13 @@ def _moe_frag_kernel(
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS)
         else:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS)
 
 
 @triton.jit
@@ -310,7 +312,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
-                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr):
+                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
@@ -326,7 +328,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                      z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                      tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BLOCK_N, ROWS, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
-                     num_rows // TOP_K, SCALE_W, SETTLE)  # sums: [blocks, rows of x]
+                     num_rows // TOP_K, SCALE_W, SETTLE, PAIRS)  # sums: [blocks, rows of x]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                S_EXP, S_MAN)[:, None]
@@ -546,6 +548,11 @@ def moe_gemm(
             want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
         scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 on the FP8 MMA: row-relative codes
+        # two K blocks an iteration (`frag.FRAG_PAIRS`); not for integer codes under a 128-register cap (sm_90a: w4a16
+        # spills 96 bytes there; e2m1 fits)
+        pairs = frag_pairs(tw, x.dtype, block_m) and (maxnreg is None or maxnreg > 128 or bool(tw.fmt["W_FLOAT"]))
+        if pairs:  # two K blocks a stage
+            num_stages = max(2, (num_stages + 2) // 2)
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
             x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], scales,
@@ -561,7 +568,7 @@ def moe_gemm(
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, SETTLE=frag_settle(),
             SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-            HAS_XS=fp8_x, HAS_RS=rows is not None, num_warps=num_warps,
+            HAS_XS=fp8_x, HAS_RS=rows is not None, PAIRS=pairs, num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

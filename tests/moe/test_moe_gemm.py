@@ -101,6 +101,31 @@ def test_split_k_equals_one_launch(interpret, split, silu):
         assert rel_err(y[valid], one[valid]) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4", "w4a8-mxfp4"])
+def test_two_blocks_an_iteration_give_the_same_bits_grouped(interpret, monkeypatch, scheme):
+    """`frag.FRAG_PAIRS` in the grouped kernel: bit for bit the one-block loop, unsplit and split in two over five K
+    blocks (one split ends on an odd block)."""
+    from anybit.kernels import frag
+    from anybit.moe.layer import grouped_inputs
+
+    g = torch.Generator().manual_seed(9)
+    e, k, t, n, kk = 5, 2, 6, 40, 640
+    tw = stack_experts(anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme))
+    xin = grouped_inputs(torch.randn(t, kk, generator=g).half(), tw)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    aligned = moe_align(ids, e, 16)
+    kw = dict(block_m=16, num_rows=t * k, top_k=k, out_dtype=torch.float16, **xin)
+    for split in (1, 2):
+        ws, cnt = torch.empty(1 << 16), torch.zeros(256, dtype=torch.int32)
+        extra = dict(split_k=split, workspace=ws, counters=cnt) if split > 1 else {}
+        monkeypatch.setattr(frag, "FRAG_PAIRS", False)
+        one = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw, **extra)
+        monkeypatch.setattr(frag, "FRAG_PAIRS", True)
+        assert frag.frag_pairs(tw, xin["x"].dtype, 16)
+        two = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw, **extra)
+        assert torch.equal(one, two)
+
+
 @pytest.mark.parametrize("scheme", ["w4a16", "mxfp4"])
 def test_contiguous_layout_rows_grouped_by_expert(interpret, scheme):
     """Rows already grouped by expert (offsets [E+1], an expert with no rows, rows past offsets[E]

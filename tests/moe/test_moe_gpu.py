@@ -162,3 +162,31 @@ def test_half_width_tail_blocks_on_the_prefill_tile(scheme):
     w = qw.dequantize().double()
     ref = torch.stack([xd[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "mxfp4", "w4a8-mxfp4"])
+@pytest.mark.parametrize("split", [1, 2])
+def test_two_blocks_an_iteration_give_the_same_bits_grouped_in_bf16(monkeypatch, scheme, split):
+    """`frag.FRAG_PAIRS` in the grouped kernel on the GPU (bf16; K = 7296, 57 blocks: odd unsplit, and the first
+    split of 29 ends on an odd block): bit for bit the one-block loop."""
+    import anybit
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels import frag
+    from anybit.kernels.moe_gemm import moe_gemm
+    from anybit.moe import moe_align
+    from anybit.moe.layer import grouped_inputs
+
+    g = torch.Generator(device="cuda").manual_seed(split)
+    e, k, t, n, kk = 8, 2, 4, 512, 7296
+    tw = stack_experts(anybit.quantize(torch.randn(e, n, kk, generator=g, device="cuda") * 0.05, scheme))
+    xin = grouped_inputs(torch.randn(t, kk, generator=g, device="cuda").bfloat16(), tw)
+    ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)]).int()
+    aligned = moe_align(ids, e, 16)
+    ws, cnt = torch.empty(1 << 22, device="cuda"), torch.zeros(4096, dtype=torch.int32, device="cuda")
+    kw = dict(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, num_rows=t * k, top_k=k,
+              out_dtype=torch.bfloat16, split_k=split, workspace=ws, counters=cnt, **xin)  # fmt: skip
+    monkeypatch.setattr(frag, "FRAG_PAIRS", False)
+    one = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw)
+    monkeypatch.setattr(frag, "FRAG_PAIRS", True)
+    two = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw)
+    assert torch.equal(one, two)
