@@ -355,8 +355,18 @@ def main() -> int:
         default=None,
         help="rows of x up to which the FP8 quantizer triggers its GEMM's early launch",
     )
+    ap.add_argument(
+        "--pairs",
+        choices=("0", "1"),
+        default=None,
+        help="two K blocks a frag-kernel iteration on decode tiles (`frag.FRAG_PAIRS`; default: shipped)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    if args.pairs is not None:
+        from anybit.kernels import frag
+
+        frag.FRAG_PAIRS = args.pairs == "1"
     if args.quant_early_max_rows is not None:
         import anybit.moe.layer as moe_layer
 
@@ -369,7 +379,8 @@ def main() -> int:
         name = f"moe_bench_{n}.json"
     with open(os.path.join(args.out, name), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-                   "commit": os.environ.get("ANYBIT_COMMIT"), "quant_early_max_rows": args.quant_early_max_rows}, f,
+                   "commit": os.environ.get("ANYBIT_COMMIT"), "quant_early_max_rows": args.quant_early_max_rows,
+                   "pairs": args.pairs}, f,
                   indent=1)  # fmt: skip
     return 0
 
