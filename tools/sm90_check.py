@@ -141,7 +141,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     elif act.quantized:
         cfg = a8_config(cfg, qw.scheme, m, k, tw.nk, interpret=False)
         # compiled, not run: xq holds garbage, which is fine here; frag FP8 x comes with its block sums
-        x, xs, *sums = quantize_act(x, act, block_sums=tw.frag and not tw.e2m1_a8)
+        x, xs, *sums = quantize_act(x, act, block_sums=tw.takes_sums)
         extra = dict(x_scales=xs, x_group=act.group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     cnt = torch.zeros(1 << 14, dtype=torch.int32)
     _compiled.clear()
@@ -183,7 +183,7 @@ def check_moe(
         x, xs = quantize_act(x, tw.scheme.act, codes_dtype=torch.bfloat16)
         extra = dict(x_scales=xs, out_dtype=torch.bfloat16)
     elif tw.scheme.act.quantized:  # compiled, not run: the quantized x holds garbage, which is fine here
-        x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.frag and not tw.e2m1_a8)
+        x, xs, *sums = quantize_act(x, tw.scheme.act, block_sums=tw.takes_sums)
         group = tw.scheme.act.group if tw.scheme.act.mode.name == "GROUP" else 0
         extra = dict(x_scales=xs, x_group=group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()

@@ -357,12 +357,9 @@ class TritonBackend:
         if tw.mma_a8:
             out_dtype = x2.dtype
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            if tw.e2m1_a8:  # signed e2m1 codes: no sums to subtract
-                x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device))
-            elif tw.frag:  # per-token FP8 on the frag layout: the quantizer also sums each 128-K block
-                x2, x_scales, x_sums = quantize_act(x2, act, static, block_sums=True, pdl=quant_early(m, x2.device))
-            else:
-                x2, x_scales = quantize_act(x2, act, static)
+            early = tw.frag and quant_early(m, x2.device)
+            x2, x_scales, *sums = quantize_act(x2, act, static, block_sums=tw.takes_sums, pdl=early)
+            x_sums = sums[0] if sums else None
             x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:

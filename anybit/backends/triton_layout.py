@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from anybit import settings
-from anybit.backends.blockscaled import blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
+from anybit.backends.blockscaled import ROW_SPREAD_MAX, blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX
@@ -68,6 +68,12 @@ class TritonWeight:
         e4m3 by look-up tables of their groups' exponents relative to the row (`rowwise`: those codes, and the
         rows' powers of two times 2**-E2M1_A8_SHIFT, applied after the K loop)."""
         return self.frag and self.mma_a8 and bool(self.fmt["W_FLOAT"])
+
+    @property
+    def takes_sums(self) -> bool:
+        """The frag kernels subtract the codes' offset times x's per-128-K-block sums (integer codes on the FP8 MMA):
+        the quantizer writes them (`quantize_act(block_sums=True)`)."""
+        return self.frag and self.mma_a8 and not self.e2m1_a8
 
     @property
     def x_wants(self) -> str:
@@ -142,12 +148,8 @@ def e2m1_rows_scheme(scheme: Scheme) -> bool:
     scales lie within 11 binades (`e2m1_row_scales`, checked when prepared), run on the FP8 MMA by look-up tables
     (`TritonWeight.e2m1_a8`) and above ROWWISE_MIN_M rows as e4m3 through cuBLAS's row-wise FP8 GEMM."""
     act = scheme.act
-    return (
-        codes_a16(scheme)
-        and scheme.scale_dtype.name == "ue8m0"
-        and act.dtype.name == "e4m3"
-        and (act.mode is ActMode.TOKEN)
-    )
+    per_token_e4m3 = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
+    return codes_a16(scheme) and scheme.scale_dtype.name == "ue8m0" and per_token_e4m3
 
 
 def a8_mma(scheme: Scheme) -> bool:
@@ -200,14 +202,12 @@ def to_triton_layout(
     scales = qw.scales.t().contiguous()
     recipe = blockscaled_recipe(scheme, qw.n, qw.k, nk, frag)
     fold = _foldable(qw) if frag else frozenset()
-    rowwise = None
-    if frag and allow_e2m1_a8 and settings.e2m1_a8():  # MXFP4 on the FP8 MMA (`e2m1_a8`): rows of <= 11 binades
-        rowwise = e2m1_row_scales(qw, E2M1_A8_SPREAD_MAX)
-    lut = rowwise is not None
+    rowwise = e2m1_row_scales(qw, E2M1_A8_SPREAD_MAX) if frag else None  # rows of <= 11 binades
+    lut = rowwise is not None and allow_e2m1_a8 and settings.e2m1_a8()  # MXFP4 on the FP8 MMA (`e2m1_a8`)
     if lut:  # the row-relative codes are the weight's scales from here on (the kernels read no others)
         scales, rowwise = rowwise[0], (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
-    elif frag:
-        rowwise = e2m1_row_scales(qw)
+    elif rowwise is not None and int(rowwise[0].min()) < 127 - ROW_SPREAD_MAX:
+        rowwise = None  # the codes path's row-wise route: e4m3 of e2m1 * 2**r only to 8 binades
     return TritonWeight(
         scheme=scheme,
         n=qw.n,

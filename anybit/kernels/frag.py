@@ -348,7 +348,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 else:
                     s2 = unused
                 x_mask2 = mask_m[None, :] & (k2 * 128 + offs_k < tl.minimum(K, kt_hi * 128))[:, None]
-                acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, z_raw, k2, mask_n, x_mask2, MASK, off,
+                acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, unused, k2, mask_n, x_mask2, MASK, off,
                                      W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD,
                                      W_SIGNED, None, acc, SCALE_W and PER_BLOCK)
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
@@ -439,12 +439,19 @@ SCALE_BITS = True
 FRAG_PAIRS = False
 
 
-def frag_pairs(tw, x_dtype: torch.dtype, block_m: int) -> bool:
+def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
     """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points on decode
-    tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes under FP8 x (their per-block sums of
-    x stay one block an iteration)."""
-    fp8_ints = x_dtype == torch.float8_e4m3fn and not tw.e2m1_a8
-    return FRAG_PAIRS and tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0 and block_m <= 32 and not fp8_ints
+    tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes whose x sums the loop subtracts
+    (`takes_sums`: they stay one block an iteration), nor under a cap of <= 128 registers (w4a16 spilled 96 bytes
+    there; e2m1 fits)."""
+    capped = maxnreg is not None and maxnreg <= 128 and not tw.fmt["W_FLOAT"]
+    fits = tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0 and block_m <= 32
+    return FRAG_PAIRS and fits and not (tw.takes_sums or capped)
+
+
+def pair_stages(num_stages: int) -> int:
+    """The pipeline stages of a `frag_pairs` launch, two blocks each: 4 -> 3 (6 blocks of buffers, 4 in flight)."""
+    return max(2, (num_stages + 2) // 2)
 
 
 def frag_fold(tw, x_dtype: torch.dtype) -> int:
@@ -621,18 +628,17 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if split_k > 1 and (workspace is None or counters is None):
         raise ValueError("split_k > 1 needs a workspace and counters")
     dummy = tw.scales
-    scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 under FP8 x: row-relative codes
-    pairs = frag_pairs(tw, x.dtype, block_m)
-    if pairs:  # two blocks a stage: 4 stages -> 3 (6 blocks of buffers, 4 in flight)
-        num_stages = max(2, (num_stages + 2) // 2)
+    rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 under FP8 x: its scales are row-relative codes
+    pairs = frag_pairs(tw, block_m, maxnreg)
+    num_stages = pair_stages(num_stages) if pairs else num_stages
     # fmt: off
     _frag_gemm_kernel[grid](
-        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], scales,
+        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
         tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
         rows if rows is not None else dummy, bias if bias is not None else dummy, y,
         workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
         k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
-        scales.stride(-2),
+        tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,

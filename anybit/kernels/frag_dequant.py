@@ -89,9 +89,9 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.
     codes = tw.mma_a8
     if codes and dtype != torch.float8_e4m3fn:
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA: its codes dequantize to float8_e4m3fn, not {dtype}")
-    if tw.e2m1_a8 and scales is not None and scales.data_ptr() != tw.rowwise[0].data_ptr():
+    if tw.e2m1_a8 and scales is not None and scales.data_ptr() != tw.scales.data_ptr():
         raise ValueError(f"{tw.scheme} is packed for the FP8 MMA by its row-relative scales (`rowwise`): no others")
-    scales = (tw.rowwise[0] if tw.e2m1_a8 else tw.scales) if scales is None else scales
+    scales = tw.scales if scales is None else scales
     if scales.shape != tw.scales.shape or scales.dtype != tw.scales.dtype:
         raise ValueError(f"scales must be {tw.scales.dtype} {tuple(tw.scales.shape)} like the weight's, got "
                          f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip

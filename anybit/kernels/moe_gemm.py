@@ -29,6 +29,7 @@ from anybit.kernels.frag import (
     frag_range,
     frag_scale_w,
     frag_settle,
+    pair_stages,
     target_sm,
 )
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
@@ -547,21 +548,18 @@ def moe_gemm(
         if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
             want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
-        scales, rows = tw.rowwise if tw.e2m1_a8 else (tw.scales, None)  # e2m1 on the FP8 MMA: row-relative codes
-        # two K blocks an iteration (`frag.FRAG_PAIRS`); not for integer codes under a 128-register cap (sm_90a: w4a16
-        # spills 96 bytes there; e2m1 fits)
-        pairs = frag_pairs(tw, x.dtype, block_m) and (maxnreg is None or maxnreg > 128 or bool(tw.fmt["W_FLOAT"]))
-        if pairs:  # two K blocks a stage
-            num_stages = max(2, (num_stages + 2) // 2)
+        rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 on the FP8 MMA: its scales are row-relative codes
+        pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
+        num_stages = pair_stages(num_stages) if pairs else num_stages
         # fmt: off
         _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], scales,
+            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
             rows if rows is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
             workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
             k, x.stride(0), y.stride(0),
-            tw.planes[0].stride(0), tw.planes[0].stride(1), scales.stride(0), scales.stride(1),
+            tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
             frag_mask(tw.fmt["W_BITS"]), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
             MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps),
             GROUP_N=tw.group_n,

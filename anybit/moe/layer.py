@@ -247,8 +247,7 @@ def grouped_inputs(x: torch.Tensor, tw, pdl: bool = False) -> dict:
     if tw.codes_a16:  # the A16 kernels on x's FP8 codes in x's dtype, its scales in their epilogue
         xq, xs = quantize_act(x.contiguous(), scheme.act, pdl=pdl, codes_dtype=x.dtype)
         return dict(x=xq, x_scales=xs)
-    sums = tw.frag and not tw.e2m1_a8  # (signed e2m1 codes on the FP8 MMA subtract no offset)
-    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=sums, pdl=pdl)
+    xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=tw.takes_sums, pdl=pdl)
     group = scheme.act.group if scheme.act.mode is ActMode.GROUP else 0
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
 

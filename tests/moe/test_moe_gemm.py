@@ -121,7 +121,7 @@ def test_two_blocks_an_iteration_give_the_same_bits_grouped(interpret, monkeypat
         monkeypatch.setattr(frag, "FRAG_PAIRS", False)
         one = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw, **extra)
         monkeypatch.setattr(frag, "FRAG_PAIRS", True)
-        assert frag.frag_pairs(tw, xin["x"].dtype, 16)
+        assert frag.frag_pairs(tw, 16)
         two = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw, **extra)
         assert torch.equal(one, two)
 
