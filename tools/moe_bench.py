@@ -361,12 +361,20 @@ def main() -> int:
         default=None,
         help="two K blocks a frag-kernel iteration on decode tiles (`frag.FRAG_PAIRS`; default: shipped)",
     )
+    ap.add_argument(
+        "--a8-acc",
+        choices=("0", "1"),
+        default=None,
+        help="e2m1 experts under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; default: shipped)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    if args.pairs is not None:
-        from anybit.kernels import frag
+    from anybit.kernels import frag
 
+    if args.pairs is not None:
         frag.FRAG_PAIRS = args.pairs == "1"
+    if args.a8_acc is not None:
+        frag.A8_MMA_ACC = args.a8_acc == "1"
     if args.quant_early_max_rows is not None:
         import anybit.moe.layer as moe_layer
 
@@ -380,7 +388,7 @@ def main() -> int:
     with open(os.path.join(args.out, name), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
                    "commit": os.environ.get("ANYBIT_COMMIT"), "quant_early_max_rows": args.quant_early_max_rows,
-                   "pairs": args.pairs}, f,
+                   "pairs": args.pairs, "a8_acc": args.a8_acc}, f,
                   indent=1)  # fmt: skip
     return 0
 

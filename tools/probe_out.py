@@ -44,11 +44,15 @@ def tile_overrides(text: str) -> dict:
     return {a: int(b) for a, b in (kv.split("=") for kv in filter(None, text.split(":")))}
 
 
+def relaunch_err(call, ref: torch.Tensor) -> tuple[float, bool]:
+    """(relative error of `call()`'s first rows against the exact product `ref`, whether a relaunch is bit for bit)."""
+    y1, y2 = call(), call()
+    return float((y1[: ref.shape[0]].double() - ref).norm() / ref.norm()), bool(torch.equal(y1, y2))
+
+
 def relaunch_check(call, ref: torch.Tensor, budget: float = 1.6e-2) -> str | None:
     """Why `call()` fails against the exact product of its first rows (`ref`) or a relaunch bit for bit, else None."""
-    y1, y2 = call(), call()
-    err = float((y1[: ref.shape[0]].double() - ref).norm() / ref.norm())
-    same = bool(torch.equal(y1, y2))
+    err, same = relaunch_err(call, ref)
     return None if err <= budget and same else f"rel err {err:.2e}, relaunch equal {same}"
 
 

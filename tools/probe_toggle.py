@@ -12,6 +12,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
   rowwise     MXFP4 under FP8 x: e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M(_A8) rows (off: never; on: always)
   pairs       the dense frag kernel's decode tiles take two 128-K blocks an iteration (`frag.FRAG_PAIRS`)
+  a8-acc      e2m1 under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; off: a product per block
+              added in fp32)
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
 
@@ -30,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import relaunch_check, write_probe  # noqa: E402
+from probe_out import relaunch_err, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
@@ -82,6 +84,10 @@ def _pairs(on: bool) -> None:
     frag.FRAG_PAIRS = on  # read per call
 
 
+def _a8_acc(on: bool) -> None:
+    frag.A8_MMA_ACC = on  # read per call
+
+
 def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
@@ -89,6 +95,7 @@ def _e2m1_a8(on: bool) -> None:
 PREPARE_TIME = {"e2m1-a8"}  # switches read by `prepare`: each variant times its own prepared copies
 
 SWITCHES = {
+    "a8-acc": _a8_acc,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
     "mid256-e2m1": _mid256_e2m1,
@@ -141,9 +148,10 @@ def main() -> int:
                 row, ok = dict(scheme=name, n=n, k=k, m=m, switch=args.switch), True
                 for v in VARIANTS:
                     switch(v == "on")
-                    why = relaunch_check(lambda x=x, p=preps[v][0]: anybit.gemm(x, p), ref)
-                    if why:
-                        errors[f"{name} {shape} M={m} {args.switch} {v}"] = why
+                    err, same = relaunch_err(lambda x=x, p=preps[v][0]: anybit.gemm(x, p), ref)
+                    row[f"{v}_err"] = err
+                    if err > 1.6e-2 or not same:
+                        errors[f"{name} {shape} M={m} {args.switch} {v}"] = f"rel err {err:.2e}, relaunch equal {same}"
                         ok = False
                 if ok:
                     samples = {v: [] for v in VARIANTS}
@@ -151,8 +159,9 @@ def main() -> int:
                         samples[v].append(_timed(x, preps[v], switch, v == "on"))
                     row.update({f"{v}_us": min(s) for v, s in samples.items()})
                     ratio = row["on_us"] / row["off_us"]
+                    errs = f"err {row['off_err']:.1e} / {row['on_err']:.1e}"
                     print(f"{name:24s} {shape:11s} M={m:4d}  off {row['off_us']:7.1f}  on {row['on_us']:7.1f}"
-                          f"  on/off {ratio:5.3f}", flush=True)  # fmt: skip
+                          f"  on/off {ratio:5.3f}  {errs}", flush=True)  # fmt: skip
                 rows.append(row)
             torch.cuda.empty_cache()
     write_probe(args.out, f"probe_{args.switch.replace('-', '_')}", rows, errors)

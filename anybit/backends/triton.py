@@ -17,6 +17,7 @@ from anybit.backends.triton_layout import TritonWeight, a8_mma, codes_a16, frag_
 from anybit.errors import FallbackWarning, KernelFailure
 from anybit.formats.dtypes import FloatType, IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
+from anybit.kernels import frag
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
@@ -46,7 +47,8 @@ QUANT_EARLY_MAX_M = 4
 # MXFP4 weights under FP8 x above this many rows: e4m3 W a call and cuBLAS's row-wise FP8 GEMM (`rowwise_gemm`);
 # weights on the FP8 MMA (`e2m1_a8`) above ROWWISE_MIN_M_A8: H200 graphs, frag kernel vs row-wise (µs, 8192^2 /
 # 28672x8192 / 8192x28672): M=192 56.7/173/184 vs 70.8/240/244, M=256 58.3/228/197 vs 64.1/223/213, M=384
-# 107/343/353 vs 85/274/288 (`tools/probe_toggle.py --switch rowwise`, session 18)
+# 107/343/353 vs 85/274/288 (`tools/probe_toggle.py --switch rowwise`, session 18); the frag kernel's 128/256-token
+# tiles since (session 19, `frag_mma_acc`): M=192 55.8/156.0/153.9, M=256 56.9/147.8/148.5
 ROWWISE_MIN_M = 128
 ROWWISE_MIN_M_A8 = 256
 FP8_DEEP_K_MIN = 2048  # K per split from which FP8 decode tiles go 256 deep (the shortest measured: 8192^2, split 4)
@@ -124,8 +126,11 @@ def pick_config(
     runs on the FP8 MMA (default `a8_mma(scheme)`; `TritonWeight.mma_a8` where the weight's data decides)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
         a8 = a8_mma(scheme) if a8 is None else a8  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs)
-        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and not a8,
-                      float_codes=isinstance(scheme.weight, FloatType), balance=not a8)  # fmt: skip
+        float_codes = isinstance(scheme.weight, FloatType)
+        # e2m1 on the FP8 MMA accumulating the whole K (`frag.A8_MMA_ACC`) takes the 128/256-token tiles too
+        wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
+        t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
+                      float_codes=float_codes, balance=not a8, a8=wide_a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip

@@ -108,7 +108,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                    PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
-                   acc=None, SCALE_W: tl.constexpr = False):
+                   acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -118,14 +118,20 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     their row's largest, whose power of two the caller applies after the K loop. SCALE_W (PER_BLOCK,
     bf16/fp16 x): the block's scales multiply the decoded rows instead (each weight rounded once to x's
     dtype, as the dequantize-then-GEMM path does), so every block's MMA accumulates into acc: no wait on
-    the MMA and no fp32 multiply-add per block (large-M tiles)."""
+    the MMA and no fp32 multiply-add per block (large-M tiles). MMA_ACC (e2m1 under FP8 x, `frag_mma_acc`): the
+    block's FP8 MMA accumulates into acc itself — no fresh tile added in fp32 — as the whole K needs no scale
+    between blocks."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
     if dtype == tl.float8e4nv and W_FLOAT:  # e2m1 times 2**(r + 6) a group by its table (row scales after the loop)
-        part = tl.dot(unpack_e2m1_a8(p, rows_to_mma(s_raw, BN, NW, 128 // GROUP_K), BN, PTX), xt)
+        w8 = unpack_e2m1_a8(p, rows_to_mma(s_raw, BN, NW, 128 // GROUP_K), BN, PTX)
+        if MMA_ACC:
+            acc = tl.dot(w8, xt, acc)
+        else:
+            part = tl.dot(w8, xt)
     elif dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
         part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
@@ -168,7 +174,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     if SCALE_W:
         s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype)
         acc = tl.dot(times_groups(w, s, 1, PTX), xt, acc)
-    else:
+    elif not MMA_ACC:
         if dtype != tl.float8e4nv:
             part = tl.dot(w, xt)
         if PER_BLOCK:
@@ -281,7 +287,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
                STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
                xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False,
-               PAIRS: tl.constexpr = False):
+               PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K; SCALE_W: to the decoded 4-bit weights, `frag_block_dot`).
@@ -289,7 +295,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     The block's scales and zero points are pipelined like its weight and x tiles (`block_meta`), and so
     are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given.
     PAIRS (4-bit, no zero points or sums, `frag_pairs`): two blocks an iteration, the second's x masked past
-    kt_hi (it adds zero there), in the same order of accumulation."""
+    kt_hi (it adds zero there), in the same order of accumulation. MMA_ACC: e2m1 blocks under FP8 x accumulate
+    in the MMA (`frag_mma_acc`)."""
     if W_BITS == 8:
         off = 8388608.0  # 2**23: the fp32 magic of the byte decode
     elif x_ptr.dtype.element_ty == tl.bfloat16:
@@ -338,7 +345,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 xsum = None
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
-                                 SCALE_W and PER_BLOCK)
+                                 SCALE_W and PER_BLOCK, MMA_ACC)
             if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
                 if SETTLE:
                     acc = settled(acc)
@@ -350,7 +357,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 x_mask2 = mask_m[None, :] & (k2 * 128 + offs_k < tl.minimum(K, kt_hi * 128))[:, None]
                 acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, unused, k2, mask_n, x_mask2, MASK, off,
                                      W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD,
-                                     W_SIGNED, None, acc, SCALE_W and PER_BLOCK)
+                                     W_SIGNED, None, acc, SCALE_W and PER_BLOCK, MMA_ACC)
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
             acc = settled(acc)
     if FOLD:
@@ -367,7 +374,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
-                      HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                      HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -383,7 +390,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                      lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
-                     SETTLE, PAIRS)  # sums: [blocks, M]
+                     SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, M]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
     if HAS_GS:
@@ -434,8 +441,8 @@ SCALE_BITS = True
 # blocks (3 stages of two instead of 4 of one): w4a16 642 -> 595 instructions, MXFP4 726 -> 679, NVFP4 790 -> 745,
 # W4A8-MXFP4 572 -> 528, no spill (M=64 spills: not taken there); the grouped MoE kernel's decode tiles too (w4a16
 # 658 -> 609, MXFP4 736 -> 684, W4A8-MXFP4 564 -> 518; integer codes not under its 128-register cap, where w4a16
-# spills). Off until measured on the GPU:
-# `tools/probe_toggle.py --switch pairs`, tests/kernels/test_frag_gpu.py -k pairs
+# spills). Bit for bit on the GPU; off: H200 graphs (`tools/probe_toggle.py --switch pairs`, session 19), M = 1-32,
+# on/off 0.94-0.98 on 8192x28672, 1.00-1.06 on 28672x8192 (w4a16) and 1.01-1.06 for W4A8-MXFP4 everywhere
 FRAG_PAIRS = False
 
 
@@ -447,6 +454,17 @@ def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
     capped = maxnreg is not None and maxnreg <= 128 and not tw.fmt["W_FLOAT"]
     fits = tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0 and block_m <= 32
     return FRAG_PAIRS and fits and not (tw.takes_sums or capped)
+
+
+# e2m1 weights under FP8 x (`TritonWeight.e2m1_a8`): the FP8 MMA accumulates the whole K range (the row's scale
+# comes after the loop), as Humming's fused-ue8m0 MXFP4 path does, instead of a fresh product per 128-K block added
+# in fp32 (64-128 FADDs a block and a second tile of registers, which kept 256-token tiles from fitting 8 warps)
+A8_MMA_ACC = True
+
+
+def frag_mma_acc(tw) -> bool:
+    """Whether the frag kernels' FP8 MMA accumulates this weight's whole K range itself (`A8_MMA_ACC`)."""
+    return A8_MMA_ACC and tw.e2m1_a8
 
 
 def pair_stages(num_stages: int) -> int:
@@ -546,7 +564,7 @@ def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> 
 
 def frag_tile(
     m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False,
-    float_codes: bool = False, balance: bool = True,
+    float_codes: bool = False, balance: bool = True, a8: bool = False,
 ) -> dict:  # fmt: skip
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the launch
@@ -560,7 +578,10 @@ def frag_tile(
     graphs, 8192^2 M=128 45 µs, 28672x8192 117, 8192x28672 114, 4096^2 18, 4096x14336 40 (dequantize +
     cuBLAS or the warp-specialised kernel: 65, 134, 215, 26, 82); `mid`, 128 < M <= 256 (int4 with long K,
     e2m1 on every shape: `FRAG_MID_256`): 256 tokens x 128 weight rows of 8 warps, split until one wave
-    (M=256 8192x28672 206 µs, 4096x14336 68)."""
+    (M=256 8192x28672 206 µs, 4096x14336 68). `mid` with `a8` (e2m1 on the FP8 MMA accumulating the whole K,
+    `frag_mma_acc`): up to 128 rows 128 tokens x 128 weight rows of 8 warps split until one wave, above the 256-token
+    tiles (graphs, M=128: 8192^2 36.9 µs, 28672x8192 79.0, 8192x28672 97.4 — 128 x 256 of 16 warps 42.6 / 86.4 /
+    95.4 —; M=256: 56.6 / 150.3 / 153.0, 128-token tiles 52.4 / 156.9 / 169.5)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -575,6 +596,9 @@ def frag_tile(
     if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
         split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
+    if mid and m > 64 and a8:
+        tile = dict(block_m=128, block_n=128, num_warps=8, num_stages=3)
+        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), num_sms))
     if mid and m > 64 and bits == 8:  # 8-bit channel ints: 128 x 128 of 4 warps, split until two a SM keeping >= 1024
         # K a split (graphs, M=128: 8192^2 48.7 µs, 28672x8192 141, 8192x28672 141, 4096^2 22.6 — 33.0 at 512 K a split;
         # dequantize + cuBLAS 100, 338, 336, 28)
@@ -643,8 +667,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, num_warps=num_warps,
-        launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw),
+        num_warps=num_warps, launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on
     return y

@@ -24,6 +24,7 @@ from anybit.kernels.frag import (
     frag_constexprs,
     frag_fold,
     frag_group_k,
+    frag_mma_acc,
     frag_pairs,
     frag_ptx,
     frag_range,
@@ -274,7 +275,7 @@ def _moe_frag_kernel(
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
-    PAIRS: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -294,13 +295,15 @@ def _moe_frag_kernel(
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
+                           MMA_ACC)
         else:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
-                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS)
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
+                           MMA_ACC)
 
 
 @triton.jit
@@ -313,7 +316,8 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
-                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr):
+                   SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr,
+                   MMA_ACC: tl.constexpr):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
@@ -329,7 +333,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                      z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                      tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BLOCK_N, ROWS, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
-                     num_rows // TOP_K, SCALE_W, SETTLE, PAIRS)  # sums: [blocks, rows of x]
+                     num_rows // TOP_K, SCALE_W, SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, rows of x]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                S_EXP, S_MAN)[:, None]
@@ -566,7 +570,7 @@ def moe_gemm(
             HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
             PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, SETTLE=frag_settle(),
             SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-            HAS_XS=fp8_x, HAS_RS=rows is not None, PAIRS=pairs, num_warps=num_warps,
+            HAS_XS=fp8_x, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), num_warps=num_warps,
             maxnreg=maxnreg, launch_pdl=pdl,
         )
         # fmt: on

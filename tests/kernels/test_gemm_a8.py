@@ -10,6 +10,7 @@ from anybit.backends import get_backend
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose, explain
 from anybit.formats.scheme import Scheme
+from anybit.kernels.dequant import cdiv
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.activations import dequantize_activation, quantize_activation
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -179,6 +180,28 @@ def test_fp8_decode_tiles_go_deep_on_long_k(text, m, n, k, block_k):
 
     c = pick_config(m, n, k, Scheme.parse(text), 132, interpret=False, nk=True)
     assert c.block_k == block_k and (c.num_stages == 3 or block_k == 128)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "tile"),
+    [
+        (16, 8192, 8192, (16, 128, 4)),  # decode tiles as before
+        (96, 8192, 8192, (128, 128, 8)),  # 128 tokens x 128 rows, split 2: one wave of 128 CTAs
+        (128, 28672, 8192, (128, 128, 8)),
+        (200, 8192, 28672, (256, 128, 8)),  # above 128 rows: 256-token tiles
+    ],
+)
+def test_mxfp4_on_the_fp8_mma_takes_token_tiles_of_128_and_256(monkeypatch, m, n, k, tile):
+    """e2m1 under FP8 x accumulating the whole K in the MMA (`frag.A8_MMA_ACC`) fits 128/256-token tiles (one
+    accumulator); with a product per block added in fp32 it keeps the 64-token tiles (two accumulators spill)."""
+    from anybit.backends.triton import pick_config
+    from anybit.kernels import frag
+
+    c = pick_config(m, n, k, Scheme.parse("w4a8-mxfp4"), 132, interpret=False, nk=True, a8=True)
+    assert (c.block_m, c.block_n, c.num_warps) == tile
+    assert m <= 64 or c.split_k == 1 or cdiv(m, c.block_m) * cdiv(n, c.block_n) * c.split_k <= 132  # to one wave
+    monkeypatch.setattr(frag, "A8_MMA_ACC", False)
+    assert pick_config(m, n, k, Scheme.parse("w4a8-mxfp4"), 132, interpret=False, nk=True, a8=True).block_m <= 64
 
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8-mxfp4"])

@@ -84,6 +84,27 @@ def test_mxfp4_under_fp8_x_on_the_fp8_mma_matches_the_codes_path(monkeypatch, m)
         assert rel_err(be.gemm(x, p), ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("m", [1, 128, 256])
+def test_mxfp4_on_the_fp8_mma_accumulating_the_whole_k_stays_as_exact(monkeypatch, m):
+    """e2m1 under e4m3 x with the FP8 MMA accumulating all of a long K (`frag.A8_MMA_ACC`, the 128/256-token tiles
+    from M = 65) against a product per 128-K block added in fp32: both within the bf16 budget of the exact product,
+    the whole-K one at most 1.5x the other's error (the MMA's accumulator is not plain fp32)."""
+    from anybit.kernels import frag
+
+    g = torch.Generator(device="cuda").manual_seed(7 + m)
+    qw = quantize(torch.randn(4096, 28672, generator=g, device="cuda") * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, qw.shape[1], generator=g, device="cuda").bfloat16()
+    ref, be = a8_reference(x, qw), get_backend("triton")
+    errs = {}
+    for acc in (True, False):
+        monkeypatch.setattr(frag, "A8_MMA_ACC", acc)
+        p = prepare(qw, backend="triton")  # its tile per M is picked (and kept) under this setting
+        y = be.gemm(x, p)
+        errs[acc] = rel_err(y, ref)
+        assert torch.equal(y, be.gemm(x, p)), "a relaunch must give the same bits"
+    assert max(errs.values()) < GEMM_REL_ERR[torch.bfloat16] and errs[True] <= 1.5 * errs[False] + 1e-4, errs
+
+
 def test_static_scale_quantizer_and_gemm_in_a_graph():
     """Static scales: the quantizer is bitwise the reference; the torch backend's `_scaled_mm` path
     and the Triton kernel agree; the call captures (the scale is read on the device)."""
