@@ -581,7 +581,9 @@ def frag_tile(
     (M=256 8192x28672 206 µs, 4096x14336 68). `mid` with `a8` (e2m1 on the FP8 MMA accumulating the whole K,
     `frag_mma_acc`): up to 128 rows 128 tokens x 128 weight rows of 8 warps split until one wave, above the 256-token
     tiles (graphs, M=128: 8192^2 36.9 µs, 28672x8192 79.0, 8192x28672 97.4 — 128 x 256 of 16 warps 42.6 / 86.4 /
-    95.4 —; M=256: 56.6 / 150.3 / 153.0, 128-token tiles 52.4 / 156.9 / 169.5)."""
+    95.4 —; M=256: 56.6 / 150.3 / 153.0, 128-token tiles 52.4 / 156.9 / 169.5); where N has few 128-row tiles
+    (<= half the SMs) 128 x 128 capped at 128 registers, two CTAs an SM, split until two a SM (8192x28672 M=128
+    97.9 -> 89.0, 8192^2 M=256 57.4 -> 52.1, 8192x28672 M=256 152.8 -> 153.9)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -593,12 +595,15 @@ def frag_tile(
             split *= 2
         return split
 
+    if mid and m > 64 and a8 and 2 * cdiv(n, 128) <= num_sms:  # few weight tiles: 2 CTAs an SM, split to 2 a SM
+        tile = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, maxnreg=128)
+        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), 2 * num_sms))
+    if mid and m > 64 and a8 and m <= 128:
+        tile = dict(block_m=128, block_n=128, num_warps=8, num_stages=3)
+        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), num_sms))
     if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
         split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
-    if mid and m > 64 and a8:
-        tile = dict(block_m=128, block_n=128, num_warps=8, num_stages=3)
-        return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), num_sms))
     if mid and m > 64 and bits == 8:  # 8-bit channel ints: 128 x 128 of 4 warps, split until two a SM keeping >= 1024
         # K a split (graphs, M=128: 8192^2 48.7 µs, 28672x8192 141, 8192x28672 141, 4096^2 22.6 — 33.0 at 512 K a split;
         # dequantize + cuBLAS 100, 338, 336, 28)

@@ -447,14 +447,15 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
 
 
 def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
-    """What `anybit.moe.layer.moe_tiles` picks tiles by: "wide" (`moe_wide_tile`), "a8" (other fragment-layout
-    experts under FP8 x on the FP8 MMA; `codes_a16` experts take the A16 kinds), "fp8" / "fp8-block" (FP8
-    experts read as stored under per-token / per-group FP8 x: no decode, a deep K tile), or ""."""
+    """What `anybit.moe.layer.moe_tiles` picks tiles by: "wide" (`moe_wide_tile`), "a8-acc" (e2m1 experts on the FP8
+    MMA accumulating the whole K, `frag_mma_acc`), "a8" (other fragment-layout experts under FP8 x on the FP8 MMA;
+    `codes_a16` experts take the A16 kinds), "fp8" / "fp8-block" (FP8 experts read as stored under per-token /
+    per-group FP8 x: no decode, a deep K tile), or ""."""
     if moe_wide_tile(tw, x_dtype):
         return "wide"
     act = tw.scheme.act
     if tw.frag and tw.mma_a8:
-        return "a8"
+        return "a8-acc" if frag_mma_acc(tw) else "a8"
     if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
     return ""

@@ -302,6 +302,21 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if kind else 32)
 
 
+def test_e2m1_experts_on_the_fp8_mma_take_128_row_blocks_of_256_weight_rows_from_97_rows_an_expert(monkeypatch):
+    """e2m1 experts under FP8 x accumulating the whole K in the MMA (`frag.A8_MMA_ACC`) keep one accumulator: 128-row
+    blocks of 256 weight rows above 96 rows per expert (H200 M=4096 1.15-1.23x faster), 64-row blocks below; with
+    the per-block product added in fp32 they are "a8" experts (64-row blocks)."""
+    from anybit.kernels import frag
+    from anybit.kernels import moe_gemm as kernels
+
+    tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, "w4a8-mxfp4"))
+    assert tw.e2m1_a8 and kernels.moe_tile_kind(tw, torch.bfloat16) == "a8-acc"
+    big, mid = moe_tiles(4096 * 8, 256, True, "a8-acc"), moe_tiles(1024 * 8, 256, True, "a8-acc")
+    assert (big["block_m"], big["block_n"], big["num_warps"]) == (128, 256, 8) and mid["block_m"] == 64
+    monkeypatch.setattr(frag, "A8_MMA_ACC", False)
+    assert kernels.moe_tile_kind(tw, torch.bfloat16) == "a8"
+
+
 @pytest.mark.parametrize("scheme, kind, block_m", [("w8a8-fp8", "fp8", 128), ("fp8-block", "fp8-block", 64)])
 def test_fp8_experts_read_as_stored_take_deep_k_prefill_tiles(scheme, kind, block_m):
     """FP8 experts read as stored have no decode: 128-deep K tiles from 17 rows per expert on (H200
