@@ -94,6 +94,10 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                 "ANYBIT_E2M1_A8=0 turns it off): e2m1 to e4m3 by look-up tables of each group's exponent relative "
                 "to its row, the rows' powers of two after the K loop — else their codes in x's dtype on the "
                 "bf16/fp16 MMA (exact; x scales after it), ")  # fmt: skip
+        from anybit.kernels import frag as frag_kernels
+
+        if frag_kernels.A8_MMA_ACC:
+            act += "the FP8 MMA accumulating the whole K (no per-block promotion, frag.A8_MMA_ACC), "
     elif codes:
         act += "their codes in x's dtype on the bf16/fp16 MMA (exact; x scales after it), "
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
