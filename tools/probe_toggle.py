@@ -14,6 +14,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   pairs       the dense frag kernel's decode tiles take two 128-K blocks an iteration (`frag.FRAG_PAIRS`)
   a8-acc      e2m1 under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; off: a product per block
               added in fp32)
+  subs        e2m1 under FP8 x at 129-192 rows: three 64-token tiles on one decode (`frag.FRAG_SUBS`; off: a 256-token
+              tile); the tile is picked per prepared weight, so each variant prepares its own copies
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
 
@@ -88,14 +90,20 @@ def _a8_acc(on: bool) -> None:
     frag.A8_MMA_ACC = on  # read per call
 
 
+def _subs(on: bool) -> None:
+    frag.FRAG_SUBS = on  # read when a call's tile is picked (once per prepared weight and M)
+
+
 def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
 
-PREPARE_TIME = {"e2m1-a8"}  # switches read by `prepare`: each variant times its own prepared copies
+# switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,
+    "subs": _subs,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
     "mid256-e2m1": _mid256_e2m1,

@@ -365,6 +365,61 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     return rows_from_mma(acc, BN, NW, BM)
 
 
+@triton.jit
+def frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn, stride_s, kt_lo, kt_hi,
+                    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                    NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr,
+                    SETTLE: tl.constexpr):
+    """`frag_range` for three BM-token tiles at once (tokens offs_m, + BM, + 2 BM) of e2m1 weights under FP8 x
+    accumulating in the MMA (`frag_mma_acc`): each K block's weight rows decoded once, three FP8 MMAs into three
+    accumulators — a 3 * BM-token tile where Triton's tiles are powers of two (`FRAG_SUBS`). Natural row order."""
+    G: tl.constexpr = 128 // GROUP_K
+    offs_k = tl.arange(0, 128)
+    x0 = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    x1 = x0 + BM * stride_xm
+    x2 = x1 + BM * stride_xm
+    m0 = (offs_m < M)[None, :]
+    m1 = (offs_m + BM < M)[None, :]
+    m2 = (offs_m + 2 * BM < M)[None, :]
+    w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
+    offs_gn = offs_n // GROUP_N
+    n_groups = tl.cdiv(K, GROUP_K)
+    a0 = tl.zeros((BN, BM), dtype=tl.float32)
+    a1 = tl.zeros((BN, BM), dtype=tl.float32)
+    a2 = tl.zeros((BN, BM), dtype=tl.float32)
+    for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+        s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
+        p = rows_to_mma(tl.load(w_ptrs + kt * (16 * PANEL), mask=mask_n[:, None], other=0), BN, NW, 16)
+        w8 = unpack_e2m1_a8(p, rows_to_mma(s_raw, BN, NW, G), BN, PTX)
+        k_in = (kt * 128 + offs_k < K)[:, None]
+        a0 = tl.dot(w8, tl.load(x0 + kt * 128, mask=m0 & k_in, other=0.0), a0)
+        a1 = tl.dot(w8, tl.load(x1 + kt * 128, mask=m1 & k_in, other=0.0), a1)
+        a2 = tl.dot(w8, tl.load(x2 + kt * 128, mask=m2 & k_in, other=0.0), a2)
+        if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
+            a0 = settled(a0)
+            a1 = settled(a1)
+            a2 = settled(a2)
+    return rows_from_mma(a0, BN, NW, BM), rows_from_mma(a1, BN, NW, BM), rows_from_mma(a2, BN, NW, BM)
+
+
+@triton.jit
+def frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
+                  stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+                  S_MAN: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
+                  HAS_RS: tl.constexpr, HAS_XS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """acc [BN, BM] (weight rows offs_n x tokens offs_m) times its scales after the K loop, stored (or reduced)."""
+    if GROUP_K >= 1 << 30:  # one scale over all of K
+        acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr)
+    if HAS_RS:  # fp32 [N]: each row's power of two (e2m1 under FP8 x, `unpack_e2m1_a8`)
+        acc = acc * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+    if HAS_XS:  # per-token scales of the FP8 activations (as e4m3, or their codes in x's dtype)
+        acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=offs_m < M, other=0.0)[None, :]
+    store_or_reduce(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k,
+                    HAS_BIAS, SPLIT_K)
+
+
 @triton.jit(do_not_specialize=["MASK"])
 def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                       M, N, K, stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
@@ -374,34 +429,37 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       SPLIT_K: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr,
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
-                      HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
+                      HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
+                      SUBS: tl.constexpr = 1):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_m = pid_m * (SUBS * BM) + tl.arange(0, BM)
     mask_n = offs_n < N
-    mask_m = offs_m < M
     k_blocks = tl.cdiv(K, 512 // W_BITS)
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
-    acc = frag_range(x_ptr, offs_m, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-                     lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
-                     GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
-                     SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, M]
-    if GROUP_K >= 1 << 30:  # one scale over all of K
-        acc = acc * load_scale(s_ptr, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
-    if HAS_GS:
-        acc = acc * tl.load(gs_ptr)
-    if HAS_RS:  # fp32 [N]: each row's power of two (e2m1 under FP8 x, `unpack_e2m1_a8`)
-        acc = acc * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
-    if HAS_XS:  # per-token scales of the FP8 activations (as e4m3, or their codes in x's dtype)
-        acc = acc * tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)[None, :]
     tile = pid_m * tl.num_programs(0) + pid_n
-    store_or_reduce(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, bias_ptr, offs_m, offs_n, M, N, stride_ym, tile, pid_k,
-                    HAS_BIAS, SPLIT_K)
+    if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)
+        a0, a1, a2 = frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn,
+                                     stride_s, lo, tl.minimum(lo + per, k_blocks), GROUP_K, GROUP_N, BN, BM, NW,
+                                     STAGES, PANEL, PTX, SETTLE)
+        for j in tl.static_range(3):
+            acc = a0 if j == 0 else (a1 if j == 1 else a2)
+            frag_epilogue(acc, offs_m + j * BM, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr,
+                          ws_ptr, cnt_ptr, stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN,
+                          GROUP_K, GROUP_N, HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
+    else:
+        acc = frag_range(x_ptr, offs_m, offs_m < M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
+                         stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
+                         ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
+                         SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, M]
+        frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K, GROUP_N,
+                      HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
 
 
 # fmt: on
@@ -460,6 +518,12 @@ def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
 # comes after the loop), as Humming's fused-ue8m0 MXFP4 path does, instead of a fresh product per 128-K block added
 # in fp32 (64-128 FADDs a block and a second tile of registers, which kept 256-token tiles from fitting 8 warps)
 A8_MMA_ACC = True
+
+
+# 129-192 rows of such weights (`frag_mma_acc`) as three 64-token tiles on one decode of each K block
+# (`frag_range_subs`, block_m 192) instead of a 256-token tile of which a quarter or more is padding. Off until
+# measured on the GPU (tools/probe_toggle.py --switch subs; tests/kernels/test_gemm_a8_gpu.py -k three_64):
+FRAG_SUBS = False
 
 
 def frag_mma_acc(tw) -> bool:
@@ -601,6 +665,8 @@ def frag_tile(
     if mid and m > 64 and a8 and m <= 128:
         tile = dict(block_m=128, block_n=128, num_warps=8, num_stages=3)
         return tile | dict(split_k=split_to(cdiv(m, 128) * cdiv(n, 128), num_sms))
+    if mid and a8 and 128 < m <= 192 and FRAG_SUBS:  # three 64-token tiles on one decode, no split
+        return dict(block_m=192, block_n=128, split_k=1, num_warps=8, num_stages=3)
     if mid and m > 128:  # long K only (`frag_mid_rows`): 256 tokens x 128 weight rows of 8 warps, one wave
         split = split_to(cdiv(m, 256) * cdiv(n, 128), num_sms)
         return dict(block_m=256, block_n=128, split_k=split, num_warps=8, num_stages=3)
@@ -651,6 +717,10 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
         raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
+    subs = 3 if block_m == 192 else 1  # three 64-token tiles on one decode (`FRAG_SUBS`)
+    if subs > 1 and not (frag_mma_acc(tw) and split_k == 1):
+        raise ValueError(f"block_m=192 (three 64-token tiles) takes e2m1 weights under FP8 x accumulating in the MMA "
+                         f"(frag_mma_acc) without split-K; got {tw.scheme}, split_k={split_k}")  # fmt: skip
     dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
     grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
@@ -669,10 +739,10 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
         tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
-        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m, BN=block_n, SPLIT_K=split_k,
+        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m // subs, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw),
+        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), SUBS=subs,
         num_warps=num_warps, launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on

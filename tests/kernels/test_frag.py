@@ -501,3 +501,25 @@ def test_two_blocks_an_iteration_give_the_same_bits(interpret, monkeypatch, text
     x = torch.randn(5, k, generator=g).half()
     ref = a8_reference(x, qw) if qw.scheme.act.quantized else x.double() @ qw.dequantize().double().T
     assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref)
+
+
+@pytest.mark.parametrize("m", [150, 192])  # the third tile partly past M, and all three full
+def test_three_64_token_tiles_on_one_decode_give_the_bits_of_64_token_tiles(interpret, m):
+    """e2m1 under FP8 x accumulating in the MMA (`frag_mma_acc`): block_m 192 runs three 64-token tiles against each
+    K block's weight rows decoded once (`frag_range_subs`) — the same products in the same order as three 64-token
+    tiles launched apart; N and K off the tiles. block_m 192 refuses a split and other weights."""
+    from anybit.kernels.quant_act import quantize_act
+    from tests.kernels.test_gemm_a8 import a8_reference
+
+    g = torch.Generator().manual_seed(m)
+    qw = quantize(torch.randn(72, 608, generator=g) * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, 608, generator=g).half()
+    tw = to_triton_layout(qw)
+    xq, xs = quantize_act(x, qw.scheme.act)
+    kw = dict(block_n=64, num_stages=1, x_scales=xs, out_dtype=torch.float16)
+    y = gemm_frag(xq, tw, block_m=192, out=torch.full((m, 72), float("nan"), dtype=torch.float16), **kw)
+    assert torch.equal(y, gemm_frag(xq, tw, block_m=64, **kw))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+    with pytest.raises(ValueError, match="without split-K"):
+        gemm_frag(xq, tw, block_m=192, split_k=2, workspace=torch.empty(2 * m * 72),
+                  counters=torch.zeros(64, dtype=torch.int32), **kw)  # fmt: skip

@@ -105,6 +105,29 @@ def test_mxfp4_on_the_fp8_mma_accumulating_the_whole_k_stays_as_exact(monkeypatc
     assert max(errs.values()) < GEMM_REL_ERR[torch.bfloat16] and errs[True] <= 1.5 * errs[False] + 1e-4, errs
 
 
+@pytest.mark.parametrize("m", [150, 192])
+def test_three_64_token_tiles_on_one_decode_in_bf16(monkeypatch, m):
+    """`FRAG_SUBS` (block_m 192: three 64-token tiles against one decode) gives the bits of 64-token tiles of the
+    same warps launched apart, and the route that takes it (129-192 rows, many weight tiles) is within budget and
+    relaunches bit for bit."""
+    from anybit.kernels import frag
+    from anybit.kernels.frag import gemm_frag
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    qw = quantize(torch.randn(28672 // 4, 8192 + 96, generator=g, device="cuda") * 0.05, "w4a8-mxfp4")
+    x = torch.randn(m, qw.shape[1], generator=g, device="cuda").bfloat16()
+    p, be = prepare(qw, backend="triton"), get_backend("triton")
+    xq, xs = quantize_act(x, qw.scheme.act)
+    kw = dict(block_n=128, num_warps=8, num_stages=3, x_scales=xs, out_dtype=torch.bfloat16)
+    y = gemm_frag(xq, p.data, block_m=192, **kw)
+    assert torch.equal(y, gemm_frag(xq, p.data, block_m=64, **kw))
+    monkeypatch.setattr(frag, "FRAG_SUBS", True)
+    routed = prepare(qw, backend="triton")
+    y = be.gemm(x, routed)
+    assert routed.data.configs[m].block_m == 192 and torch.equal(y, be.gemm(x, routed))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
 def test_static_scale_quantizer_and_gemm_in_a_graph():
     """Static scales: the quantizer is bitwise the reference; the torch backend's `_scaled_mm` path
     and the Triton kernel agree; the call captures (the scale is read on the device)."""
