@@ -442,11 +442,11 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     k_blocks = tl.cdiv(K, 512 // W_BITS)
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
-    tile = pid_m * tl.num_programs(0) + pid_n
     if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)
         a0, a1, a2 = frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn,
                                      stride_s, lo, tl.minimum(lo + per, k_blocks), GROUP_K, GROUP_N, BN, BM, NW,
                                      STAGES, PANEL, PTX, SETTLE)
+        tile = pid_m * tl.num_programs(0) + pid_n
         for j in tl.static_range(3):
             acc = a0 if j == 0 else (a1 if j == 1 else a2)
             frag_epilogue(acc, offs_m + j * BM, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr,
@@ -457,6 +457,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                          stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
                          ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
                          SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, M]
+        tile = pid_m * tl.num_programs(0) + pid_n
         frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr,
                       cnt_ptr, stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K, GROUP_N,
                       HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
