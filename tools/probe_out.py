@@ -50,10 +50,17 @@ def relaunch_err(call, ref: torch.Tensor) -> tuple[float, bool]:
     return float((y1[: ref.shape[0]].double() - ref).norm() / ref.norm()), bool(torch.equal(y1, y2))
 
 
-def relaunch_check(call, ref: torch.Tensor, budget: float = 1.6e-2) -> str | None:
-    """Why `call()` fails against the exact product of its first rows (`ref`) or a relaunch bit for bit, else None."""
-    err, same = relaunch_err(call, ref)
+REL_BUDGET = 1.6e-2  # bf16 outputs (tests/tolerances.py GEMM_REL_ERR)
+
+
+def relaunch_why(err: float, same: bool, budget: float = REL_BUDGET) -> str | None:
+    """Why a `relaunch_err` result fails (error over budget, or a relaunch that differs), else None."""
     return None if err <= budget and same else f"rel err {err:.2e}, relaunch equal {same}"
+
+
+def relaunch_check(call, ref: torch.Tensor, budget: float = REL_BUDGET) -> str | None:
+    """Why `call()` fails against the exact product of its first rows (`ref`) or a relaunch bit for bit, else None."""
+    return relaunch_why(*relaunch_err(call, ref), budget)
 
 
 def time_cells(cells: dict, n: int, k: int, m: int, graph: bool, width: int = 34) -> list[dict]:

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import relaunch_err, write_probe  # noqa: E402
+from probe_out import relaunch_err, relaunch_why, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
@@ -158,8 +158,9 @@ def main() -> int:
                     switch(v == "on")
                     err, same = relaunch_err(lambda x=x, p=preps[v][0]: anybit.gemm(x, p), ref)
                     row[f"{v}_err"] = err
-                    if err > 1.6e-2 or not same:
-                        errors[f"{name} {shape} M={m} {args.switch} {v}"] = f"rel err {err:.2e}, relaunch equal {same}"
+                    why = relaunch_why(err, same)
+                    if why:
+                        errors[f"{name} {shape} M={m} {args.switch} {v}"] = why
                         ok = False
                 if ok:
                     samples = {v: [] for v in VARIANTS}

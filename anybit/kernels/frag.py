@@ -718,8 +718,9 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
         raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
+    mma_acc = frag_mma_acc(tw)
     subs = 3 if block_m == 192 else 1  # three 64-token tiles on one decode (`FRAG_SUBS`)
-    if subs > 1 and not (frag_mma_acc(tw) and split_k == 1):
+    if subs > 1 and not (mma_acc and split_k == 1):
         raise ValueError(f"block_m=192 (three 64-token tiles) takes e2m1 weights under FP8 x accumulating in the MMA "
                          f"(frag_mma_acc) without split-K; got {tw.scheme}, split_k={split_k}")  # fmt: skip
     dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
@@ -743,7 +744,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m // subs, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), SUBS=subs,
+        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs,
         num_warps=num_warps, launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     # fmt: on
