@@ -23,7 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile
+from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -422,7 +422,7 @@ class TritonBackend:
             return None
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
-            ok = tw.ws_ok[x.dtype] = frag_ws_why_not(tw.scheme, tw.k, x.dtype, x.device, tw.n) is None
+            ok = tw.ws_ok[x.dtype] = frag_ws_weight_why_not(tw, x.dtype, x.device) is None
         return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
 
     @staticmethod

@@ -81,6 +81,20 @@ def e2m1_bit_order() -> list[int]:
     return new
 
 
+def e2m1_pair_terms(bf16: bool) -> list[list[tuple[int, int]]]:
+    """For pair j of an e2m1 word (`e2m1_bit_order`): the (rotation right, mask) terms whose OR is the pair as
+    x's dtype times 2**-126 (bf16) or 2**-14 (fp16): bf16 pairs 0-2 one term, pair 3 two (mantissa apart); fp16
+    takes the sign from the bf16 rotation and exponent/mantissa from one 3 bits less (`frag_decode.unpack_e2m1`
+    in Triton, the warp-specialised decoder's inline PTX in `frag_ws_kernel`)."""
+    if bf16:
+        return [[(E2M1_ROT[j], 0x81C081C0)] for j in range(3)] + [
+            [(E2M1_ROT3[1], 0x81808180), (E2M1_ROT3[0], 0x00400040)]
+        ]
+    terms = [[(E2M1_ROT[j], 0x80008000), ((E2M1_ROT[j] - 3) % 32, 0x0E000E00)] for j in range(3)]
+    r3m, r3 = E2M1_ROT3
+    return terms + [[(r3, 0x80008000), ((r3 - 3) % 32, 0x0C000C00), ((r3m - 3) % 32, 0x02000200)]]
+
+
 def e2m1_a8_bit_order() -> list[int]:
     """new[b] = where bit b of an FP8-order word (nibble 2i + j holds code i of register j) sits in the e2m1 word
     of the FP8 MMA (`frag_decode.unpack_e2m1_a8`): the magnitudes (bits 0-2) of register 0's codes in the low

@@ -5,8 +5,10 @@ slice of the weight tile into shared memory as x's dtype while two MMA warpgroup
 whole bf16 weight once per call (N*K*2 bytes: 40 µs of a 200 µs M=1024 call at 8192^2 on the H200).
 
 Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales in x's dtype
-per channel or per whole 128-K blocks, bf16 or fp16 activations; sm_90 with Gluon's Hopper API (Triton
-3.6). `frag_ws_why_not` names what is missing otherwise, and the caller keeps dequantize-then-cuBLAS.
+per channel or per whole 128-K blocks, and e2m1 codes with e4m3 or ue8m0 scales every 16 or 32 K (NVFP4 with
+its global scale, MXFP4) whose scales the frag decode may build from their bits (`TritonWeight.fold_bits`);
+bf16 or fp16 activations; sm_90 with Gluon's Hopper API (Triton 3.6). `frag_ws_weight_why_not` names what is
+missing otherwise, and the caller keeps dequantize-then-cuBLAS.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import functools
 import torch
 
 from anybit import settings
+from anybit.formats.dtypes import FloatType
+from anybit.formats.scheme import ScaleKind
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag import scaled_int4_why_not
-from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_layout import FRAG_K, FRAG_PANEL
 
 WS_BK = 64  # K per step (half a frag block)
 
@@ -60,9 +64,12 @@ def weight_descs(tw, block_n: int) -> tuple:
         TensorDescriptor = _gluon()[1]
         words = tw.planes[0].reshape(-1, 256)
         scales = tw.scales.reshape(-1, tw.scales.shape[-1])
+        rows = 1  # scale rows a block: one (ints), or the block's groups as uint8 codes (e2m1)
+        if tw.fmt["W_FLOAT"]:
+            scales, rows = scales.view(torch.uint8), FRAG_K // tw.group_k
         s_layout = _flat_layout(8 * scales.element_size())
         tw.ws_desc[block_n] = (TensorDescriptor.from_tensor(words, [4, 256], _flat_layout(32)),
-                               TensorDescriptor.from_tensor(scales, [1, block_n], s_layout))  # fmt: skip
+                               TensorDescriptor.from_tensor(scales, [rows, block_n], s_layout))  # fmt: skip
     return tw.ws_desc[block_n]
 
 
@@ -97,6 +104,44 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, 
     return None
 
 
+def e2m1_ws_why_not(scheme, x_dtype: torch.dtype) -> str | None:
+    """None for the e2m1 schemes the kernel decodes (`_e2m1_asm`): bf16/fp16 x, scales every 16 or 32 K as e4m3 or
+    ue8m0 codes (NVFP4, MXFP4); else why not. A weight also needs scales that fold exactly
+    (`frag_ws_weight_why_not`)."""
+    w, g = scheme.weight, scheme.granularity
+    if scheme.act.quantized or x_dtype not in (torch.bfloat16, torch.float16):
+        return "e2m1 weights with bf16/fp16 activations only"
+    if not (isinstance(w, FloatType) and (w.exp, w.man) == (2, 1) and g.kind is ScaleKind.GROUP and g.k in (16, 32)):
+        return f"e2m1 codes in groups of 16 or 32 along K only ({scheme})"
+    if scheme.scale_dtype.name not in ("e4m3", "ue8m0"):
+        return f"e4m3 or ue8m0 scales only (scales {scheme.scale_dtype.name})"
+    return None
+
+
+def frag_ws_scheme_why_not(
+    scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None
+) -> str | None:
+    """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on `device`
+    (e2m1 weights: where their scales fold exactly, `frag_ws_weight_why_not`), else why not."""
+    if not isinstance(scheme.weight, FloatType):
+        return frag_ws_why_not(scheme, k, x_dtype, device, n)
+    why = gluon_hopper_why_not(device) or e2m1_ws_why_not(scheme, x_dtype)
+    if why is None and k % 8:
+        why = f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
+    if why is None and n is not None and n % 16:
+        why = f"N={n} must be a multiple of 16 (TMA reads rows of scale codes 16-byte aligned)"
+    return why
+
+
+def frag_ws_weight_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """`frag_ws_scheme_why_not` for a prepared frag weight: e2m1 weights also need scales that the decode builds from
+    their bits exactly for x's dtype (`frag_fold` 2: `TritonWeight.fold`, `fold_bits`)."""
+    why = frag_ws_scheme_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+    if why is None and tw.fmt["W_FLOAT"] and (x_dtype not in tw.fold or not tw.fold_bits):
+        why = f"this weight's scales do not fold exactly for {x_dtype} (`TritonWeight.fold`, `fold_bits`)"
+    return why
+
+
 WS_MIN_WAVE_FILL = 0.84  # of the last wave of CTAs: the kernel is not persistent, a thin last wave idles SMs
 WS_ONE_WAVE_MIN_N = 8192  # a launch of one partial wave still beats dequantize + cuBLAS from this N on
 
@@ -127,8 +172,8 @@ def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
                  dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
-    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a fragment-layout weight whose scheme
-    `frag_ws_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
+    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a fragment-layout weight that
+    `frag_ws_weight_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
     _, TensorDescriptor, frag_ws_kernel = _gluon()
     m, k = x.shape
     n = tw.n
@@ -142,12 +187,14 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     per_block = tw.group_k < tw.k
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     # fmt: off
+    e2m1 = tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0
+    gs = tw.global_scale
     frag_ws_kernel[grid](
-        x_desc, w_desc, s_desc, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
-        y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
+        x_desc, w_desc, s_desc, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+        tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        num_warps=8,
+        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, num_warps=8,
     )
     # fmt: on
     return y

@@ -1,11 +1,13 @@
-"""The Gluon kernel of `anybit.kernels.frag_ws` (sm_90a): y = x @ dequantize(W)^T for 4-bit integer weights
-in the fragment layout, warp-specialised so that decoding the weight never stalls the tensor cores.
+"""The Gluon kernel of `anybit.kernels.frag_ws` (sm_90a): y = x @ dequantize(W)^T for 4-bit integer or e2m1
+(NVFP4, MXFP4) weights in the fragment layout, warp-specialised so that decoding the weight never stalls the
+tensor cores.
 
 Per CTA tile (BM rows of x, BN weight rows), two partitions meet at two shared-memory rings:
 
 * decoder (DQ warps): takes each 128-K block of frag words and its scale row by TMA into a ring of its own
   (DEPTH blocks, `_w_fetch`), turns each 64-K half into (q - bias) * s in x's dtype with one LOP3, one packed
-  subtraction and one packed multiply per pair of weights (inline PTX), and stores the [BN, 64] tile into the
+  subtraction and one packed multiply per pair of weights (inline PTX) — e2m1: one or two rotations and masks and
+  one multiply by the group's scale built from its code (`_e2m1_asm`) —, and stores the [BN, 64] tile into the
   w ring;
 * MMA (the default partition, 2 warpgroups): TMA copies of x [BM, 64] into the x ring, STAGES - 1 steps
   ahead, and wgmma with both operands in shared memory, one group in flight; a slot of each ring is
@@ -27,6 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from anybit.kernels.frag_layout import e2m1_pair_terms
 
 # word -> four pairs ((MAGIC + nibble j of each half) - OFF) * (s, s), j = 0..3: one LOP3, one packed
 # subtraction and one packed multiply per pair (the subtraction is exact, the multiply rounds once: the bits
@@ -73,6 +77,33 @@ def _pairs_asm(dtype, signed):
     return _ASM[(dtype == gl.bfloat16, bool(signed))]
 
 
+def _e2m1_asm(bf16: bool) -> str:
+    """word $4 of e2m1 codes (`frag_layout.e2m1_bit_order`) -> its four pairs $0-$3 in x's dtype times the
+    scale $5 (pairs 0, 1) or $6 (pairs 2, 3) — given as scale * 2**118 (fp16 2**6), so that the products are
+    the weights times 2**-8 exactly: the OR of each pair's rotated and masked terms
+    (`frag_layout.e2m1_pair_terms`), one packed multiply."""
+    op = "bf16x2" if bf16 else "f16x2"
+    lines = [".reg .b32 t, u, m, sa, sb;", "mov.b32 sa, {$5, $5};", "mov.b32 sb, {$6, $6};"]
+    for j, terms in enumerate(e2m1_pair_terms(bf16)):
+        for i, (rot, mask) in enumerate(terms):
+            src = "$4"
+            if rot:
+                lines.append(f"shf.r.wrap.b32 u, $4, $4, {rot};")
+                src = "u"
+            lines.append(f"mov.b32 m, {mask:#010x};")
+            lines.append(f"and.b32 t, {src}, m;" if i == 0 else f"lop3.b32 t, {src}, m, t, 0xea;")  # (a & b) | c
+        lines.append(f"mul.rn.{op} ${j}, t, {'sa' if j < 2 else 'sb'};")
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_E2M1_ASM = {True: _e2m1_asm(True), False: _e2m1_asm(False)}
+
+
+@gluon.constexpr_function
+def _e2m1_pairs_asm(dtype):
+    return _E2M1_ASM[dtype == gl.bfloat16]
+
+
 # fmt: off
 @gluon.jit
 def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr):
@@ -88,15 +119,66 @@ def _decode_half(words, s, SIGNED: gl.constexpr):
     """words [BN, 4, 2] int32 — word 4t + 2h + cl of each row's block, as (t, cl) — and s [BN, 4, 2] the
     rows' scales (x's dtype) -> the half block [BN, 64] in x's dtype, natural K order: nibble j (e = 0) and j + 4
     (e = 1) of word (t, cl) hold k = 32 cl + 8 j + 2 t + e (`anybit.kernels.frag_layout`)."""
-    BN: gl.constexpr = words.shape[0]
-    DTYPE: gl.constexpr = s.dtype
-    r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(DTYPE, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
+    r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(s.dtype, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _half_from_pairs(r0, r1, r2, r3, s.dtype)
+
+
+@gluon.jit
+def _decode_half_e2m1(words, s_lo, s_hi):
+    """`_decode_half` for e2m1 words (`frag_layout.e2m1_bit_order`): s_lo the scales of pairs 0, 1 of each word
+    and s_hi of pairs 2, 3 (the same for 32-K groups), as `_scale_bits` builds them; the values come out times
+    2**-8 (the epilogue's POW2 puts it back)."""
+    r0, r1, r2, r3 = gl.inline_asm_elementwise(_e2m1_pairs_asm(s_lo.dtype), "=r,=r,=r,=r,r,h,h", [words, s_lo, s_hi],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    return _half_from_pairs(r0, r1, r2, r3, s_lo.dtype)
+
+
+@gluon.jit
+def _half_from_pairs(r0, r1, r2, r3, DTYPE: gl.constexpr):
+    """Pair j of every word of a half block [BN, 4 (t), 2 (cl)] -> the half [BN, 64] in natural K order."""
+    BN: gl.constexpr = r0.shape[0]
     rr = gl.join(gl.join(r0, r2), gl.join(r1, r3))  # [BN, 4, 2, 2, 2]: the last two dims are j = 2a + b
     lo = rr.to(gl.int16).to(DTYPE, bitcast=True)  # e = 0
     hi = (rr >> 16).to(gl.int16).to(DTYPE, bitcast=True)  # e = 1
     v = gl.reshape(gl.join(lo, hi), [BN, 4, 2, 4, 2])  # (t, cl, j, e)
     return gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, 64])  # (cl, j, t, e)
+
+
+@gluon.jit
+def _scale_bits(c, KIND: gl.constexpr, DTYPE: gl.constexpr):
+    """uint8 scale codes (KIND 1: e4m3, 2: ue8m0) -> scale * 2**118 (bf16) or * 2**6 (fp16) from their bits
+    (exact where `TritonWeight.fold_bits`, as the frag kernel's `frag_fold` 2)."""
+    c = c.to(gl.int32)
+    if DTYPE == gl.bfloat16:
+        if KIND == 1:
+            b = c * 16 + 0x7700
+        else:
+            b = c * 128 + 0x3B00
+    else:
+        if KIND == 1:
+            b = c * 128 + 0x3800
+        else:
+            b = c * 1024 - 0x1A800
+    return b.to(gl.int16).to(DTYPE, bitcast=True)
+
+
+@gluon.jit
+def _e2m1_scales(codes, layout: gl.constexpr, KIND: gl.constexpr, DTYPE: gl.constexpr):
+    """A block's scale codes in shared memory ([G, BN], G = 4 groups of 32 or 8 of 16) -> the scales of pairs
+    0, 1 and of pairs 2, 3 of word c of every row, each [BN, 1, 4] in `layout` (of the words as (n, t, c)): group c
+    (32-K groups) or 2c and 2c + 1 (16-K: k = 32c + 8j + 2t + e)."""
+    G: gl.constexpr = codes.type.shape[0]
+    BN: gl.constexpr = codes.type.shape[1]
+    row: gl.constexpr = gl.SliceLayout(1, layout)
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    v = codes._reinterpret(gl.uint8, [4, (G // 4) * BN], flat2)  # row c: groups (G // 4) c .. of every row
+    lo = gl.expand_dims(_scale_bits(v.slice(0, BN, dim=1).permute((1, 0)).load(row), KIND, DTYPE), 1)
+    if G == 4:
+        hi = lo
+    else:
+        hi = gl.expand_dims(_scale_bits(v.slice(BN, BN, dim=1).permute((1, 0)).load(row), KIND, DTYPE), 1)
+    return lo, hi
 
 
 @gluon.jit
@@ -132,7 +214,10 @@ def _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, 
     for q in gl.static_range(PANELS):
         tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + b) * 4, 0], wq_bar.index(slot),
                                         wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
-    if SCALE_PER_BLOCK:
+    SG: gl.constexpr = sq.type.shape[1]  # scale rows a block (e2m1: its groups)
+    if SG > 1:
+        srow = s_row0 + b * SG
+    elif SCALE_PER_BLOCK:
         srow = s_row0 + b // GB
     else:
         srow = s_row0
@@ -143,11 +228,12 @@ def _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, 
 def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks,
                x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-               PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr):
+               PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr, E2M1: gl.constexpr = 0):
     """Decodes the weight tile's 64-K slices into the w ring, its words and scales arriving by TMA into a ring of
     their own (`_w_fetch`, depth - 1 blocks ahead). GATHER (the grouped MoE GEMM): also copies each step's x
     rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and where the entry is
-    padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice."""
+    padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice. E2M1 (1: e4m3 scales,
+    2: ue8m0; 0: 4-bit integers): e2m1 words with a scale code a group (`_e2m1_block`)."""
     BN: gl.constexpr = w_bufs.type.shape[1]
     D: gl.constexpr = wq.type.shape[0]
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
@@ -172,29 +258,66 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
         _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b + D - 1, num_blocks, GB,
                  SCALE_PER_BLOCK)
         mbarrier.wait(wq_bar.index(b % D), (b // D) & 1)
-        cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
-        sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
         k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
-        sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
-        h0, h1 = gl.split(gl.permute(gl.reshape(cur, [BN, 4, 2, 2]), [0, 1, 3, 2]))  # word 4t + 2h + cl: split h
-        s0, s1 = gl.split(gl.permute(gl.reshape(sc, [BN, 4, 2, 2]), [0, 1, 3, 2]))
+        if E2M1:
+            h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(b % D), sq.index(b % D), E2M1, w_bufs.dtype)
+        else:
+            cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
+            sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
+            sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
+            h0, h1 = _halves(cur)
+            s0, s1 = _halves(sc)
+            t0, t1 = s0, s1
         if GATHER:  # each step's x goes out STAGES - 2 steps ahead of its weight; each slice is handed over alone
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 2, 2 * num_blocks,
                      STAGES)
-            _put(_decode_half(h0, s0, SIGNED), w_bufs, w_ready, w_empty, k0, STAGES)
+            _put(_decode(h0, s0, t0, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0, STAGES)
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 1, 2 * num_blocks,
                      STAGES)
-            _put(_decode_half(h1, s1, SIGNED), w_bufs, w_ready, w_empty, k0 + 1, STAGES)
+            _put(_decode(h1, s1, t1, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0 + 1, STAGES)
         else:
-            v = _decode_half(h0, s0, SIGNED)
+            v = _decode(h0, s0, t0, SIGNED, E2M1)
             mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
             w_bufs.index(k0 % STAGES).store(v)
-            v = _decode_half(h1, s1, SIGNED)
+            v = _decode(h1, s1, t1, SIGNED, E2M1)
             mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
             w_bufs.index((k0 + 1) % STAGES).store(v)
             fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
             mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
             mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
+
+
+@gluon.jit
+def _halves(t):
+    """[BN, 16] per word of a block (word 4t + 2h + cl) -> its two halves h = 0, 1, each [BN, 4 (t), 2 (cl)]."""
+    return gl.split(gl.permute(gl.reshape(t, [t.shape[0], 4, 2, 2]), [0, 1, 3, 2]))
+
+
+@gluon.jit
+def _e2m1_block(words, codes, KIND: gl.constexpr, DTYPE: gl.constexpr):
+    """A block of e2m1 words and its scale codes in the decoder's ring -> the words of each half and the scales
+    of pairs 0, 1 and 2, 3 beside each word (`_halves` of each, `_e2m1_scales`): the words loaded as (n, t, c),
+    a thread's four words one row's c = 0..3, so that its scales are that row's groups of the block."""
+    BN: gl.constexpr = codes.type.shape[1]
+    ld3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+    flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    cur = words._reinterpret(gl.int32, [BN, 4, 4], flat3).load(ld3)
+    lo, hi = _e2m1_scales(codes, ld3, KIND, DTYPE)
+    lo, _ = gl.broadcast(lo, cur)
+    hi, _ = gl.broadcast(hi, cur)
+    h0, h1 = _halves(gl.reshape(cur, [BN, 16]))
+    s0, s1 = _halves(gl.reshape(lo, [BN, 16]))
+    t0, t1 = _halves(gl.reshape(hi, [BN, 16]))
+    return h0, h1, s0, s1, t0, t1
+
+
+@gluon.jit
+def _decode(h, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
+    """A half block's words -> [BN, 64] in x's dtype: 4-bit integers times s, or e2m1 (`_decode_half_e2m1`)."""
+    if E2M1:
+        return _decode_half_e2m1(h, s, t)
+    else:
+        return _decode_half(h, s, SIGNED)
 
 
 @gluon.jit
@@ -245,20 +368,25 @@ def _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, S
 
 
 @gluon.jit
-def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, num_k,
-         STAGES: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
+         num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, POW2: gl.constexpr, HAS_GS: gl.constexpr):
     """The dense default partition: the K loop, then the epilogue (here, at this partition's register count:
     the kernel's own is the 64K register file over every warp)."""
     acc = _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES, False)
-    _store_tile(acc, y_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS)
+    _store_tile(acc, y_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS, gs_ptr, POW2, HAS_GS)
 
 
 @gluon.jit
 def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
-                HAS_BIAS: gl.constexpr):
-    """The dense kernels' epilogue: y = acc (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]."""
+                HAS_BIAS: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0, HAS_GS: gl.constexpr = False):
+    """The dense kernels' epilogue: y = acc (* POW2, the weights' power of two left out of the decode) (* the
+    weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]."""
     rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
     cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    if HAS_GS:
+        acc = acc * (gl.load(gs_ptr) * POW2)
+    elif POW2 != 1.0:
+        acc = acc * POW2
     if ROW_SCALES:
         acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
     if HAS_BIAS:
@@ -285,7 +413,7 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
            BK: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr):
     """Both kernels' shared memory: the x and w rings (STAGES slots, x's barrier counting X_ARRIVALS: 1 for a TMA
     copy, every decoder thread for a gather), and the decoder's TMA ring of DEPTH blocks of the tile's words (4
-    rows of 256 words per 64-row panel) and scale rows, one barrier per slot."""
+    rows of 256 words per 64-row panel) and scale rows (one a block; e2m1: one a group), one barrier per slot."""
     x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_layout)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
@@ -297,7 +425,7 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=1)
     wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
-    sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, 1, BN], s_desc.layout)
+    sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, s_desc.block_type.shape[0], BN], s_desc.layout)
     wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DEPTH):
         mbarrier.init(wq_bar.index(i), count=1)
@@ -305,10 +433,11 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
 
 
 @gluon.jit
-def frag_ws_kernel(x_desc, w_desc, s_desc, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+def frag_ws_kernel(x_desc, w_desc, s_desc, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
-                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr):
+                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
@@ -321,9 +450,10 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, bias_ptr, y_ptr, M, N, K, nb, stride_
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
-        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
-                num_k, STAGES, HAS_BIAS)),
+        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
+                off_n, num_k, STAGES, HAS_BIAS, POW2, HAS_GS)),
         (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
-                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1)),
+                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
+                      E2M1)),
     ], [DQ_WARPS], [DQ_REGS])
 # fmt: on

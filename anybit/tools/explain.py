@@ -46,18 +46,20 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         if codes:
             return (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, M > {FRAG_MAX_M}: one-pass "
                     f"Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after{rowwise}")  # fmt: skip
-        from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
+        from anybit.kernels.frag_ws import frag_ws_scheme_why_not, ws_tile
 
         limit = settings.frag_ws_max_m()
-        why = frag_ws_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
+        why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
         t = ws_tile(m, n, _sm_count(device)) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
         if t is not None:
+            fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
+                    "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
             return (f"{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised Gluon "
                     f"kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
-                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages")  # fmt: skip
+                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}")  # fmt: skip
         return (f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS "
                 f"(warp-specialised kernel not used: {why})")  # fmt: skip
     if cuda and m > DEQUANT_MATMUL_MIN_M and not a8_mma(scheme):

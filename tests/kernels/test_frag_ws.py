@@ -8,8 +8,8 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
-from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws import frag_ws_why_not, ws_tile
+from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
+from anybit.kernels.frag_ws import e2m1_ws_why_not, frag_ws_weight_why_not, frag_ws_why_not, ws_tile
 
 
 def _decode_half_like_the_kernel(words: torch.Tensor, h: int) -> torch.Tensor:
@@ -32,6 +32,59 @@ def test_decoder_order_is_the_frag_layout():
         for h in range(2):
             got = _decode_half_like_the_kernel(block, h)
             assert torch.equal(got, codes[:, 128 * b + 64 * h : 128 * b + 64 * (h + 1)].to(torch.int64))
+
+
+def _rotr(u: torch.Tensor, r: int) -> torch.Tensor:
+    return ((u >> r) | (u << (32 - r))) & 0xFFFFFFFF if r else u
+
+
+def _scale_bits(c: torch.Tensor, kind: int, dtype: torch.dtype) -> torch.Tensor:
+    """`frag_ws_kernel._scale_bits`: codes -> scale * 2**118 (bf16) / 2**6 (fp16) as x's dtype."""
+    bf16 = dtype == torch.bfloat16
+    b = {(True, 1): c * 16 + 0x7700, (True, 2): c * 128 + 0x3B00, (False, 1): c * 128 + 0x3800,
+         (False, 2): c * 1024 - 0x1A800}[(bf16, kind)]  # fmt: skip
+    return b.to(torch.int16).view(dtype)
+
+
+def _e2m1_half_like_the_kernel(words, codes, h, kind, dtype):
+    """words int64 [R, 16] of one 128-K block of e2m1 codes, codes [R, G] its scale codes -> the decoded half h
+    [R, 64] times 2**-8, by the steps of `_e2m1_block` / `_e2m1_asm` (`e2m1_pair_terms`) / `_half_from_pairs`."""
+    r, g = codes.shape
+    c = torch.arange(4)
+    lo_group, hi_group = (c, c) if g == 4 else (2 * c, 2 * c + 1)  # the scale of pairs 0, 1 and 2, 3 of word c
+    lo = _scale_bits(codes[:, lo_group], kind, dtype).float()[:, None, :].expand(r, 4, 4)  # (n, t, c)
+    hi = _scale_bits(codes[:, hi_group], kind, dtype).float()[:, None, :].expand(r, 4, 4)
+    w = words.reshape(r, 4, 4)
+    half = lambda t: t.reshape(r, 4, 2, 2).permute(0, 1, 3, 2)[..., h]  # noqa: E731  [R, 4 (t), 2 (cl)]
+    pairs = []
+    for j, terms in enumerate(e2m1_pair_terms(dtype == torch.bfloat16)):
+        v = torch.zeros_like(half(w))
+        for rot, mask in terms:
+            v |= _rotr(half(w), rot) & mask
+        s = half(lo) if j < 2 else half(hi)
+        ev = [((v >> (16 * e)) & 0xFFFF).to(torch.int16).view(dtype).float() * s for e in range(2)]
+        pairs.append(torch.stack(ev, -1).to(dtype))  # the packed multiply: exact, then x's dtype
+    v = torch.stack(pairs, -2)  # [R, 4 (t), 2 (cl), 4 (j), 2 (e)]
+    return v.permute(0, 2, 3, 1, 4).reshape(r, 64)  # (cl, j, t, e)
+
+
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_e2m1_decoder_gives_the_weights_times_a_power_of_two(text, dtype):
+    qw = quantize(torch.randn(FRAG_PANEL, 256) * 0.05, text)
+    tw = to_triton_layout(qw)
+    assert frag_ws_weight_why_not(tw, dtype, torch.device("cpu")) == "a Gluon kernel: a CUDA GPU, not the interpreter"
+    assert e2m1_ws_why_not(tw.scheme, dtype) is None and dtype in tw.fold and tw.fold_bits
+    words = from_panels(tw.planes[0], FRAG_PANEL, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    codes = tw.scales.view(torch.uint8).to(torch.int64).T  # [N, groups]
+    gs = float(tw.global_scale) if tw.global_scale is not None else 1.0
+    ref = (qw.dequantize().double() / gs * 2.0**-8).to(dtype)
+    g = 128 // tw.group_k
+    for b in range(2):
+        for h in range(2):
+            got = _e2m1_half_like_the_kernel(words[:, 16 * b : 16 * (b + 1)], codes[:, g * b : g * (b + 1)], h,
+                                             tw.fmt["SCALE_KIND"], dtype)  # fmt: skip
+            assert torch.equal(got, ref[:, 128 * b + 64 * h : 128 * b + 64 * (h + 1)])
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
-from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws
+from anybit.kernels.frag_ws import frag_ws_weight_why_not, frag_ws_why_not, gemm_frag_ws
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
 SM90_GPU = [  # the Gluon kernels' tests (also tests/kernels/test_frag_ws_a8_gpu.py)
@@ -45,6 +45,34 @@ def test_matches_the_exact_product(text, dtype, m, n, k):
     y = gemm_frag_ws(x, tw, out=out)
     assert rel_err(y, ref) < GEMM_REL_ERR[dtype]
     assert torch.equal(y, gemm_frag_ws(x, tw))  # relaunch: the same bits
+
+
+@pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2880), (1024, 2048, 4224)])
+def test_e2m1_matches_the_exact_product(text, dtype, m, n, k):
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_ws_weight_why_not(tw, dtype, x.device) is None
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    y = gemm_frag_ws(x, tw, b, out=out)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_ws(x, tw, b))  # relaunch: the same bits
+
+
+@pytest.mark.parametrize("tile", [dict(block_m=128, stages=6), dict(block_m=256, stages=4)])
+def test_e2m1_is_the_route_at_large_m(tile):
+    """anybit.gemm of an MXFP4 weight at M=512 runs this kernel: the same bits as a direct launch."""
+    from anybit.backends import get_backend
+    from anybit.backends.base import Prepared
+    from anybit.kernels.frag_ws import ws_tile
+
+    x, qw = random_case("mxfp4", 512, 8192, 1024, seed=5)
+    tw = to_triton_layout(qw)
+    route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
+    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(512, 8192)))
+    ref = x.double() @ qw.dequantize().double().T
+    assert rel_err(gemm_frag_ws(x, tw, **tile), ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
 def test_k_tail_half_a_block_and_channel_scales():
