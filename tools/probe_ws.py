@@ -1,6 +1,6 @@
-"""The warp-specialised large-M W4A16 kernel (`anybit.kernels.frag_ws`) against what it replaces and its
-peers, one GPU call: dequantize-then-cuBLAS (today's large-M path), cuBLAS bf16 on a weight dequantized
-once (the ceiling a fused kernel aims at), and Humming W4A16 on the same float weight.
+"""The warp-specialised large-M A16 kernel (`anybit.kernels.frag_ws`: 4-bit integer or e2m1 weights) against what
+it replaces and its peers, one GPU call: dequantize-then-cuBLAS, cuBLAS bf16 on a weight dequantized once (the
+ceiling a fused kernel aims at), anybit's own route for the call, and Humming on the same float weight.
 
     python tools/probe_ws.py [--shapes 8192x8192,28672x8192,8192x28672] [--m 256,1024,4096,8192]
                              [--tiles "stages=4;stages=3;block_n=128"] [--peers humming] [--out DIR]
@@ -27,7 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
-from anybit.kernels.frag_ws import frag_ws_why_not, gemm_frag_ws, ws_tile  # noqa: E402
+from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, ws_tile  # noqa: E402
 
 
 def _tiles(text: str) -> list[dict]:
@@ -52,7 +52,7 @@ def main() -> int:
             qws.append(quantize(w, scheme))
             ws_list.append(w)
         tws = [to_triton_layout(qw) for qw in qws]
-        ws_why = frag_ws_why_not(tws[0].scheme, tws[0].k, torch.bfloat16, dev)
+        ws_why = frag_ws_weight_why_not(tws[0], torch.bfloat16, dev)
         if ws_why:  # the other cells still run
             errors[shape] = ws_why
         wdeq = [dequantize_frag(tw, dtype=torch.bfloat16) for tw in tws]

@@ -522,9 +522,10 @@ A8_MMA_ACC = True
 
 
 # 129-192 rows of such weights (`frag_mma_acc`) as three 64-token tiles on one decode of each K block
-# (`frag_range_subs`, block_m 192) instead of a 256-token tile of which a quarter or more is padding. Off until
-# measured on the GPU (tools/probe_toggle.py --switch subs; tests/kernels/test_gemm_a8_gpu.py -k three_64):
-FRAG_SUBS = False
+# (`frag_range_subs`, block_m 192) instead of a 256-token tile of which a quarter or more is padding. H200 graphs
+# (tools/probe_toggle.py --switch subs), W4A8-MXFP4 28672x8192 M=136 / 160 / 192: 153.0 / 155.6 / 155.9 -> 123.3 /
+# 124.5 / 125.7 µs; shapes with few 128-row tiles keep their rule (8192x28672: on/off 1.00-1.01)
+FRAG_SUBS = True
 
 
 def frag_mma_acc(tw) -> bool:
