@@ -23,7 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, ws_tile
+from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -175,11 +175,29 @@ def frag_mid_rows(kind: str | None, m: int, n: int, k: int) -> bool:
     return m <= 128 or (kind in FRAG_MID_256 and k >= FRAG_MID_256[kind] * n)
 
 
-def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
+# 128 < M <= 256: the `frag_mid_kind`s that the warp-specialised kernel (`frag_ws`) takes where it runs, ahead of
+# the 256-token tiles. e2m1, H200 graphs (tools/probe_ws.py), 256-token tiles -> ws, µs, MXFP4 M=192: 8192^2 82.3 ->
+# 67.4, 28672x8192 281.7 -> 177.3, 8192x28672 260.3 -> 219.0; M=256: 76.0 -> 68.3, 244.4 -> 195.3, 226.1 -> 218.4
+# (NVFP4 alike); at M=128 the 128-token tiles stay ahead (52.5 vs 67.4, 134.4 vs 134.8, 134.6 vs 218.1)
+WS_OVER_MID = ("e2m1",)
+
+
+def ws_over_mid(kind: str | None, m: int) -> bool:
+    """Whether a `frag_mid` call of this kind and M yields to the warp-specialised kernel where that runs."""
+    return kind in WS_OVER_MID and 128 < m <= settings.frag_ws_max_m()
+
+
+def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
     """Whether an A16 call of a frag weight [N, K] with M rows runs the frag kernel's 128/256-token tiles (`frag_tile`
     mid) rather than the large-M paths (H200 M=128 under graphs: 8192^2 65 -> 45 µs, 8192x28672 219 -> 115,
-    NVFP4 8192^2 99 -> 53)."""
-    return frag_mid_rows(frag_mid_kind(scheme, dtype), m, n, k)
+    NVFP4 8192^2 99 -> 53). With `device`: not where the warp-specialised kernel takes the call (`ws_over_mid`; its
+    e2m1 weights' scales must also fold exactly, which only the prepared weight tells)."""
+    kind = frag_mid_kind(scheme, dtype)
+    if not frag_mid_rows(kind, m, n, k):
+        return False
+    if device is None or not ws_over_mid(kind, m):
+        return True
+    return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or ws_tile(m, n, _sm_count(device)) is None
 
 
 def tuning_cache(device: torch.device) -> TuningCache:
@@ -326,7 +344,7 @@ class TritonBackend:
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
-        if config is None and large and not a8 and not (tw.frag and self._mid(tw, m, x.dtype)):
+        if config is None and large and not a8 and not (tw.frag and self._mid(tw, x2)):
             return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
         if config is None and a8 and tw.frag and m > FRAG_MAX_M and x.is_cuda:
             y = self._ws_a8(x2, tw, bias)
@@ -405,13 +423,16 @@ class TritonBackend:
         cache.put(key, dataclasses.asdict(best), us)
         return best
 
-    @staticmethod
-    def _mid(tw: TritonWeight, m: int, dtype: torch.dtype) -> bool:
-        """`frag_mid` for this weight (its format's part decided once per dtype)."""
-        key = ("mid", dtype)
+    def _mid(self, tw: TritonWeight, x: torch.Tensor) -> bool:
+        """`frag_mid` for this weight and call (its format's part decided once per dtype; where the call yields to
+        the warp-specialised kernel, `ws_over_mid`, whether that runs this weight)."""
+        m, key = x.shape[0], ("mid", x.dtype)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = frag_mid_kind(tw.scheme, dtype)
-        return frag_mid_rows(tw.ws_ok[key], m, tw.n, tw.k)
+            tw.ws_ok[key] = frag_mid_kind(tw.scheme, x.dtype)
+        kind = tw.ws_ok[key]
+        if not frag_mid_rows(kind, m, tw.n, tw.k):
+            return False
+        return not (ws_over_mid(kind, m) and x.is_cuda and self._ws_tile(x, tw) is not None)
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
@@ -449,23 +470,25 @@ class TritonBackend:
     def dequant_matmul(
         self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer
-        frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
+        """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer and
+        e2m1 frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
         decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass). x_scales
         (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias."""
+        if tw.frag:
+            tile = self._ws_tile(x, tw)
+            if tile is not None:
+                try:
+                    xc = x if x.is_contiguous() else x.contiguous()  # TMA reads whole rows
+                    return gemm_frag_ws(xc, tw, bias, x_scales=x_scales, **tile)
+                except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
+                    tw.ws_ok[x.dtype] = False
+                    warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
+                                  f"cuBLAS: {type(e).__name__}: {e}", FallbackWarning, stacklevel=3)  # fmt: skip
         if x_scales is not None:
             y = torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype))
             y.mul_(x_scales)  # in fp32, one rounding
             return y.add_(bias) if bias is not None else y
         if tw.frag:
-            tile = self._ws_tile(x, tw)
-            if tile is not None:
-                try:
-                    return gemm_frag_ws(x, tw, bias, **tile)
-                except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
-                    tw.ws_ok[x.dtype] = False
-                    warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
-                                  f"cuBLAS: {type(e).__name__}: {e}", FallbackWarning, stacklevel=3)  # fmt: skip
             return torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype), bias)
         y = x @ dequantize_a16(tw, dtype=x.dtype)
         return y + bias if bias is not None else y

@@ -105,12 +105,14 @@ def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, 
 
 
 def e2m1_ws_why_not(scheme, x_dtype: torch.dtype) -> str | None:
-    """None for the e2m1 schemes the kernel decodes (`_e2m1_asm`): bf16/fp16 x, scales every 16 or 32 K as e4m3 or
-    ue8m0 codes (NVFP4, MXFP4); else why not. A weight also needs scales that fold exactly
-    (`frag_ws_weight_why_not`)."""
+    """None for the e2m1 schemes the kernel decodes (`_e2m1_asm`): bf16/fp16 x (or FP8 x as its codes in x's dtype,
+    `codes_a16`, scaled per row after the MMA), scales every 16 or 32 K as e4m3 or ue8m0 codes (NVFP4, MXFP4); else
+    why not. A weight also needs scales that fold exactly (`frag_ws_weight_why_not`)."""
+    from anybit.backends.triton_layout import codes_a16
+
     w, g = scheme.weight, scheme.granularity
-    if scheme.act.quantized or x_dtype not in (torch.bfloat16, torch.float16):
-        return "e2m1 weights with bf16/fp16 activations only"
+    if (scheme.act.quantized and not codes_a16(scheme)) or x_dtype not in (torch.bfloat16, torch.float16):
+        return "e2m1 weights with bf16/fp16 activations (or FP8 ones as their codes, per token) only"
     if not (isinstance(w, FloatType) and (w.exp, w.man) == (2, 1) and g.kind is ScaleKind.GROUP and g.k in (16, 32)):
         return f"e2m1 codes in groups of 16 or 32 along K only ({scheme})"
     if scheme.scale_dtype.name not in ("e4m3", "ue8m0"):
@@ -137,6 +139,8 @@ def frag_ws_weight_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> st
     """`frag_ws_scheme_why_not` for a prepared frag weight: e2m1 weights also need scales that the decode builds from
     their bits exactly for x's dtype (`frag_fold` 2: `TritonWeight.fold`, `fold_bits`)."""
     why = frag_ws_scheme_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+    if why is None and tw.e2m1_a8:
+        why = "e2m1 weights laid out for the FP8 MMA (`TritonWeight.e2m1_a8`) run the frag kernel"
     if why is None and tw.fmt["W_FLOAT"] and (x_dtype not in tw.fold or not tw.fold_bits):
         why = f"this weight's scales do not fold exactly for {x_dtype} (`TritonWeight.fold`, `fold_bits`)"
     return why
@@ -171,9 +175,10 @@ def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
-                 dq_regs: int = 160) -> torch.Tensor:  # fmt: skip
-    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, for a fragment-layout weight that
-    `frag_ws_weight_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
+                 dq_regs: int = 160, x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: `codes_a16` weights, x holding FP8 codes)
+    (+ bias) in x's dtype, for a fragment-layout weight that `frag_ws_weight_why_not` accepts (the caller checks).
+    x: contiguous bf16/fp16 [M, K]."""
     _, TensorDescriptor, frag_ws_kernel = _gluon()
     m, k = x.shape
     n = tw.n
@@ -189,12 +194,15 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     # fmt: off
     e2m1 = tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0
     gs = tw.global_scale
+    if x_scales is not None and x_scales.numel() != m:
+        raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
+    xs = x_scales.reshape(m).float() if x_scales is not None else y
     frag_ws_kernel[grid](
-        x_desc, w_desc, s_desc, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+        x_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
         tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, num_warps=8,
+        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, ROW_SCALES=x_scales is not None, num_warps=8,
     )
     # fmt: on
     return y

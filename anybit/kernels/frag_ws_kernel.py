@@ -368,12 +368,14 @@ def _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, S
 
 
 @gluon.jit
-def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n,
-         num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, POW2: gl.constexpr, HAS_GS: gl.constexpr):
+def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
+         off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, POW2: gl.constexpr, HAS_GS: gl.constexpr,
+         ROW_SCALES: gl.constexpr):
     """The dense default partition: the K loop, then the epilogue (here, at this partition's register count:
     the kernel's own is the 64K register file over every warp)."""
     acc = _mma_loop(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES, False)
-    _store_tile(acc, y_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS, gs_ptr, POW2, HAS_GS)
+    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr, POW2,
+                HAS_GS)
 
 
 @gluon.jit
@@ -433,11 +435,11 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
 
 
 @gluon.jit
-def frag_ws_kernel(x_desc, w_desc, s_desc, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr):
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr, ROW_SCALES: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
@@ -450,8 +452,8 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, gs_ptr, bias_ptr, y_ptr, M, N, K, nb,
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
-        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
-                off_n, num_k, STAGES, HAS_BIAS, POW2, HAS_GS)),
+        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+                off_m, off_n, num_k, STAGES, HAS_BIAS, POW2, HAS_GS, ROW_SCALES)),
         (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
                       x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
                       E2M1)),

@@ -42,10 +42,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
-    if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype):
-        if codes:
-            return (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, M > {FRAG_MAX_M}: one-pass "
-                    f"Triton dequantize of W, then cuBLAS in x's dtype, x's scales per row after{rowwise}")  # fmt: skip
+    if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         from anybit.kernels.frag_ws import frag_ws_scheme_why_not, ws_tile
 
         limit = settings.frag_ws_max_m()
@@ -54,14 +51,16 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
+        via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the "
+               "MMA; " if codes else "")  # fmt: skip
         if t is not None:
             fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
-            return (f"{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised Gluon "
-                    f"kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
-                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}")  # fmt: skip
-        return (f"{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then cuBLAS "
-                f"(warp-specialised kernel not used: {why})")  # fmt: skip
+            return (f"{via}{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised "
+                    f"Gluon kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
+                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}")  # fmt: skip
+        return (f"{via}{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then "
+                f"cuBLAS (warp-specialised kernel not used: {why}){rowwise}")  # fmt: skip
     if cuda and m > DEQUANT_MATMUL_MIN_M and not a8_mma(scheme):
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     ws_a8_note = ""

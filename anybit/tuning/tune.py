@@ -40,10 +40,10 @@ def time_us(fns: list[Callable[[], object]], m: int, recipe: Recipe) -> float:
     return median(time_eager(fns, recipe.graph_calls, recipe.repeats, recipe.warmup, True))
 
 
-def _uses_tiles(scheme: Scheme, m: int, n: int, k: int) -> bool:
-    """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS)."""
+def _uses_tiles(scheme: Scheme, m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS or `frag_ws`)."""
     if frag_format(scheme) and not a8_mma(scheme):  # FP8-MMA frag weights run their kernel at every M
-        return m <= FRAG_MAX_M or frag_mid(scheme, m, n, k, torch.bfloat16)  # tune_problem's x is bf16
+        return m <= FRAG_MAX_M or frag_mid(scheme, m, n, k, torch.bfloat16, device)  # tune_problem's x is bf16
     return a8_mma(scheme) or m <= DEQUANT_MATMUL_MIN_M
 
 
@@ -63,7 +63,7 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
         be, preps = get_backend(name), []
         try:
             preps = [be.prepare(qw) for _ in range(copies)]
-            if name == "triton" and _uses_tiles(scheme, m, n, k):
+            if name == "triton" and _uses_tiles(scheme, m, n, k, device):
                 default = pick_config(m, n, k, scheme, _sm_count(device), False, preps[0].data.nk, preps[0].data.mma_a8)
                 best, best_us = None, float("inf")
                 for c in candidates(default, preps[0].data.frag):

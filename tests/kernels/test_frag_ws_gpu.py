@@ -61,18 +61,40 @@ def test_e2m1_matches_the_exact_product(text, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("tile", [dict(block_m=128, stages=6), dict(block_m=256, stages=4)])
-def test_e2m1_is_the_route_at_large_m(tile):
-    """anybit.gemm of an MXFP4 weight at M=512 runs this kernel: the same bits as a direct launch."""
+@pytest.mark.parametrize("text, m", [("mxfp4", 512), ("nvfp4", 192)])
+def test_e2m1_is_the_route_above_128_rows(tile, text, m):
+    """anybit.gemm of an NVFP4 / MXFP4 weight at M=192 / 512 runs this kernel (`ws_over_mid`): the same bits as a
+    direct launch."""
     from anybit.backends import get_backend
     from anybit.backends.base import Prepared
     from anybit.kernels.frag_ws import ws_tile
 
-    x, qw = random_case("mxfp4", 512, 8192, 1024, seed=5)
+    x, qw = random_case(text, m, 8192, 1024, seed=5)
     tw = to_triton_layout(qw)
     route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
-    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(512, 8192)))
+    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(m, 8192)))
     ref = x.double() @ qw.dequantize().double().T
     assert rel_err(gemm_frag_ws(x, tw, **tile), ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("m", [200, 1000])
+def test_fp8_codes_on_e2m1_weights(m):
+    """W4A8-NVFP4 (`codes_a16`: x's e4m3 codes in bf16, its scales per row after the MMA) above 128 rows runs this
+    kernel: the exact product of the quantizer's own x, the bits of a direct launch, relaunched alike."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag_ws import ws_tile
+    from anybit.kernels.quant_act import quantize_act
+    from tests.kernels.test_gemm_a8 import a8_reference
+
+    x, qw = random_case("w4a8-nvfp4", m, 8192, 2048, seed=m)
+    p = prepare(qw, backend="triton")
+    b = torch.randn(8192, device="cuda").bfloat16()
+    y = get_backend("triton").gemm(x, p, b)
+    assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+    xq, xs = quantize_act(x, qw.scheme.act, codes_dtype=torch.bfloat16)
+    assert torch.equal(y, gemm_frag_ws(xq, p.data, b, x_scales=xs, **ws_tile(m, 8192)))
+    assert torch.equal(y, get_backend("triton").gemm(x, p, b))
 
 
 def test_k_tail_half_a_block_and_channel_scales():
