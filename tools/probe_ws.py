@@ -27,7 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
-from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, ws_tile  # noqa: E402
+from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
 def _tiles(text: str) -> list[dict]:
@@ -39,7 +39,8 @@ def _tiles(text: str) -> list[dict]:
 
 def main() -> int:
     ap = probe_parser(__doc__, "w4a16", "256,512,1024,2048,4096,8192", "stages=4;stages=3", "humming",
-                      "humming, route (anybit's own path for the call), none")  # fmt: skip
+                      "humming, route (anybit's own path for the call), nocublas (no dequantize + cuBLAS cells), "
+                      "none; tiles swap=1:block_m=0 take the fewest tokens holding M")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)
@@ -67,14 +68,13 @@ def main() -> int:
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()
             ref = x[:64].double() @ qws[0].dequantize().double().T
-            cells = {
-                "dequant+cublas": [
+            cells = {}
+            if "nocublas" not in args.peers:
+                cells["dequant+cublas"] = [
                     lambda tw=tw, x=x: torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype)) for tw in tws
-                ],  # fmt: skip
-                "cublas-bf16 (W dequantized once)": [
-                    lambda wd=wd, x=x: torch.nn.functional.linear(x, wd) for wd in wdeq
-                ],  # fmt: skip
-            }
+                ]  # fmt: skip
+                cells["cublas-bf16 (W dequantized once)"] = [lambda wd=wd, x=x: torch.nn.functional.linear(x, wd)
+                                                             for wd in wdeq]  # fmt: skip
             if humm:
                 cells["humming"] = [lambda h=h, x=x: h(x) for h in humm]
             if "route" in args.peers:  # what anybit.gemm does for this call (the Triton backend's route)
@@ -87,6 +87,8 @@ def main() -> int:
             for tile in [] if ws_why else _tiles(args.tiles):
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 t = (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # the named tile even where auto says no
+                if t.get("swap") and not t.get("block_m"):  # block_m=0: the fewest tokens holding M
+                    t["block_m"] = swap_block_m(m) or 256
                 try:
                     why = relaunch_check(lambda t=t, x=x, tw=tws[0]: gemm_frag_ws(x, tw, **t), ref)
                     if why is not None:

@@ -173,13 +173,39 @@ def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
     return dict(block_m=bm, block_n=128, stages=4 if bm == 256 else 6, group_m=8, dq_warps=4, dq_regs=160)
 
 
+def swap_parts(block_m: int) -> tuple[int, int]:
+    """A swapped tile's tokens as Gluon's power-of-two tensors: (block_m, 0) or (larger, smaller) summing to it
+    (192 = 128 + 64); (0, 0) where block_m is neither, or above 256."""
+    if not 0 < block_m <= 256:
+        return 0, 0
+    hi = 1 << (block_m.bit_length() - 1)
+    lo = block_m - hi
+    return (hi, lo) if lo == 0 or ((lo & (lo - 1)) == 0 and lo >= 16) else (0, 0)
+
+
+def swap_block_m(m: int) -> int | None:
+    """The fewest tokens of a swapped tile (`swap_parts`) holding m rows, or None above 256."""
+    return next((b for b in range(16, 257, 16) if b >= m and swap_parts(b)[0]), None)
+
+
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
-                 dq_regs: int = 160, x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                 dq_regs: int = 160, x_scales: torch.Tensor | None = None,
+                 swap: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: `codes_a16` weights, x holding FP8 codes)
     (+ bias) in x's dtype, for a fragment-layout weight that `frag_ws_weight_why_not` accepts (the caller checks).
-    x: contiguous bf16/fp16 [M, K]."""
+    x: contiguous bf16/fp16 [M, K]. swap: the weight tile as the wgmma's A operand (`frag_ws_swap_kernel`: block_n
+    64 or 128 weight rows, block_m any multiple of 16 up to 256 tokens)."""
     _, TensorDescriptor, frag_ws_kernel = _gluon()
+    warps = 8
+    if swap:
+        from anybit.kernels.frag_ws_kernel import frag_ws_swap_kernel as frag_ws_kernel
+
+        bm1, bm2 = swap_parts(block_m)
+        if block_n not in (64, 128) or bm1 < 16:
+            raise ValueError(f"swap tiles: block_n 64 or 128, block_m a power of two or the sum of two, from 16 up to "
+                             f"256 (got {block_n}, {block_m})")  # fmt: skip
+        warps = block_n // 16
     m, k = x.shape
     n = tw.n
     if k != tw.k or not x.is_contiguous():
@@ -187,7 +213,11 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
-    x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
+    if swap:
+        x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
+        x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
+    else:
+        x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
     w_desc, s_desc = weight_descs(tw, block_n)
     per_block = tw.group_k < tw.k
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
@@ -197,12 +227,15 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     if x_scales is not None and x_scales.numel() != m:
         raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
     xs = x_scales.reshape(m).float() if x_scales is not None else y
+    descs = (x_desc, x2_desc) if swap else (x_desc,)
+    extra = dict(TWO=bm2 > 0) if swap else {}
     frag_ws_kernel[grid](
-        x_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+        *descs, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
         tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, ROW_SCALES=x_scales is not None, num_warps=8,
+        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, ROW_SCALES=x_scales is not None,
+        num_warps=warps, **extra,
     )
     # fmt: on
     return y

@@ -459,3 +459,129 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
                       E2M1)),
     ], [DQ_WARPS], [DQ_REGS])
 # fmt: on
+
+
+# fmt: off
+@gluon.jit
+def _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, TWO: gl.constexpr):
+    """`_x_issue` of a swapped tile's x: BM1 rows, and (TWO) the BM2 rows after them by a second copy (Gluon's
+    tensors are powers of two: 192 tokens are 128 + 64)."""
+    if TWO:
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BM1: gl.constexpr = x_desc.block_type.shape[0]
+        s = ki % STAGES
+        p = ki < num_k
+        mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes + x2_desc.block_type.nbytes, pred=p)
+        tma.async_copy_global_to_shared(x_desc, [off_m, ki * BK], x_ready.index(s), x_bufs.index(s), pred=p)
+        tma.async_copy_global_to_shared(x2_desc, [off_m + BM1, ki * BK], x_ready.index(s), x2_bufs.index(s), pred=p)
+    else:
+        _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES)
+
+
+@gluon.jit
+def _mma_loop_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k,
+                   STAGES: gl.constexpr, TWO: gl.constexpr):
+    """`_mma_loop` with the roles swapped: the weight slice [BN, 64] is the wgmma's A operand (each warpgroup 64
+    weight rows) and x its B, N = BM1 tokens — and BM2 more into a second accumulator (TWO). Returns the fp32
+    [BN, BM1] and [BN, BM2] accumulators (the second a copy of the first without TWO)."""
+    BM1: gl.constexpr = x_bufs.type.shape[1]
+    BM2: gl.constexpr = x2_bufs.type.shape[1]
+    BN: gl.constexpr = w_bufs.type.shape[1]
+    l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                 instr_shape=[16, BM1, 16])
+    l2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                 instr_shape=[16, BM2, 16])
+    for i in gl.static_range(STAGES - 1):
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, i, num_k, STAGES, TWO)
+    acc = gl.zeros((BN, BM1), dtype=gl.float32, layout=l1)
+    acc2 = gl.zeros((BN, BM2), dtype=gl.float32, layout=l2)
+    for ki in range(num_k):
+        s = ki % STAGES
+        phase = (ki // STAGES) & 1
+        mbarrier.wait(x_ready.index(s), phase)
+        mbarrier.wait(w_ready.index(s), phase)
+        acc = warpgroup_mma(w_bufs.index(s), x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        if TWO:
+            acc2 = warpgroup_mma(w_bufs.index(s), x2_bufs.index(s).permute((1, 0)), acc2, is_async=True)
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES, TWO)
+    if TWO:
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, acc2
+
+
+@gluon.jit
+def _store_swapped(acc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr,
+                   POW2: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
+    """`_store_tile` of a transposed tile: acc [BN weight rows (from off_n), BM tokens (from off_m)]."""
+    wrow = off_n + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    tok = off_m + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    if HAS_GS:
+        acc = acc * (gl.load(gs_ptr) * POW2)
+    elif POW2 != 1.0:
+        acc = acc * POW2
+    if ROW_SCALES:
+        acc = acc * gl.expand_dims(gl.load(xs_ptr + tok, mask=tok < M, other=0.0), 0)
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + wrow, mask=wrow < N, other=0).to(gl.float32), 1)
+    ptrs = y_ptr + gl.expand_dims(tok.to(gl.int64) * stride_ym, 0) + gl.expand_dims(wrow, 1)
+    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(wrow < N, 1) & gl.expand_dims(tok < M, 0))
+
+
+@gluon.jit
+def _mma_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr,
+              M, N, stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+              POW2: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
+    """The swapped default partition: its K loop, then the epilogue of each accumulator."""
+    acc, acc2 = _mma_loop_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k,
+                               STAGES, TWO)
+    _store_swapped(acc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS, POW2, HAS_GS,
+                   ROW_SCALES)
+    if TWO:
+        _store_swapped(acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n,
+                       HAS_BIAS, POW2, HAS_GS, ROW_SCALES)
+
+
+@gluon.jit
+def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+                        BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
+                        DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
+                        SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
+                        E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr, ROW_SCALES: gl.constexpr,
+                        TWO: gl.constexpr):
+    """`frag_ws_kernel` with the weight tile as the wgmma's A operand and x as its B (`_mma_loop_swap`): BN weight
+    rows (64 a warpgroup of the default partition) by BM1 (+ BM2, TWO) tokens, x's TMA blocks — 192 tokens in one
+    tile (128 + 64) where the row-major tiles take 256, and 64-row weight tiles for twice the CTAs."""
+    BM1: gl.constexpr = x_desc.block_type.shape[0]
+    BM2: gl.constexpr = x2_desc.block_type.shape[0]
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
+    dtype: gl.constexpr = x_desc.dtype
+    if TWO:
+        BM: gl.constexpr = BM1 + BM2
+    else:
+        BM: gl.constexpr = BM1
+    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
+    x_layout: gl.constexpr = x_desc.layout
+    x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM1, BN, BK,
+                                                                       STAGES, DEPTH, 1)
+    x2_layout: gl.constexpr = x2_desc.layout
+    if TWO:
+        x2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM2, BK], x2_layout)
+    else:
+        x2_bufs = x_bufs
+    num_blocks = gl.cdiv(K, 2 * BK)
+    gl.warp_specialize([
+        (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
+                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, POW2, HAS_GS,
+                     ROW_SCALES, TWO)),
+        (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
+                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
+                      E2M1)),
+    ], [DQ_WARPS], [DQ_REGS])
+# fmt: on

@@ -9,7 +9,7 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
-from anybit.kernels.frag_ws import e2m1_ws_why_not, frag_ws_weight_why_not, frag_ws_why_not, ws_tile
+from anybit.kernels.frag_ws import e2m1_ws_why_not, frag_ws_weight_why_not, frag_ws_why_not, swap_parts, ws_tile
 
 
 def _decode_half_like_the_kernel(words: torch.Tensor, h: int) -> torch.Tensor:
@@ -109,3 +109,10 @@ MEASURED = {(128, 28672): 128, (128, 8192): 128, (128, 4096): None, (256, 28672)
 def test_tile_rule_follows_the_h200_sweeps(m, n):
     tile = ws_tile(m, n, 132)
     assert (tile["block_m"] if tile else None) == MEASURED[(m, n)]
+
+
+def test_swapped_tiles_split_into_power_of_two_token_tensors():
+    assert [swap_parts(m) for m in (16, 64, 96, 128, 160, 192, 256)] == [
+        (16, 0), (64, 0), (64, 32), (128, 0), (128, 32), (128, 64), (256, 0)
+    ]  # fmt: skip
+    assert [swap_parts(m) for m in (0, 24, 112, 224, 320)] == [(0, 0)] * 5  # 24 = 16 + 8, 112 = 64 + 48, ...

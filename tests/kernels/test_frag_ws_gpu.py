@@ -111,6 +111,23 @@ def test_every_tile(tile):
     assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("text", ["w4a16", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("tile", [dict(block_m=64, block_n=64), dict(block_m=96, block_n=64),
+                                  dict(block_m=128, block_n=64, stages=6), dict(block_m=160, block_n=64),
+                                  dict(block_m=192, block_n=64, stages=6), dict(block_m=192, block_n=128),
+                                  dict(block_m=256, block_n=64), dict(block_m=128, block_n=128, stages=6)])  # fmt: skip
+def test_every_swapped_tile(text, tile):
+    """The weight tile as the wgmma's A operand (`frag_ws_swap_kernel`): M off every tile (two token tiles and a
+    part), N off the 64-row tile, K off the block, bias, NaN-poisoned output, bit-equal relaunch."""
+    x, tw, ref = _case(text, 333, 1040, 1664, seed=7)
+    b = torch.randn(1040, device="cuda").bfloat16()
+    out = torch.full((333, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tile = dict(stages=4) | tile
+    y = gemm_frag_ws(x, tw, b, out=out, swap=True, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, gemm_frag_ws(x, tw, b, swap=True, **tile))
+
+
 def test_not_taken_with_a_reason():
     x, tw, _ = _case("w4a16:uint4:g128:fp16:zp-int", 16, 256, 512, torch.float16)
     assert "zero points" in frag_ws_why_not(tw.scheme, tw.k, torch.float16, x.device)
