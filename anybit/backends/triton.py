@@ -23,7 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_tile
+from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
@@ -175,16 +175,17 @@ def frag_mid_rows(kind: str | None, m: int, n: int, k: int) -> bool:
     return m <= 128 or (kind in FRAG_MID_256 and k >= FRAG_MID_256[kind] * n)
 
 
-# 128 < M <= 256: the `frag_mid_kind`s that the warp-specialised kernel (`frag_ws`) takes where it runs, ahead of
-# the 256-token tiles. e2m1, H200 graphs (tools/probe_ws.py), 256-token tiles -> ws, µs, MXFP4 M=192: 8192^2 82.3 ->
-# 67.4, 28672x8192 281.7 -> 177.3, 8192x28672 260.3 -> 219.0; M=256: 76.0 -> 68.3, 244.4 -> 195.3, 226.1 -> 218.4
-# (NVFP4 alike); at M=128 the 128-token tiles stay ahead (52.5 vs 67.4, 134.4 vs 134.8, 134.6 vs 218.1)
-WS_OVER_MID = ("e2m1",)
+# The `frag_mid_kind`s whose calls the warp-specialised kernel (`frag_ws`) takes where it runs and `ws_takes` its
+# tile: above 128 rows any, at 65-128 a swapped one. e2m1, H200 graphs (tools/probe_ws.py), 256-token tiles -> ws, µs,
+# MXFP4 M=192: 8192^2 82.3 -> 53.9 (swapped), 28672x8192 281.7 -> 177.3, 8192x28672 260.3 -> 183.8 (swapped); M=256:
+# 76.0 -> 54.4, 244.4 -> 195.3, 226.1 -> 181.0 (NVFP4 alike); 4-bit ints with K >= 2N (the 256-token tiles' shapes)
+# 8192x28672 M=192 254.9 -> 188.7, and at M=128 on 8192^2 52.8 -> 42.4 (`frag_ws.swap_tile`)
+WS_OVER_MID = ("e2m1", "int4")
 
 
 def ws_over_mid(kind: str | None, m: int) -> bool:
-    """Whether a `frag_mid` call of this kind and M yields to the warp-specialised kernel where that runs."""
-    return kind in WS_OVER_MID and 128 < m <= settings.frag_ws_max_m()
+    """Whether a `frag_mid` call of this kind and M may yield to the warp-specialised kernel (`ws_takes`)."""
+    return kind in WS_OVER_MID and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
@@ -197,7 +198,9 @@ def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device:
         return False
     if device is None or not ws_over_mid(kind, m):
         return True
-    return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or ws_tile(m, n, _sm_count(device)) is None
+    return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or not ws_takes(
+        ws_tile(m, n, _sm_count(device), k), m
+    )
 
 
 def tuning_cache(device: torch.device) -> TuningCache:
@@ -432,7 +435,7 @@ class TritonBackend:
         kind = tw.ws_ok[key]
         if not frag_mid_rows(kind, m, tw.n, tw.k):
             return False
-        return not (ws_over_mid(kind, m) and x.is_cuda and self._ws_tile(x, tw) is not None)
+        return not (ws_over_mid(kind, m) and x.is_cuda and ws_takes(self._ws_tile(x, tw), m))
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
@@ -444,7 +447,7 @@ class TritonBackend:
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
             ok = tw.ws_ok[x.dtype] = frag_ws_weight_why_not(tw, x.dtype, x.device) is None
-        return ws_tile(m, tw.n, _sm_count(x.device)) if ok else None
+        return ws_tile(m, tw.n, _sm_count(x.device), tw.k) if ok else None
 
     @staticmethod
     def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:

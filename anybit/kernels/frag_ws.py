@@ -150,11 +150,38 @@ WS_MIN_WAVE_FILL = 0.84  # of the last wave of CTAs: the kernel is not persisten
 WS_ONE_WAVE_MIN_N = 8192  # a launch of one partial wave still beats dequantize + cuBLAS from this N on
 
 
-def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
-    """The kernel's tile, or None where dequantize + cuBLAS is faster (H200 sweeps, `tools/probe_ws.py`,
-    BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps (8192^2 M=1024 212 µs,
-    196 under graphs since the decoder's words come by TMA; 128 x 256 decodes each weight tile for half as many
-    rows: 267; 3 stages: 234); 128 x 128 only at
+def swap_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict | None:
+    """The swapped kernel's tile (`frag_ws_swap_kernel`: weight rows as the wgmma's M, the fewest tokens holding M as
+    its N), or None where the row-major tiles are as fast. H200 graphs (tools/probe_ws.py, session 20), µs, MXFP4 /
+    W4A16 against the route before: where N's 64-row tiles fill one wave (8192 rows: 128 CTAs), 64 weight rows of
+    one warpgroup, 5 stages (4 at 256 tokens) from 129 tokens on — 8192^2 M=160 / 192 / 256: 66.9 / 66.7 / 70.5 ->
+    48.3 / 53.9 / 54.4 (W4A16 M=192 68.6 -> 55.1), 8192x28672 214.8 / 219.5 / 223.8 -> 164.0 / 183.8 / 181.0 (W4A16
+    M=192 254.9 -> 188.7) — and from 65 where K < 2N (8192^2 M=96 / 128 47.9 / 51.0 -> 42.4 / 43.6, W4A16 M=128
+    52.8 -> 42.4; 8192x28672 M=128 132.3 -> 145.2 stays on the frag kernel); where 128-row tiles make more than a
+    wave, 128 weight rows at 129-160 tokens (28672x8192 M=160 204.8 -> 160.9; M=192 tied, 179.2 vs 181.1)."""
+    bm = swap_block_m(m) if m > 64 else None
+    if bm is None:
+        return None
+    tile = dict(block_m=bm, group_m=8, dq_warps=4, dq_regs=160, swap=True)
+    if cdiv(n, 64) <= num_sms and cdiv(n, 64) >= WS_MIN_WAVE_FILL * num_sms:
+        if m > 128 or (k is not None and k < 2 * n):
+            return tile | dict(block_n=64, stages=4 if bm == 256 else 5)
+    elif cdiv(n, 128) > num_sms and 128 < m <= 160:
+        return tile | dict(block_n=128, stages=4)
+    return None
+
+
+def ws_takes(tile: dict | None, m: int) -> bool:
+    """Whether a call of M rows that the frag kernel's 128/256-token tiles would take (`frag_mid`) goes to this
+    kernel's tile instead: above 128 rows any tile, up to 128 only a swapped one (the row-major tiles trail there)."""
+    return tile is not None and (m > 128 or bool(tile.get("swap")))
+
+
+def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict | None:
+    """The kernel's tile (`swap_tile` first), or None where dequantize + cuBLAS is faster (H200 sweeps,
+    `tools/probe_ws.py`, BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps
+    (8192^2 M=1024 212 µs, 196 under graphs since the decoder's words come by TMA; 128 x 256 decodes each weight tile
+    for half as many rows: 267; 3 stages: 234); 128 x 128 only at
     M <= 256, where 256-row tiles are half padding (28672x8192 M=128 152 vs 288 µs; above, 128-row tiles are
     1.3-1.6x slower), with 6 stages (half-size x slices: CUDA graphs, 28672x8192 M=128 143 -> 136 µs,
     8192x28672 M=128 229 -> 219, every 128-row cell 1-5 % faster). Only where the CTAs fill their waves:
@@ -162,6 +189,9 @@ def ws_tile(m: int, n: int, num_sms: int = 132) -> dict | None:
     (128 CTAs) 54 against 56 — or, in a single partial wave, where N >= 8192: the dequantize pass grows with
     N x K, one CTA's walk only with K (graphs: 8192^2 M=128, 64 CTAs, 67 vs 89 µs; 8192x28672 M=128 219 vs 317;
     4096^2 M=128, 32 CTAs, 35 vs 26)."""
+    swapped = swap_tile(m, n, num_sms, k)
+    if swapped is not None:
+        return swapped
     fits = [bm for bm in (256, 128) if not ((bm == 256 and m <= 128) or (bm == 128 and m > 256))]
     ctas = {bm: cdiv(m, bm) * cdiv(n, 128) for bm in fits}
     filled = [bm for bm in fits if ctas[bm] / (cdiv(ctas[bm], num_sms) * num_sms) >= WS_MIN_WAVE_FILL]

@@ -47,7 +47,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        t = ws_tile(m, n, _sm_count(device)) if why is None else None
+        t = ws_tile(m, n, _sm_count(device), k) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
@@ -56,8 +56,10 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         if t is not None:
             fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
+            mma = ("the weight tile as the wgmma's A operand and x's tokens as its N (swapped), "
+                   f"{t['block_n'] // 64} MMA warpgroup(s)" if t.get("swap") else "two MMA warpgroups")  # fmt: skip
             return (f"{via}{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised "
-                    f"Gluon kernel (decoder warps write W per 64-K step into shared memory, two MMA warpgroups), tile "
+                    f"Gluon kernel (decoder warps write W per 64-K step into shared memory, {mma}), tile "
                     f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}")  # fmt: skip
         return (f"{via}{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then "
                 f"cuBLAS (warp-specialised kernel not used: {why}){rowwise}")  # fmt: skip

@@ -9,7 +9,15 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
-from anybit.kernels.frag_ws import e2m1_ws_why_not, frag_ws_weight_why_not, frag_ws_why_not, swap_parts, ws_tile
+from anybit.kernels.frag_ws import (
+    e2m1_ws_why_not,
+    frag_ws_weight_why_not,
+    frag_ws_why_not,
+    swap_parts,
+    swap_tile,
+    ws_takes,
+    ws_tile,
+)
 
 
 def _decode_half_like_the_kernel(words: torch.Tensor, h: int) -> torch.Tensor:
@@ -100,7 +108,7 @@ def test_why_not_on_the_cpu(text, why):
 
 # (M, N) -> the block_m the H200 sweeps found fastest, or None where dequantize + cuBLAS won (BENCHMARKS.md;
 # M=128 N=8192 and N=4096 from CUDA-graph timings, session 12: the eager ones of session 11 were host-bound)
-MEASURED = {(128, 28672): 128, (128, 8192): 128, (128, 4096): None, (256, 28672): 256, (256, 8192): 128,
+MEASURED = {(128, 28672): 128, (128, 8192): 128, (128, 4096): None, (256, 28672): 256, (256, 8192): "swap 256",
             (256, 4096): None, (512, 8192): 256, (512, 6144): None, (512, 4096): None, (1024, 8192): 256,
             (1024, 6144): None, (1024, 4096): 256, (1024, 28672): 256}  # fmt: skip
 
@@ -108,7 +116,27 @@ MEASURED = {(128, 28672): 128, (128, 8192): 128, (128, 4096): None, (256, 28672)
 @pytest.mark.parametrize("m, n", sorted(MEASURED))
 def test_tile_rule_follows_the_h200_sweeps(m, n):
     tile = ws_tile(m, n, 132)
-    assert (tile["block_m"] if tile else None) == MEASURED[(m, n)]
+    got = None if tile is None else ("swap " if tile.get("swap") else "") + str(tile["block_m"])
+    assert got == (None if MEASURED[(m, n)] is None else str(MEASURED[(m, n)]))
+
+
+# (M, N, K) -> the swapped tile the H200 sweeps found fastest (tokens, weight rows), or None where the row-major tiles
+# or the frag kernel stayed ahead (BENCHMARKS.md, session 20: MXFP4 and W4A16, graphs)
+SWAP_MEASURED = {(96, 8192, 8192): (96, 64), (128, 8192, 8192): (128, 64), (160, 8192, 8192): (160, 64),
+                 (192, 8192, 8192): (192, 64), (256, 8192, 8192): (256, 64), (128, 8192, 28672): None,
+                 (96, 8192, 28672): None, (192, 8192, 28672): (192, 64), (256, 8192, 28672): (256, 64),
+                 (128, 28672, 8192): None, (160, 28672, 8192): (160, 128), (192, 28672, 8192): None,
+                 (256, 28672, 8192): None, (192, 4096, 4096): None}  # fmt: skip
+
+
+@pytest.mark.parametrize("m, n, k", sorted(SWAP_MEASURED))
+def test_swapped_tile_rule_follows_the_h200_sweeps(m, n, k):
+    tile = swap_tile(m, n, 132, k)
+    assert (None if tile is None else (tile["block_m"], tile["block_n"])) == SWAP_MEASURED[(m, n, k)]
+    if tile is not None:  # the route takes it, at 65-128 rows too
+        assert ws_tile(m, n, 132, k) == tile and ws_takes(tile, m)
+    elif m <= 128:  # the frag kernel's 128-token tiles keep the call
+        assert not ws_takes(ws_tile(m, n, 132, k), m)
 
 
 def test_swapped_tiles_split_into_power_of_two_token_tensors():

@@ -61,10 +61,10 @@ def test_e2m1_matches_the_exact_product(text, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("tile", [dict(block_m=128, stages=6), dict(block_m=256, stages=4)])
-@pytest.mark.parametrize("text, m", [("mxfp4", 512), ("nvfp4", 192)])
-def test_e2m1_is_the_route_above_128_rows(tile, text, m):
-    """anybit.gemm of an NVFP4 / MXFP4 weight at M=192 / 512 runs this kernel (`ws_over_mid`): the same bits as a
-    direct launch."""
+@pytest.mark.parametrize("text, m", [("mxfp4", 512), ("nvfp4", 192), ("w4a16", 96), ("mxfp4", 128)])
+def test_is_the_route_above_64_rows(tile, text, m):
+    """anybit.gemm of an NVFP4 / MXFP4 / W4A16 weight at M=96-512 runs this kernel (`ws_over_mid`; swapped tiles at
+    65-256 rows of an 8192-row weight): the same bits as a direct launch."""
     from anybit.backends import get_backend
     from anybit.backends.base import Prepared
     from anybit.kernels.frag_ws import ws_tile
@@ -72,7 +72,7 @@ def test_e2m1_is_the_route_above_128_rows(tile, text, m):
     x, qw = random_case(text, m, 8192, 1024, seed=5)
     tw = to_triton_layout(qw)
     route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
-    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(m, 8192)))
+    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(m, 8192, 132, 1024)))
     ref = x.double() @ qw.dequantize().double().T
     assert rel_err(gemm_frag_ws(x, tw, **tile), ref) < GEMM_REL_ERR[torch.bfloat16]
 
