@@ -380,21 +380,31 @@ def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias
 
 @gluon.jit
 def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
-                HAS_BIAS: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0, HAS_GS: gl.constexpr = False):
+                HAS_BIAS: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0, HAS_GS: gl.constexpr = False,
+                SWAPPED: gl.constexpr = False):
     """The dense kernels' epilogue: y = acc (* POW2, the weights' power of two left out of the decode) (* the
-    weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]."""
-    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-    cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]. acc: [tokens from
+    off_m, weight rows from off_n], or the transpose (SWAPPED, `frag_ws_swap_kernel`)."""
+    d0 = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    d1 = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    if SWAPPED:  # weight rows down, tokens across: a token vector is expanded along dim 0
+        TA: gl.constexpr = 0
+        rows = off_m + d1
+        cols = off_n + d0
+    else:
+        TA: gl.constexpr = 1
+        rows = off_m + d0
+        cols = off_n + d1
     if HAS_GS:
         acc = acc * (gl.load(gs_ptr) * POW2)
     elif POW2 != 1.0:
         acc = acc * POW2
     if ROW_SCALES:
-        acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), 1)
+        acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), TA)
     if HAS_BIAS:
-        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 0)
-    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
-    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 1 - TA)
+    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, TA) + gl.expand_dims(cols, 1 - TA)
+    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, TA) & gl.expand_dims(cols < N, 1 - TA))
 
 
 @gluon.jit
@@ -516,35 +526,17 @@ def _mma_loop_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w
 
 
 @gluon.jit
-def _store_swapped(acc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr,
-                   POW2: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
-    """`_store_tile` of a transposed tile: acc [BN weight rows (from off_n), BM tokens (from off_m)]."""
-    wrow = off_n + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-    tok = off_m + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
-    if HAS_GS:
-        acc = acc * (gl.load(gs_ptr) * POW2)
-    elif POW2 != 1.0:
-        acc = acc * POW2
-    if ROW_SCALES:
-        acc = acc * gl.expand_dims(gl.load(xs_ptr + tok, mask=tok < M, other=0.0), 0)
-    if HAS_BIAS:
-        acc = acc + gl.expand_dims(gl.load(bias_ptr + wrow, mask=wrow < N, other=0).to(gl.float32), 1)
-    ptrs = y_ptr + gl.expand_dims(tok.to(gl.int64) * stride_ym, 0) + gl.expand_dims(wrow, 1)
-    gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(wrow < N, 1) & gl.expand_dims(tok < M, 0))
-
-
-@gluon.jit
 def _mma_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr,
               M, N, stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
               POW2: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
     """The swapped default partition: its K loop, then the epilogue of each accumulator."""
     acc, acc2 = _mma_loop_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k,
                                STAGES, TWO)
-    _store_swapped(acc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS, POW2, HAS_GS,
-                   ROW_SCALES)
+    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr, POW2,
+                HAS_GS, True)
     if TWO:
-        _store_swapped(acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n,
-                       HAS_BIAS, POW2, HAS_GS, ROW_SCALES)
+        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n, ROW_SCALES,
+                    HAS_BIAS, gs_ptr, POW2, HAS_GS, True)
 
 
 @gluon.jit
