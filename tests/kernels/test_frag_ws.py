@@ -8,6 +8,7 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
+from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
 from anybit.kernels.frag_ws import (
     e2m1_ws_why_not,
@@ -93,6 +94,22 @@ def test_e2m1_decoder_gives_the_weights_times_a_power_of_two(text, dtype):
             got = _e2m1_half_like_the_kernel(words[:, 16 * b : 16 * (b + 1)], codes[:, g * b : g * (b + 1)], h,
                                              tw.fmt["SCALE_KIND"], dtype)  # fmt: skip
             assert torch.equal(got, ref[:, 128 * b + 64 * h : 128 * b + 64 * (h + 1)])
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("nvfp4", None),
+        ("mxfp4", None),
+        ("w4a8-nvfp4", None),  # FP8 x as its codes in x's dtype (`codes_a16`)
+        ("w4a16:e2m1:g64:ue8m0", "groups of 16 or 32"),
+        ("w4a16:e2m1:g32:bf16", "e4m3 or ue8m0 scales"),
+        ("w4a8:e2m1:g32:ue8m0:e4m3-g128", "bf16/fp16 activations"),  # per-group x scales: not a row's
+    ],
+)
+def test_e2m1_schemes_the_kernel_takes(text, why):
+    got = e2m1_ws_why_not(Scheme.parse(text), torch.bfloat16)
+    assert (got is None) if why is None else (why in got)
 
 
 @pytest.mark.parametrize(
