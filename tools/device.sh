@@ -11,8 +11,12 @@
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
 # Provenance: start the command with ANYBIT_COMMIT=<hash of this checkout> written out literally —
 # `git rev-parse` on the device machine answered a stale commit once (its copy's git metadata lags).
+# Every part's whole output also goes to $OUT/parts.log as it runs (a call cut off by its time limit still brings
+# that back; the tails below print only when a part ends).
 set -u
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+log() { tee -a "$OUT/parts.log"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 export ANYBIT_CACHE_DIR=$OUT/cache HUMMING_CACHE_DIR=/tmp/humming-cache
@@ -24,14 +28,14 @@ while [ $# -gt 0 ]; do
   [ $# -gt 0 ] && shift
   t0=$(date +%s)
   case $part in
-    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "${args[@]}" 2>&1 | tail -40 ;;
-    tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | tail -80 ;;
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "${args[@]}" 2>&1 | log | tail -40 ;;
+    tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | log | tail -80 ;;
     bench) nb=$((nb + 1)); d=$OUT/bench; [ $nb -gt 1 ] && d=$OUT/bench_$nb  # each bench part its own folder
-           python3 -m anybit.cli bench --out "$d" "${args[@]}" 2>&1 | tail -120 ;;
-    moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | tail -150 ;;
-    sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | tail -60 ;;
-    explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 ;;
-    py) OUT=$OUT python3 "${args[@]}" 2>&1 | tail -80 ;;
+           python3 -m anybit.cli bench --out "$d" "${args[@]}" 2>&1 | log | tail -120 ;;
+    moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -150 ;;
+    sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -60 ;;
+    explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 | log ;;
+    py) OUT=$OUT python3 "${args[@]}" 2>&1 | log | tail -80 ;;
     ncu) f="$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt"
          ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
