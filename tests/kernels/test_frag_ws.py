@@ -161,3 +161,25 @@ def test_swapped_tiles_split_into_power_of_two_token_tensors():
         (16, 0), (64, 0), (64, 32), (128, 0), (128, 32), (128, 64), (256, 0)
     ]  # fmt: skip
     assert [swap_parts(m) for m in (0, 24, 112, 224, 320)] == [(0, 0)] * 5  # 24 = 16 + 8, 112 = 64 + 48, ...
+
+
+@pytest.mark.parametrize(
+    "text, m, n, k, says",
+    [
+        ("mxfp4", 192, 8192, 8192, "(swapped), 1 MMA warpgroup(s)), tile 192x64x64, 5 stages"),
+        ("nvfp4", 512, 8192, 8192, "two MMA warpgroups), tile 256x128x64, 4 stages"),
+        ("w4a16", 96, 8192, 8192, "(swapped), 1 MMA warpgroup(s)), tile 96x64x64"),
+        ("mxfp4", 160, 28672, 8192, "(swapped), 2 MMA warpgroup(s)), tile 160x128x64"),
+        ("w4a8-nvfp4", 1024, 8192, 8192, "as their codes in x's dtype, x's scales per row after the MMA"),
+    ],
+)
+def test_explain_names_the_tile_the_route_takes(monkeypatch, text, m, n, k, says):
+    """`anybit explain` on a Hopper (faked: Gluon available, 132 SMs) names the tile `ws_tile` gives."""
+    import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_ws as frag_ws
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
+    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
+    plan = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
+    assert "warp-specialised" in plan and says in plan, plan
