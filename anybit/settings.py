@@ -31,17 +31,20 @@ class Settings:
     of 20 calls: w4a16 0.2-0.4 µs per call faster (8192² M=1 15.3 -> 14.9), W4A8 (quantizer + GEMM) 0.5-1.5 µs
     (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ws_max_m: int
-    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer A16 weights with M from 65 to
-    this many rows (where `frag_mid_max_m` does not take them) run the warp-specialised Gluon kernel
-    (`anybit.kernels.frag_ws`) instead of dequantize + cuBLAS. H200, same run: 28672x8192 M=256 342 -> 214 µs,
-    M=1024 775 -> 722; from ~2048 rows the dequantize pass is amortised and cuBLAS's faster main loop wins
-    (28672x8192 M=2048 1378 vs 1543, M=4096 2895 vs 3152)."""
+    """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer and e2m1 (NVFP4, MXFP4; also under
+    FP8 x as its codes) A16 weights with M from 65 to this many rows run the warp-specialised Gluon kernel
+    (`anybit.kernels.frag_ws`) instead of dequantize + cuBLAS — and instead of the frag kernel's mid-M tiles where
+    `frag_ws.ws_takes` says so (above 128 rows; at 65-128 its swapped tiles). H200, same run: W4A16 28672x8192 M=256
+    342 -> 214 µs, M=1024 775 -> 722; MXFP4 M=1024 822 -> 710, 8192^2 M=256 70.5 -> 54.4 (swapped); from ~2048 rows
+    the dequantize pass is amortised and cuBLAS's faster main loop wins (28672x8192 M=2048 1378 vs 1543, M=4096 2895
+    vs 3152)."""
     frag_mid_max_m: int
     """ANYBIT_FRAG_MID_MAX_M (default 256; 64 or less turns it off): A16 weights of 4-bit integers with scales in x's
     dtype, NVFP4, MXFP4 and 8-bit integers with channel scales (`anybit.backends.triton.frag_mid`) with M from 65 to
     this many rows (above 128: 4-bit integers with K >= 2N, NVFP4 and MXFP4) run the frag kernel's 128/256-token tiles
-    (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS. H200, CUDA graphs, M=128: 8192^2 65
-    -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40, W8A16 8192^2 102 -> 49; M=256 4096x14336 91 -> 68."""
+    (`frag_tile`) instead of the warp-specialised kernel or dequantize + cuBLAS, where that kernel does not take them
+    (`frag_ws.ws_takes`). H200, CUDA graphs, M=128: 8192^2 65 -> 45 µs, 8192x28672 215 -> 114, 4096x14336 82 -> 40,
+    W8A16 8192^2 102 -> 49; M=256 4096x14336 91 -> 68."""
     frag_ws_a8_max_m: int
     """ANYBIT_FRAG_WS_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 (4-bit integer weights, e4m3 x per token)
     calls with M from 65 to this many rows and N >= 8192 run the warp-specialised Gluon kernel
