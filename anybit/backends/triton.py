@@ -440,14 +440,20 @@ class TritonBackend:
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
         """`gemm_frag_ws`'s tile for this large-M call of a frag weight, or None: dequantize + cuBLAS (the
-        kernel's availability is decided once per weight and dtype, the tile per M)."""
+        kernel's availability is decided once per weight and dtype, the tile once per M: `_mid` and
+        `dequant_matmul` both ask for it)."""
         m = x.shape[0]
         if m > settings.frag_ws_max_m():
             return None
         ok = tw.ws_ok.get(x.dtype)
         if ok is None:
             ok = tw.ws_ok[x.dtype] = frag_ws_weight_why_not(tw, x.dtype, x.device) is None
-        return ws_tile(m, tw.n, _sm_count(x.device), tw.k) if ok else None
+        if not ok:
+            return None
+        key = ("tile", m)
+        if key not in tw.ws_ok:
+            tw.ws_ok[key] = ws_tile(m, tw.n, _sm_count(x.device), tw.k)
+        return tw.ws_ok[key]
 
     @staticmethod
     def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -477,7 +483,7 @@ class TritonBackend:
         e2m1 frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
         decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass). x_scales
         (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias."""
-        if tw.frag:
+        if tw.frag:  # (`codes_a16` weights, the only ones with x_scales, are frag weights)
             tile = self._ws_tile(x, tw)
             if tile is not None:
                 try:
@@ -487,11 +493,11 @@ class TritonBackend:
                     tw.ws_ok[x.dtype] = False
                     warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
                                   f"cuBLAS: {type(e).__name__}: {e}", FallbackWarning, stacklevel=3)  # fmt: skip
-        if x_scales is not None:
-            y = torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype))
+            w = dequantize_frag(tw, dtype=x.dtype)
+            if x_scales is None:
+                return torch.nn.functional.linear(x, w, bias)
+            y = torch.nn.functional.linear(x, w)
             y.mul_(x_scales)  # in fp32, one rounding
             return y.add_(bias) if bias is not None else y
-        if tw.frag:
-            return torch.nn.functional.linear(x, dequantize_frag(tw, dtype=x.dtype), bias)
         y = x @ dequantize_a16(tw, dtype=x.dtype)
         return y + bias if bias is not None else y

@@ -50,7 +50,8 @@ class TritonWeight:
     rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype (A16) / "a8" -> whether the ws kernels run it (False: failed);
-    # ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel)
+    # ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel); ("tile", M) ->
+    # the `frag_ws` tile of an M-row call (`ws_tile`, or None)
     ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`)
 
     @property

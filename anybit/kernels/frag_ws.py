@@ -18,6 +18,7 @@ import functools
 import torch
 
 from anybit import settings
+from anybit.backends.triton_layout import codes_a16
 from anybit.formats.dtypes import FloatType
 from anybit.formats.scheme import ScaleKind
 from anybit.kernels.dequant import cdiv
@@ -108,8 +109,6 @@ def e2m1_ws_why_not(scheme, x_dtype: torch.dtype) -> str | None:
     """None for the e2m1 schemes the kernel decodes (`_e2m1_asm`): bf16/fp16 x (or FP8 x as its codes in x's dtype,
     `codes_a16`, scaled per row after the MMA), scales every 16 or 32 K as e4m3 or ue8m0 codes (NVFP4, MXFP4); else
     why not. A weight also needs scales that fold exactly (`frag_ws_weight_why_not`)."""
-    from anybit.backends.triton_layout import codes_a16
-
     w, g = scheme.weight, scheme.granularity
     if (scheme.act.quantized and not codes_a16(scheme)) or x_dtype not in (torch.bfloat16, torch.float16):
         return "e2m1 weights with bf16/fp16 activations (or FP8 ones as their codes, per token) only"
@@ -264,7 +263,7 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        E2M1=e2m1, HAS_GS=gs is not None, POW2=256.0 if e2m1 else 1.0, ROW_SCALES=x_scales is not None,
+        E2M1=e2m1, HAS_GS=gs is not None, ROW_SCALES=x_scales is not None,
         num_warps=warps, **extra,
     )
     # fmt: on

@@ -104,6 +104,12 @@ def _e2m1_pairs_asm(dtype):
     return _E2M1_ASM[dtype == gl.bfloat16]
 
 
+@gluon.constexpr_function
+def _pow2(e2m1):
+    """What the epilogue multiplies by: e2m1 weights come out of `_e2m1_asm` times 2**-8."""
+    return 256.0 if e2m1 else 1.0
+
+
 # fmt: off
 @gluon.jit
 def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr):
@@ -128,7 +134,7 @@ def _decode_half(words, s, SIGNED: gl.constexpr):
 def _decode_half_e2m1(words, s_lo, s_hi):
     """`_decode_half` for e2m1 words (`frag_layout.e2m1_bit_order`): s_lo the scales of pairs 0, 1 of each word
     and s_hi of pairs 2, 3 (the same for 32-K groups), as `_scale_bits` builds them; the values come out times
-    2**-8 (the epilogue's POW2 puts it back)."""
+    2**-8 (the epilogue's `_pow2` puts it back)."""
     r0, r1, r2, r3 = gl.inline_asm_elementwise(_e2m1_pairs_asm(s_lo.dtype), "=r,=r,=r,=r,r,h,h", [words, s_lo, s_hi],
                                                dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     return _half_from_pairs(r0, r1, r2, r3, s_lo.dtype)
@@ -449,7 +455,7 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr, ROW_SCALES: gl.constexpr):
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
@@ -463,7 +469,7 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
         (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-                off_m, off_n, num_k, STAGES, HAS_BIAS, POW2, HAS_GS, ROW_SCALES)),
+                off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
         (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
                       x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
                       E2M1)),
@@ -544,7 +550,7 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
                         BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                         DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                         SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
-                        E2M1: gl.constexpr, HAS_GS: gl.constexpr, POW2: gl.constexpr, ROW_SCALES: gl.constexpr,
+                        E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                         TWO: gl.constexpr):
     """`frag_ws_kernel` with the weight tile as the wgmma's A operand and x as its B (`_mma_loop_swap`): BN weight
     rows (64 a warpgroup of the default partition) by BM1 (+ BM2, TWO) tokens, x's TMA blocks — 192 tokens in one
@@ -570,7 +576,7 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
     num_blocks = gl.cdiv(K, 2 * BK)
     gl.warp_specialize([
         (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
-                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, POW2, HAS_GS,
+                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
         (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
                       x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
