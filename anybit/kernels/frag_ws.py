@@ -157,16 +157,21 @@ def swap_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict 
     48.3 / 53.9 / 54.4 (W4A16 M=192 68.6 -> 55.1), 8192x28672 214.8 / 219.5 / 223.8 -> 164.0 / 183.8 / 181.0 (W4A16
     M=192 254.9 -> 188.7) — and from 65 where K < 2N (8192^2 M=96 / 128 47.9 / 51.0 -> 42.4 / 43.6, W4A16 M=128
     52.8 -> 42.4; 8192x28672 M=128 132.3 -> 145.2 stays on the frag kernel); where 128-row tiles make more than a
-    wave, 128 weight rows at 129-160 tokens (28672x8192 M=160 204.8 -> 160.9; M=192 tied, 179.2 vs 181.1)."""
+    wave, 128 weight rows at 129-192 tokens (28672x8192 M=160 204.8 -> 160.9). Up to 192 tokens two decoder
+    partitions (`ndec`, session 21: 8192^2 M=192 MXFP4 55.5 -> 49.1, W4A16 55.8 -> 48.9, NVFP4 M=96 / 128 48.0 /
+    51.6 -> 43.8 / 44.4; 28672x8192 M=192 128-row tiles MXFP4 182.4 (the route then) -> 173.7, Humming 176.7); at
+    256 tokens one (MXFP4 58.1 vs 60.5)."""
     bm = swap_block_m(m) if m > 64 else None
     if bm is None:
         return None
     tile = dict(block_m=bm, group_m=8, dq_warps=4, dq_regs=160, swap=True)
+    if bm <= 192:
+        tile |= dict(ndec=2, dq_regs=96)
     if cdiv(n, 64) <= num_sms and cdiv(n, 64) >= WS_MIN_WAVE_FILL * num_sms:
         if m > 128 or (k is not None and k < 2 * n):
             return tile | dict(block_n=64, stages=4 if bm == 256 else 5)
-    elif cdiv(n, 128) > num_sms and 128 < m <= 160:
-        return tile | dict(block_n=128, stages=4)
+    elif cdiv(n, 128) > num_sms and 128 < m <= 192:
+        return tile | dict(block_n=128, stages=4, dq_regs=80, depth=2)  # two 2-block word rings: shared memory
     return None
 
 
@@ -219,12 +224,13 @@ def swap_block_m(m: int) -> int | None:
 
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
-                 dq_regs: int = 160, x_scales: torch.Tensor | None = None,
-                 swap: bool = False) -> torch.Tensor:  # fmt: skip
+                 dq_regs: int = 160, x_scales: torch.Tensor | None = None, swap: bool = False,
+                 depth: int = WS_WORD_DEPTH, ndec: int = 1) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: `codes_a16` weights, x holding FP8 codes)
     (+ bias) in x's dtype, for a fragment-layout weight that `frag_ws_weight_why_not` accepts (the caller checks).
     x: contiguous bf16/fp16 [M, K]. swap: the weight tile as the wgmma's A operand (`frag_ws_swap_kernel`: block_n
-    64 or 128 weight rows, block_m any multiple of 16 up to 256 tokens)."""
+    64 or 128 weight rows, block_m any multiple of 16 up to 256 tokens). ndec: decoder partitions (1, or 2 taking
+    alternate 128-K blocks), each with a TMA ring of `depth` blocks of words (depth - 1 in flight)."""
     _, TensorDescriptor, frag_ws_kernel = _gluon()
     warps = 8
     if swap:
@@ -235,6 +241,8 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
             raise ValueError(f"swap tiles: block_n 64 or 128, block_m a power of two or the sum of two, from 16 up to "
                              f"256 (got {block_n}, {block_m})")  # fmt: skip
         warps = block_n // 16
+    if ndec not in (1, 2) or depth < 2:
+        raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
     m, k = x.shape
     n = tw.n
     if k != tw.k or not x.is_contiguous():
@@ -262,8 +270,8 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         *descs, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
         tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
         DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        E2M1=e2m1, HAS_GS=gs is not None, ROW_SCALES=x_scales is not None,
+        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=depth,
+        E2M1=e2m1, HAS_GS=gs is not None, ROW_SCALES=x_scales is not None, NDEC=ndec,
         num_warps=warps, **extra,
     )
     # fmt: on

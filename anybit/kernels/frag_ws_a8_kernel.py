@@ -6,7 +6,7 @@ Per CTA tile (128 rows of x, BN = 128 or 64 weight rows), four partitions:
 
 * two decoders (DQ warps each, even / odd 128-K steps: one partition's chain of barriers, TMA issue and
   proxy fence per step capped the kernel at ~700 TF/s on the H200 even with no decoding): each takes its steps'
-  words and scale rows by TMA into its slots of the word ring (`_w_fetch_into`, shared with the A16 kernel), turns
+  words and scale rows by TMA into its slots of the word ring (`_w_fetch`, shared with the A16 kernel), turns
   each word into eight e4m3 bytes of (q - 8) / 512 — e4m3 holds every integer of magnitude <= 15 times 2**-9
   exactly (subnormals and the first binade), so a byte is sign | magnitude: one shift, LOP3, subtraction, PRMT and
   select per four weights (`_A8_SIGNED`) — and stores the [BN, 128] step into the w ring with 512 times the
@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch_into, _x_issue
+from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch, _x_issue
 
 # word (nibble 2i + j = code of k = i + 4t + 16j + 32c, stored biased: q + 8) -> two registers of four e4m3 bytes,
 # j = 0 and 1, each byte sign | |q| (|q| * 2**-9: subnormal or the first binade). Per register: the magnitude of a
@@ -93,12 +93,12 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
     p0 = off_n // PANEL
     base = part * D
     for j in gl.static_range(D - 1):
-        _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, base + j, 0, 0, p0, nb, off_n, j * NDEC + part, num_k, GB,
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + j, 0, 0, p0, nb, off_n, j * NDEC + part, num_k, GB,
                       SCALE_PER_BLOCK)
     mine = gl.cdiv(num_k - part, NDEC)
     for i in range(mine):
         gl.thread_barrier()  # every thread has read slot (i - 1) % D: it takes this partition's block i + D - 1
-        _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, 0, 0, p0, nb, off_n,
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, 0, 0, p0, nb, off_n,
                       (i + D - 1) * NDEC + part, num_k, GB, SCALE_PER_BLOCK)
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)

@@ -201,19 +201,12 @@ def _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, ki, STAGES: gl.co
 
 
 @gluon.jit
-def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b, num_blocks, GB: gl.constexpr,
+def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n, b, num_blocks, GB: gl.constexpr,
              SCALE_PER_BLOCK: gl.constexpr):
-    """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into slot b % depth
-    of the word ring. TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC)
-    waits for every load the thread has in flight, so loads issued ahead were waited on once per block anyway."""
-    _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, b % wq.type.shape[0], w_row0, s_row0, p0, nb, off_n, b, num_blocks,
-                  GB, SCALE_PER_BLOCK)
-
-
-@gluon.jit
-def _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n, b, num_blocks,
-                  GB: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr):
-    """`_w_fetch` into a given slot of the ring."""
+    """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into `slot` of the word
+    ring (nothing past the last block). TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA +
+    FENCE.VIEW.ASYNC) waits for every load the thread has in flight, so loads issued ahead were waited on once per
+    block anyway."""
     PANELS: gl.constexpr = wq.type.shape[1] // 4
     p = b < num_blocks
     mbarrier.expect(wq_bar.index(slot), PANELS * w_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=p)
@@ -234,18 +227,23 @@ def _w_fetch_into(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, 
 def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks,
                x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-               PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr, E2M1: gl.constexpr = 0):
-    """Decodes the weight tile's 64-K slices into the w ring, its words and scales arriving by TMA into a ring of
-    their own (`_w_fetch`, depth - 1 blocks ahead). GATHER (the grouped MoE GEMM): also copies each step's x
-    rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past n_rows and where the entry is
-    padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight slice. E2M1 (1: e4m3 scales,
-    2: ue8m0; 0: 4-bit integers): e2m1 words with a scale code a group (`_e2m1_block`)."""
+               PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr, E2M1: gl.constexpr = 0, part=0,
+               NDEC: gl.constexpr = 1):
+    """Decodes 128-K blocks part, part + NDEC, ... of the weight tile, each as two 64-K slices into the w ring, its
+    words and scales arriving by TMA into this partition's slots of a ring of their own (`_w_fetch`, depth - 1
+    blocks ahead; slots part * depth on). NDEC partitions overlap one another's chain of latencies per block (the
+    barrier, the TMA wait, the proxy fence), which one partition leaves exposed. GATHER (the grouped MoE GEMM, NDEC
+    1): also copies each step's x rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past
+    n_rows and where the entry is padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight
+    slice. E2M1 (1: e4m3 scales, 2: ue8m0; 0: 4-bit integers): e2m1 words with a scale code a group
+    (`_e2m1_block`)."""
     BN: gl.constexpr = w_bufs.type.shape[1]
-    D: gl.constexpr = wq.type.shape[0]
+    D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
     flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     p0 = off_n // PANEL
+    base = part * D
     if GATHER:
         BM: gl.constexpr = x_bufs.type.shape[1]
         BK: gl.constexpr = x_bufs.type.shape[2]
@@ -258,18 +256,20 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
         for j in gl.static_range(STAGES - 2):
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, j, 2 * num_blocks, STAGES)
     for j in gl.static_range(D - 1):
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, j, num_blocks, GB, SCALE_PER_BLOCK)
-    for b in range(num_blocks):
-        gl.thread_barrier()  # every thread has read slot (b - 1) % D: it takes block b + D - 1
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, p0, nb, off_n, b + D - 1, num_blocks, GB,
-                 SCALE_PER_BLOCK)
-        mbarrier.wait(wq_bar.index(b % D), (b // D) & 1)
-        k0 = 2 * b  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + j, w_row0, s_row0, p0, nb, off_n, j * NDEC + part, num_blocks,
+                 GB, SCALE_PER_BLOCK)
+    for i in range(gl.cdiv(num_blocks - part, NDEC)):
+        gl.thread_barrier()  # every thread has read slot (i - 1) % D: it takes this partition's block i + D - 1
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, w_row0, s_row0, p0, nb, off_n,
+                 (i + D - 1) * NDEC + part, num_blocks, GB, SCALE_PER_BLOCK)
+        q = base + i % D
+        mbarrier.wait(wq_bar.index(q), (i // D) & 1)
+        k0 = 2 * (i * NDEC + part)  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
         if E2M1:
-            h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(b % D), sq.index(b % D), E2M1, w_bufs.dtype)
+            h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(q), sq.index(q), E2M1, w_bufs.dtype)
         else:
-            cur = wq.index(b % D)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
-            sc = sq.index(b % D)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
+            cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
+            sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
             sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
             h0, h1 = _halves(cur)
             s0, s1 = _halves(sc)
@@ -451,11 +451,20 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
 
 
 @gluon.jit
+def _dense_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                   SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
+                   PANEL: gl.constexpr, E2M1: gl.constexpr, part, NDEC: gl.constexpr):
+    """`_w_decoder` of one weight (no x gather): decoder `part` of NDEC."""
+    _w_decoder(w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, w_bufs, w_bufs,
+               w_ready, w_bufs, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1, E2M1, part, NDEC)
+
+
+@gluon.jit
 def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, NDEC: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
@@ -464,16 +473,25 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
 
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
-                                                                       STAGES, DEPTH, 1)  # x by one TMA copy
+                                                                       STAGES, NDEC * DEPTH, 1)  # x by one TMA copy
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
-    gl.warp_specialize([
-        (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+    if NDEC == 1:
+        gl.warp_specialize([
+            (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                 off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
-        (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
-                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
-                      E2M1)),
-    ], [DQ_WARPS], [DQ_REGS])
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1)),
+        ], [DQ_WARPS], [DQ_REGS])
+    else:  # two decoders: even and odd blocks
+        gl.warp_specialize([
+            (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+                off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2)),
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2)),
+        ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on
 
 
@@ -551,7 +569,7 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
                         DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                         SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
                         E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                        TWO: gl.constexpr):
+                        TWO: gl.constexpr, NDEC: gl.constexpr):
     """`frag_ws_kernel` with the weight tile as the wgmma's A operand and x as its B (`_mma_loop_swap`): BN weight
     rows (64 a warpgroup of the default partition) by BM1 (+ BM2, TWO) tokens, x's TMA blocks — 192 tokens in one
     tile (128 + 64) where the row-major tiles take 256, and 64-row weight tiles for twice the CTAs."""
@@ -567,19 +585,29 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM1, BN, BK,
-                                                                       STAGES, DEPTH, 1)
+                                                                       STAGES, NDEC * DEPTH, 1)
     x2_layout: gl.constexpr = x2_desc.layout
     if TWO:
         x2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM2, BK], x2_layout)
     else:
         x2_bufs = x_bufs
     num_blocks = gl.cdiv(K, 2 * BK)
-    gl.warp_specialize([
-        (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
+    if NDEC == 1:
+        gl.warp_specialize([
+            (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
                      y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
-        (_w_decoder, (w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, y_ptr,
-                      x_bufs, x_ready, y_ptr, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1,
-                      E2M1)),
-    ], [DQ_WARPS], [DQ_REGS])
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1)),
+        ], [DQ_WARPS], [DQ_REGS])
+    else:  # two decoders: even and odd blocks
+        gl.warp_specialize([
+            (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
+                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
+                     ROW_SCALES, TWO)),
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2)),
+            (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2)),
+        ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on

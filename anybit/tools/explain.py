@@ -58,8 +58,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
             mma = ("the weight tile as the wgmma's A operand and x's tokens as its N (swapped), "
                    f"{t['block_n'] // 64} MMA warpgroup(s)" if t.get("swap") else "two MMA warpgroups")  # fmt: skip
+            dec = "two decoder partitions (alternate 128-K blocks)" if t.get("ndec") == 2 else "decoder warps"
             return (f"{via}{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised "
-                    f"Gluon kernel (decoder warps write W per 64-K step into shared memory, {mma}), tile "
+                    f"Gluon kernel ({dec} write W per 64-K step into shared memory, {mma}), tile "
                     f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}")  # fmt: skip
         return (f"{via}{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then "
                 f"cuBLAS (warp-specialised kernel not used: {why}){rowwise}")  # fmt: skip

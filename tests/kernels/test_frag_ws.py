@@ -138,11 +138,11 @@ def test_tile_rule_follows_the_h200_sweeps(m, n):
 
 
 # (M, N, K) -> the swapped tile the H200 sweeps found fastest (tokens, weight rows), or None where the row-major tiles
-# or the frag kernel stayed ahead (BENCHMARKS.md, session 20: MXFP4 and W4A16, graphs)
+# or the frag kernel stayed ahead (BENCHMARKS.md, sessions 20-21: MXFP4, W4A16, NVFP4, graphs)
 SWAP_MEASURED = {(96, 8192, 8192): (96, 64), (128, 8192, 8192): (128, 64), (160, 8192, 8192): (160, 64),
                  (192, 8192, 8192): (192, 64), (256, 8192, 8192): (256, 64), (128, 8192, 28672): None,
                  (96, 8192, 28672): None, (192, 8192, 28672): (192, 64), (256, 8192, 28672): (256, 64),
-                 (128, 28672, 8192): None, (160, 28672, 8192): (160, 128), (192, 28672, 8192): None,
+                 (128, 28672, 8192): None, (160, 28672, 8192): (160, 128), (192, 28672, 8192): (192, 128),
                  (256, 28672, 8192): None, (192, 4096, 4096): None}  # fmt: skip
 
 
@@ -167,6 +167,7 @@ def test_swapped_tiles_split_into_power_of_two_token_tensors():
     "text, m, n, k, says",
     [
         ("mxfp4", 192, 8192, 8192, "(swapped), 1 MMA warpgroup(s)), tile 192x64x64, 5 stages"),
+        ("nvfp4", 96, 8192, 8192, "two decoder partitions (alternate 128-K blocks) write W per 64-K step"),
         ("nvfp4", 512, 8192, 8192, "two MMA warpgroups), tile 256x128x64, 4 stages"),
         ("w4a16", 96, 8192, 8192, "(swapped), 1 MMA warpgroup(s)), tile 96x64x64"),
         ("mxfp4", 160, 28672, 8192, "(swapped), 2 MMA warpgroup(s)), tile 160x128x64"),

@@ -77,10 +77,11 @@ def test_is_the_route_above_64_rows(tile, text, m):
     assert rel_err(gemm_frag_ws(x, tw, **tile), ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("m", [200, 1000])
+@pytest.mark.parametrize("m", [150, 200, 1000])
 def test_fp8_codes_on_e2m1_weights(m):
     """W4A8-NVFP4 (`codes_a16`: x's e4m3 codes in bf16, its scales per row after the MMA) above 128 rows runs this
-    kernel: the exact product of the quantizer's own x, the bits of a direct launch, relaunched alike."""
+    kernel (150: a swapped tile of two accumulators and two decoders): the exact product of the quantizer's own x,
+    the bits of a direct launch, relaunched alike."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_ws import ws_tile
@@ -126,6 +127,23 @@ def test_every_swapped_tile(text, tile):
     y = gemm_frag_ws(x, tw, b, out=out, swap=True, **tile)
     assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y, gemm_frag_ws(x, tw, b, swap=True, **tile))
+
+
+@pytest.mark.parametrize("text", ["w4a16", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("tile", [dict(swap=True, block_m=96, block_n=64, stages=5, dq_regs=96),
+                                  dict(swap=True, block_m=192, block_n=64, stages=5, dq_regs=96),
+                                  dict(swap=True, block_m=192, block_n=128, depth=2, dq_regs=80),
+                                  dict(block_m=256, block_n=128, depth=2, dq_regs=80)])  # fmt: skip
+@pytest.mark.parametrize("k", [1664, 128])
+def test_two_decoders(text, tile, k):
+    """Two decoder partitions taking alternate 128-K blocks (`ndec=2`; K = 13 blocks, and 1: the second has none):
+    the exact product, and the bits of one decoder (the same decode and accumulation order)."""
+    x, tw, ref = _case(text, 333, 1040, k, seed=k)
+    out = torch.full((333, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tile = dict(stages=4) | tile
+    y = gemm_frag_ws(x, tw, out=out, ndec=2, **tile)
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, gemm_frag_ws(x, tw, ndec=1, **tile))
 
 
 def test_not_taken_with_a_reason():
