@@ -133,7 +133,7 @@ def test_every_swapped_tile(text, tile):
 @pytest.mark.parametrize("tile", [dict(swap=True, block_m=96, block_n=64, stages=5, dq_regs=96),
                                   dict(swap=True, block_m=192, block_n=64, stages=5, dq_regs=96),
                                   dict(swap=True, block_m=192, block_n=128, depth=2, dq_regs=80),
-                                  dict(block_m=256, block_n=128, depth=2, dq_regs=80)])  # fmt: skip
+                                  dict(block_m=256, block_n=128, stages=3, depth=2, dq_regs=80)])  # fmt: skip
 @pytest.mark.parametrize("k", [1664, 128])
 def test_two_decoders(text, tile, k):
     """Two decoder partitions taking alternate 128-K blocks (`ndec=2`; K = 13 blocks, and 1: the second has none):
