@@ -27,6 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
+from anybit.kernels.frag_rs import gemm_frag_rs  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -40,7 +41,8 @@ def _tiles(text: str) -> list[dict]:
 def main() -> int:
     ap = probe_parser(__doc__, "w4a16", "256,512,1024,2048,4096,8192", "stages=4;stages=3", "humming",
                       "humming, route (anybit's own path for the call), nocublas (no dequantize + cuBLAS cells), "
-                      "none; tiles swap=1:block_m=0 take the fewest tokens holding M")  # fmt: skip
+                      "none; tiles swap=1:block_m=0 take the fewest tokens holding M, rs=1:block_m=128 the "
+                      "register-operand kernel")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)
@@ -86,15 +88,18 @@ def main() -> int:
                     errors[f"route {shape} M={m}"] = why
             for tile in [] if ws_why else _tiles(args.tiles):
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
-                t = (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # the named tile even where auto says no
+                if tile.get("rs"):  # the experimental register-operand kernel (`frag_rs`): its own options only
+                    fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
+                else:
+                    fn, t = gemm_frag_ws, (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # even where auto says no
                 if t.get("swap") and not t.get("block_m"):  # block_m=0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
                 try:
-                    why = relaunch_check(lambda t=t, x=x, tw=tws[0]: gemm_frag_ws(x, tw, **t), ref)
+                    why = relaunch_check(lambda fn=fn, t=t, x=x, tw=tws[0]: fn(x, tw, **t), ref)
                     if why is not None:
                         errors[f"{name} {shape} M={m}"] = why
                         continue
-                    cells[name] = [lambda tw=tw, t=t, x=x: gemm_frag_ws(x, tw, **t) for tw in tws]
+                    cells[name] = [lambda fn=fn, tw=tw, t=t, x=x: fn(x, tw, **t) for tw in tws]
                 except Exception as ex:
                     errors[f"{name} {shape} M={m}"] = f"{type(ex).__name__}: {str(ex)[:400]}"
             rows += time_cells(cells, n, k, m, args.graph)

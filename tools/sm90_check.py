@@ -208,6 +208,18 @@ def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
                    sass_dir and (sass_dir, f"ws_{fmt}_{m}"))  # fmt: skip
 
 
+def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None) -> str:
+    """The experimental register-operand Gluon kernel (`anybit.kernels.frag_rs`) on a frag weight."""
+    from anybit.kernels.frag_rs import gemm_frag_rs
+
+    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
+    tile = dict(block_m=128) | (tiles or {})
+    _compiled.clear()
+    gemm_frag_rs(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
+    return _report(f"rs {fmt:25s} M={m:<4d}", _compiled[-1], 128, 64, 4, cuobjdump,
+                   sass_dir and (sass_dir, f"rs_{fmt}_{m}"))  # fmt: skip
+
+
 def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                 tiles: dict | None = None) -> str:  # fmt: skip
     """The warp-specialised large-M W4A8 Gluon kernel (`anybit.kernels.frag_ws_a8`) on an FP8-frag weight."""
@@ -278,6 +290,7 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
+    ap.add_argument("--rs", action="store_true", help="the experimental register-operand Gluon kernel (frag_rs)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense kernels; default bf16)")
@@ -292,7 +305,9 @@ def main() -> int:
     failed = 0
     tiles = tile_overrides(args.tiles)
     run = (
-        functools.partial(check_moe_ws, tiles=tiles)
+        functools.partial(check_rs, tiles=tiles)
+        if args.rs
+        else functools.partial(check_moe_ws, tiles=tiles)
         if args.ws and args.moe
         else functools.partial(check_ws_a8, tiles=tiles)
         if args.ws and "a8" in args.formats

@@ -222,6 +222,16 @@ def swap_block_m(m: int) -> int | None:
     return next((b for b in range(16, 257, 16) if b >= m and swap_parts(b)[0]), None)
 
 
+def call_output(x: torch.Tensor, tw, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """What the Gluon launchers check of a call (x contiguous [M, K], bias [N] in x's dtype), and y [M, N] in x's
+    dtype: `out`, or a new tensor."""
+    if x.shape[-1] != tw.k or x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
+    if bias is not None and (bias.shape != (tw.n,) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{tw.n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    return out if out is not None else torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype)
+
+
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
                  dq_regs: int = 160, x_scales: torch.Tensor | None = None, swap: bool = False,
@@ -243,13 +253,8 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         warps = block_n // 16
     if ndec not in (1, 2) or depth < 2:
         raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
-    m, k = x.shape
-    n = tw.n
-    if k != tw.k or not x.is_contiguous():
-        raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
+    y = call_output(x, tw, bias, out)
+    (m, k), n = x.shape, tw.n
     if swap:
         x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
         x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc

@@ -22,7 +22,7 @@ from anybit.formats.dtypes import IntType
 from anybit.formats.scheme import ActMode, ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, gluon_hopper_why_not, weight_descs
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, call_output, gluon_hopper_why_not, weight_descs
 from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
@@ -113,12 +113,8 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             f"{tw.scheme}: gemm_frag_ws_a8 reads weights in the FP8 fragment layout (frag_format), "
             f"this one is {'the A16 fragment' if tw.frag else 'the bit-plane'} layout"
         )
-    if k != tw.k or not x.is_contiguous():
-        raise ValueError(f"x must be contiguous [M, {tw.k}], got {tuple(x.shape)} (contiguous: {x.is_contiguous()})")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    y = call_output(x, tw, bias, out)
     xq, xs = quantize_act(x, tw.scheme.act)
-    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=x.dtype)
     x_desc = _gluon()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
     grid = (cdiv(m, 128) * cdiv(n, block_n),)

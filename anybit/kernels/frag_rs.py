@@ -1,0 +1,43 @@
+"""Experimental: W4A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M
+calls (65-256 rows) where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most.
+Not routed: `gemm_frag_rs` is launched by tools/probe_ws.py (`--rs`) and the GPU tests until it is measured."""
+
+from __future__ import annotations
+
+import torch
+
+from anybit.kernels.dequant import cdiv
+from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_ws import WS_BK, _gluon, _x_layout, call_output, frag_ws_why_not, weight_descs
+
+
+def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: what the warp-specialised
+    kernel takes of 4-bit integers (`frag_ws_why_not`), e2m1 not yet; else why not."""
+    if tw.fmt["W_FLOAT"]:
+        return "the register-operand kernel decodes 4-bit integers only (e2m1: not yet)"
+    return frag_ws_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+
+
+def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                 block_m: int = 128, stages: int = 4, group_m: int = 8,
+                 mma_regs: int = 232) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, 64 weight rows by block_m tokens (64, 128 or
+    256) a CTA, two MMA warpgroups taking alternate 128-K blocks. x: contiguous bf16/fp16 [M, K]; the weight one
+    `frag_rs_why_not` accepts (the caller checks)."""
+    if block_m not in (64, 128, 256):
+        raise ValueError(f"block_m must be 64, 128 or 256 tokens (got {block_m})")
+    from anybit.kernels.frag_rs_kernel import frag_rs_kernel
+
+    y = call_output(x, tw, bias, out)
+    (m, k), n = x.shape, tw.n
+    x_desc = _gluon()[1].from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
+    w_desc, s_desc = weight_descs(tw, 64)
+    grid = (cdiv(m, block_m) * cdiv(n, 64),)
+    frag_rs_kernel[grid](
+        x_desc, w_desc, s_desc, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
+        y.stride(0), STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k,
+        GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None,
+        PANEL=FRAG_PANEL, MMA_REGS=mma_regs, num_warps=4,
+    )  # fmt: skip
+    return y

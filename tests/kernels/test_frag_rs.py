@@ -1,0 +1,63 @@
+"""The experimental register-operand kernel (`anybit.kernels.frag_rs`): the Gluon kernel runs only on a Hopper GPU
+(tests/kernels/test_frag_rs_gpu.py); here, on the CPU, its decode's word -> (thread, K) order written with the same
+join / reshape / permute / split steps in torch against the layout's own unpacker, and what it refuses."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends.triton_layout import to_triton_layout
+from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
+from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
+
+
+def _a_operand_like_the_kernel(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """words int64 [64, 16] (one 128-K block of 64 rows) -> the codes of its two 64-K halves, by the steps of
+    `frag_rs_kernel._a_operand` (gl.join = stack on a new last dim, gl.split = unbind it)."""
+    pairs = [(words >> (4 * j)) & 0x000F000F for j in range(4)]
+    rr = torch.stack([torch.stack([pairs[0], pairs[2]], -1), torch.stack([pairs[1], pairs[3]], -1)], -1)
+    lo, hi = rr & 0xFFFF, rr >> 16
+    v = torch.stack([lo, hi], -1).reshape(64, 4, 4, 2, 2, 2)  # (row, t, c, j1, j0, e)
+    v = v.permute(0, 2, 3, 4, 1, 5).reshape(64, 2, 64)
+    return v.permute(0, 2, 1).unbind(-1)
+
+
+def test_decode_order_is_the_frag_layout():
+    codes = torch.randint(0, 16, (FRAG_PANEL, 384), dtype=torch.uint8)
+    words = from_panels(pack_frag(codes), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    for b in range(3):
+        v0, v1 = _a_operand_like_the_kernel(words[:, 16 * b : 16 * (b + 1)])
+        assert torch.equal(v0, codes[:, 128 * b : 128 * b + 64].to(torch.int64))
+        assert torch.equal(v1, codes[:, 128 * b + 64 : 128 * (b + 1)].to(torch.int64))
+
+
+def test_words_layout_gives_each_thread_its_a_fragments():
+    """`_words_layout`'s bases: thread (warp w, lane l) holds rows 16 w + l // 4 (+ 8) and words 4 (l % 4) + c, whose
+    pairs are exactly the A fragments of wgmma m64nNk16 for its rows (k = 2 (l % 4) + e (+ 8) in every k16 slab)."""
+    regs, lanes, warps = [[0, 1], [0, 2], [8, 0]], [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], [[16, 0], [32, 0]]
+
+    def where(reg, lane, warp):
+        r = c = 0
+        for bases, v in ((regs, reg), (lanes, lane), (warps, warp)):
+            for i, (dr, dc) in enumerate(bases):
+                if v >> i & 1:
+                    r, c = r ^ dr, c ^ dc
+        return r, c
+
+    cells = {where(reg, lane, warp) for reg in range(8) for lane in range(32) for warp in range(4)}
+    assert len(cells) == 64 * 16  # every word of the block exactly once
+    for lane in range(32):
+        for warp in range(4):
+            rows = {where(reg, lane, warp)[0] for reg in range(8)}
+            words = {where(reg, lane, warp)[1] for reg in range(8)}
+            assert rows == {16 * warp + lane // 4, 16 * warp + lane // 4 + 8}
+            assert words == {4 * (lane % 4) + c for c in range(4)}  # word 4t + c holds k = 2t + e + 8j + 32c
+
+
+def test_refuses_what_it_does_not_decode():
+    tw = to_triton_layout(quantize(torch.randn(256, 512), "mxfp4"))
+    assert "4-bit integers only" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
+    tw = to_triton_layout(quantize(torch.randn(256, 512), "w4a16"))
+    assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="block_m must be 64, 128 or 256"):
+        gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=96)

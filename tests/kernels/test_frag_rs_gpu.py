@@ -1,0 +1,27 @@
+"""The experimental register-operand Gluon kernel on a Hopper GPU: against float64 products of `dequantize()`, awkward
+shapes (M off the token tile, N off the 64-row tile, K off the 128-K block and a single block), every token tile,
+bias, a NaN-poisoned output, bit-equal relaunches."""
+
+import pytest
+import torch
+
+from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
+from tests.kernels.test_frag_ws_gpu import SM90_GPU, _case
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = SM90_GPU
+
+
+@pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("w4a16:int4:g128:fp16", torch.float16),
+                                         ("w4a16:uint4:g128:bf16", torch.bfloat16),
+                                         ("w4a16:int4:ch:bf16", torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 2880), (96, 1040, 128)])
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=6), dict(block_m=128), dict(block_m=256, stages=2)])
+def test_matches_the_exact_product(text, dtype, m, n, k, tile):
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_rs_why_not(tw, dtype, x.device) is None
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rs(x, tw, b, out=out, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
