@@ -1,6 +1,7 @@
-"""Experimental: W4A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M
-calls (65-256 rows) where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most.
-Not routed: `gemm_frag_rs` is launched by tools/probe_ws.py (`--rs`) and the GPU tests until it is measured."""
+"""Experimental: A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls
+(65-256 rows) where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most. The
+weights the warp-specialised kernel takes (4-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales). Not
+routed: `gemm_frag_rs` is launched by tools/probe_ws.py (tiles `rs=1:...`) and the GPU tests until it is measured."""
 
 from __future__ import annotations
 
@@ -8,36 +9,41 @@ import torch
 
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import WS_BK, _gluon, _x_layout, call_output, frag_ws_why_not, weight_descs
+from anybit.kernels.frag_ws import WS_BK, _gluon, _x_layout, call_output, frag_ws_weight_why_not, weight_descs
 
 
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
-    """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: what the warp-specialised
-    kernel takes of 4-bit integers (`frag_ws_why_not`), e2m1 not yet; else why not."""
-    if tw.fmt["W_FLOAT"]:
-        return "the register-operand kernel decodes 4-bit integers only (e2m1: not yet)"
-    return frag_ws_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+    """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: the weights and GPUs of
+    the warp-specialised kernel (`frag_ws_weight_why_not`); else why not."""
+    return frag_ws_weight_why_not(tw, x_dtype, device)
 
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                 block_m: int = 128, stages: int = 4, group_m: int = 8,
-                 mma_regs: int = 232) -> torch.Tensor:  # fmt: skip
-    """y [M, N] = x [M, K] @ dequantize(W)^T (+ bias) in x's dtype, 64 weight rows by block_m tokens (64, 128 or
-    256) a CTA, two MMA warpgroups taking alternate 128-K blocks. x: contiguous bf16/fp16 [M, K]; the weight one
-    `frag_rs_why_not` accepts (the caller checks)."""
+                 block_m: int = 128, stages: int = 4, group_m: int = 8, mma_regs: int = 232,
+                 x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
+    (+ bias) in x's dtype, 64 weight rows by block_m tokens (64, 128 or 256) a CTA, two MMA warpgroups taking
+    alternate 128-K blocks. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the caller
+    checks)."""
     if block_m not in (64, 128, 256):
         raise ValueError(f"block_m must be 64, 128 or 256 tokens (got {block_m})")
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n
+    if x_scales is not None and x_scales.numel() != m:
+        raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
     x_desc = _gluon()[1].from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
     w_desc, s_desc = weight_descs(tw, 64)
+    gs = tw.global_scale
+    xs = x_scales.reshape(m).float() if x_scales is not None else y
     grid = (cdiv(m, block_m) * cdiv(n, 64),)
     frag_rs_kernel[grid](
-        x_desc, w_desc, s_desc, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
-        y.stride(0), STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k,
-        GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None,
-        PANEL=FRAG_PANEL, MMA_REGS=mma_regs, num_warps=4,
+        x_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+        tw.planes[0].shape[-1] // 16, y.stride(0), STAGES=stages, GROUP_M=group_m,
+        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+        HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
+        E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=gs is not None,
+        ROW_SCALES=x_scales is not None, num_warps=4,
     )  # fmt: skip
     return y

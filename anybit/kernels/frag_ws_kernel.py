@@ -121,23 +121,21 @@ def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _decode_half(words, s, SIGNED: gl.constexpr):
-    """words [BN, 4, 2] int32 — word 4t + 2h + cl of each row's block, as (t, cl) — and s [BN, 4, 2] the
-    rows' scales (x's dtype) -> the half block [BN, 64] in x's dtype, natural K order: nibble j (e = 0) and j + 4
-    (e = 1) of word (t, cl) hold k = 32 cl + 8 j + 2 t + e (`anybit.kernels.frag_layout`)."""
-    r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(s.dtype, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
-                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    return _half_from_pairs(r0, r1, r2, r3, s.dtype)
-
-
-@gluon.jit
-def _decode_half_e2m1(words, s_lo, s_hi):
-    """`_decode_half` for e2m1 words (`frag_layout.e2m1_bit_order`): s_lo the scales of pairs 0, 1 of each word
-    and s_hi of pairs 2, 3 (the same for 32-K groups), as `_scale_bits` builds them; the values come out times
-    2**-8 (the epilogue's `_pow2` puts it back)."""
-    r0, r1, r2, r3 = gl.inline_asm_elementwise(_e2m1_pairs_asm(s_lo.dtype), "=r,=r,=r,=r,r,h,h", [words, s_lo, s_hi],
-                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    return _half_from_pairs(r0, r1, r2, r3, s_lo.dtype)
+def _pairs(words, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
+    """Words (any shape) -> the four pairs of each, int32 holding two values of x's dtype: pair j of a word holds the
+    codes of nibbles j (e = 0) and j + 4 (e = 1), i.e. k = 32 c + 8 j + 2 t + e of word 4t + c
+    (`anybit.kernels.frag_layout`). 4-bit integers: (q - bias) * s, s each word's scale; e2m1
+    (`frag_layout.e2m1_bit_order`): s the scales of pairs 0, 1 and t of pairs 2, 3 (the same for 32-K groups), as
+    `_scale_bits` builds them — the values come out times 2**-8 (the epilogue's `_pow2` puts it back)."""
+    if E2M1:
+        r0, r1, r2, r3 = gl.inline_asm_elementwise(_e2m1_pairs_asm(s.dtype), "=r,=r,=r,=r,r,h,h", [words, s, t],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                                   pack=1)  # fmt: skip
+    else:
+        r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(s.dtype, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
+                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                                   pack=1)  # fmt: skip
+    return r0, r1, r2, r3
 
 
 @gluon.jit
@@ -319,11 +317,9 @@ def _e2m1_block(words, codes, KIND: gl.constexpr, DTYPE: gl.constexpr):
 
 @gluon.jit
 def _decode(h, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
-    """A half block's words -> [BN, 64] in x's dtype: 4-bit integers times s, or e2m1 (`_decode_half_e2m1`)."""
-    if E2M1:
-        return _decode_half_e2m1(h, s, t)
-    else:
-        return _decode_half(h, s, SIGNED)
+    """A half block's words [BN, 4 (t), 2 (cl)] -> [BN, 64] in x's dtype, natural K order (`_pairs`)."""
+    r0, r1, r2, r3 = _pairs(h, s, t, SIGNED, E2M1)
+    return _half_from_pairs(r0, r1, r2, r3, s.dtype)
 
 
 @gluon.jit

@@ -14,12 +14,11 @@ from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
 def _a_operand_like_the_kernel(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """words int64 [64, 16] (one 128-K block of 64 rows) -> the codes of its two 64-K halves, by the steps of
     `frag_rs_kernel._a_operand` (gl.join = stack on a new last dim, gl.split = unbind it)."""
-    pairs = [(words >> (4 * j)) & 0x000F000F for j in range(4)]
+    pairs = [(words.reshape(64, 4, 4) >> (4 * j)) & 0x000F000F for j in range(4)]  # words as (row, t, c)
     rr = torch.stack([torch.stack([pairs[0], pairs[2]], -1), torch.stack([pairs[1], pairs[3]], -1)], -1)
     lo, hi = rr & 0xFFFF, rr >> 16
-    v = torch.stack([lo, hi], -1).reshape(64, 4, 4, 2, 2, 2)  # (row, t, c, j1, j0, e)
-    v = v.permute(0, 2, 3, 4, 1, 5).reshape(64, 2, 64)
-    return v.permute(0, 2, 1).unbind(-1)
+    v = torch.stack([lo, hi], -1).permute(0, 2, 3, 4, 1, 5)  # (row, t, c, j1, j0, e) -> (row, c, j1, j0, t, e)
+    return v.reshape(64, 2, 64).permute(0, 2, 1).unbind(-1)
 
 
 def test_decode_order_is_the_frag_layout():
@@ -32,17 +31,18 @@ def test_decode_order_is_the_frag_layout():
 
 
 def test_words_layout_gives_each_thread_its_a_fragments():
-    """`_words_layout`'s bases: thread (warp w, lane l) holds rows 16 w + l // 4 (+ 8) and words 4 (l % 4) + c, whose
-    pairs are exactly the A fragments of wgmma m64nNk16 for its rows (k = 2 (l % 4) + e (+ 8) in every k16 slab)."""
-    regs, lanes, warps = [[0, 1], [0, 2], [8, 0]], [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], [[16, 0], [32, 0]]
+    """`_words_layout`'s bases over (row, t, c): thread (warp w, lane l) holds rows 16 w + l // 4 (+ 8) and words 4 t
+    + c with t = l % 4 — the A fragments of wgmma m64nNk16 for its rows (k = 2 (l % 4) + e (+ 8) in every k16 slab)."""
+    regs, lanes = [[0, 0, 1], [0, 0, 2], [8, 0, 0]], [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16, 0, 0], [32, 0, 0]]
 
     def where(reg, lane, warp):
-        r = c = 0
+        at = [0, 0, 0]
         for bases, v in ((regs, reg), (lanes, lane), (warps, warp)):
-            for i, (dr, dc) in enumerate(bases):
+            for i, basis in enumerate(bases):
                 if v >> i & 1:
-                    r, c = r ^ dr, c ^ dc
-        return r, c
+                    at = [a ^ d for a, d in zip(at, basis, strict=True)]
+        return at[0], 4 * at[1] + at[2]  # row, word
 
     cells = {where(reg, lane, warp) for reg in range(8) for lane in range(32) for warp in range(4)}
     assert len(cells) == 64 * 16  # every word of the block exactly once
@@ -54,9 +54,7 @@ def test_words_layout_gives_each_thread_its_a_fragments():
             assert words == {4 * (lane % 4) + c for c in range(4)}  # word 4t + c holds k = 2t + e + 8j + 32c
 
 
-def test_refuses_what_it_does_not_decode():
-    tw = to_triton_layout(quantize(torch.randn(256, 512), "mxfp4"))
-    assert "4-bit integers only" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
+def test_refuses_what_it_does_not_run():
     tw = to_triton_layout(quantize(torch.randn(256, 512), "w4a16"))
     assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="block_m must be 64, 128 or 256"):

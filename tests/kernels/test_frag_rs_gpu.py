@@ -1,12 +1,12 @@
 """The experimental register-operand Gluon kernel on a Hopper GPU: against float64 products of `dequantize()`, awkward
 shapes (M off the token tile, N off the 64-row tile, K off the 128-K block and a single block), every token tile,
-bias, a NaN-poisoned output, bit-equal relaunches."""
+bias, a NaN-poisoned output, bit-equal relaunches; NVFP4 with FP8 x as its codes."""
 
 import pytest
 import torch
 
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
-from tests.kernels.test_frag_ws_gpu import SM90_GPU, _case
+from tests.kernels.test_frag_ws_gpu import SM90_GPU, _case, random_case
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = SM90_GPU
@@ -14,8 +14,9 @@ pytestmark = SM90_GPU
 
 @pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("w4a16:int4:g128:fp16", torch.float16),
                                          ("w4a16:uint4:g128:bf16", torch.bfloat16),
-                                         ("w4a16:int4:ch:bf16", torch.bfloat16)])  # fmt: skip
-@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 2880), (96, 1040, 128)])
+                                         ("w4a16:int4:ch:bf16", torch.bfloat16), ("mxfp4", torch.bfloat16),
+                                         ("nvfp4", torch.bfloat16), ("nvfp4", torch.float16)])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2880), (96, 1040, 128)])
 @pytest.mark.parametrize("tile", [dict(block_m=64, stages=6), dict(block_m=128), dict(block_m=256, stages=2)])
 def test_matches_the_exact_product(text, dtype, m, n, k, tile):
     x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
@@ -25,3 +26,16 @@ def test_matches_the_exact_product(text, dtype, m, n, k, tile):
     y = gemm_frag_rs(x, tw, b, out=out, **tile)
     assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
     assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
+
+
+def test_fp8_codes_on_nvfp4_weights():
+    """W4A8-NVFP4 (`codes_a16`): x's e4m3 codes in bf16, its per-row scales in the epilogue."""
+    from anybit import prepare
+    from anybit.kernels.quant_act import quantize_act
+    from tests.kernels.test_gemm_a8 import a8_reference
+
+    x, qw = random_case("w4a8-nvfp4", 150, 8192, 2048, seed=1)
+    p = prepare(qw, backend="triton")
+    xq, xs = quantize_act(x, qw.scheme.act, codes_dtype=torch.bfloat16)
+    y = gemm_frag_rs(xq, p.data, x_scales=xs)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
