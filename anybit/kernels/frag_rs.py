@@ -9,7 +9,15 @@ import torch
 
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import WS_BK, _gluon, _x_layout, call_output, frag_ws_weight_why_not, weight_descs
+from anybit.kernels.frag_ws import (
+    WS_BK,
+    _gluon,
+    _x_layout,
+    call_output,
+    frag_ws_weight_why_not,
+    swap_parts,
+    weight_descs,
+)
 
 
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
@@ -22,28 +30,31 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
                  block_m: int = 128, stages: int = 4, group_m: int = 8, mma_regs: int = 232,
                  x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
-    (+ bias) in x's dtype, 64 weight rows by block_m tokens (64, 128 or 256) a CTA, two MMA warpgroups taking
-    alternate 128-K blocks. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the caller
-    checks)."""
-    if block_m not in (64, 128, 256):
-        raise ValueError(f"block_m must be 64, 128 or 256 tokens (got {block_m})")
+    (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
+    `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
+    x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
+    bm1, bm2 = swap_parts(block_m)
+    if bm1 < 16:
+        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n
     if x_scales is not None and x_scales.numel() != m:
         raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
-    x_desc = _gluon()[1].from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
+    TensorDescriptor = _gluon()[1]
+    x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
+    x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
     w_desc, s_desc = weight_descs(tw, 64)
     gs = tw.global_scale
     xs = x_scales.reshape(m).float() if x_scales is not None else y
     grid = (cdiv(m, block_m) * cdiv(n, 64),)
     frag_rs_kernel[grid](
-        x_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+        x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
         tw.planes[0].shape[-1] // 16, y.stride(0), STAGES=stages, GROUP_M=group_m,
         SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
         HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=gs is not None,
-        ROW_SCALES=x_scales is not None, num_warps=4,
+        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, num_warps=4,
     )  # fmt: skip
     return y

@@ -23,7 +23,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from anybit.kernels.frag_ws_kernel import _e2m1_scales, _pairs, _pow2, _store_tile, _tile_origin, _w_fetch, _x_issue
+from anybit.kernels.frag_ws_kernel import _e2m1_scales, _pairs, _pow2, _store_tile, _tile_origin, _w_fetch, _x_issue2
 
 
 @gluon.constexpr_function
@@ -77,76 +77,107 @@ def _block_operand(wq, sq, ready, b, DTYPE: gl.constexpr, SIGNED: gl.constexpr, 
 
 
 @gluon.jit
-def _loader(w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_blocks,
-            SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr):
-    """Block b's words and scales into slot b % STAGES of the word ring, x's halves into slots 2b, 2b + 1 of the x
-    ring (2 STAGES), once the block's consumer released the slot."""
+def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
+            num_blocks, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr):
+    """Block b's words and scales into slot b % STAGES of the word ring, x's halves (BM1 rows, and BM2 more: TWO)
+    into slots 2b, 2b + 1 of the x rings (2 STAGES), once the block's consumer released the slot."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
         _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, b, num_blocks, GB,
                  SCALE_PER_BLOCK)
-        _x_issue(x_desc, x_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES)
-        _x_issue(x_desc, x_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES)
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO)
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES, TWO)
 
 
 @gluon.jit
-def _consumer_loop(wq, sq, x_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
-                   E2M1: gl.constexpr):
-    """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma, waited for. Returns the fp32 [64, BM]
-    partial product. (Decoding the next block into a second set of registers while this block's wgmma run, both
-    kept alive by the wait's deps, made ptxas wait after every wgmma: sm_90a, session 21.)"""
-    BM: gl.constexpr = x_bufs.type.shape[1]
+def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
+                   E2M1: gl.constexpr, TWO: gl.constexpr):
+    """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
+    tokens after the first BM1 into a second accumulator), waited for. Returns the fp32 [64, BM1] and [64, BM2]
+    partial products (the second a copy of the first without TWO). (Decoding the next block into a second set of
+    registers while this block's wgmma run, both kept alive by the wait's deps, made ptxas wait after every
+    wgmma: sm_90a, session 21.)"""
+    BM1: gl.constexpr = x_bufs.type.shape[1]
+    BM2: gl.constexpr = x2_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BM, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    acc = gl.zeros((64, BM), dtype=gl.float32, layout=mma_layout)
+    l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM1, 16])
+    l2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM2, 16])
+    a1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l1, k_width=2)
+    a2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l2, k_width=2)
+    acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
+    acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
     for i in range(gl.cdiv(num_blocks - me, 2)):
         b = 2 * i + me
-        a0, a1 = _block_operand(wq, sq, ready, b, x_bufs.dtype, SIGNED, E2M1, a_layout)
+        a0, a1 = _block_operand(wq, sq, ready, b, x_bufs.dtype, SIGNED, E2M1, a1_layout)
         x0 = (2 * b) % (2 * STAGES)
         mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
         mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
         acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
-        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        if TWO:  # the same registers as the other N's operand (a renaming)
+            b0 = gl.convert_layout(a0, a2_layout)
+            b1 = gl.convert_layout(a1, a2_layout)
+            acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
+            acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+            acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
+        else:
+            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
         mbarrier.arrive(empty.index(b % STAGES), count=1)
-    return acc
+    return acc, acc2
 
 
 @gluon.jit
-def _first(wq, sq, x_bufs, ready, x_ready, empty, red, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-           off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
-           HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
-    """The even blocks, then the odd ones' partial product from shared memory, then y."""
-    acc = _consumer_loop(wq, sq, x_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1)
+def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M,
+           N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
+           HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
+    """The even blocks, then the odd ones' partial products from shared memory, then y."""
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO)
     mbarrier.wait(red_bar.index(0), 0)
     acc = acc + red.load(acc.type.layout)
     _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                 _pow2(E2M1), HAS_GS, True)
+    if TWO:
+        acc2 = acc2 + red2.load(acc2.type.layout)
+        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n, ROW_SCALES,
+                    HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
 
 
 @gluon.jit
-def _second(wq, sq, x_bufs, ready, x_ready, empty, red, red_bar, num_blocks, SIGNED: gl.constexpr,
-            E2M1: gl.constexpr):
-    """The odd blocks; their partial product into shared memory for `_first`."""
-    acc = _consumer_loop(wq, sq, x_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1)
+def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, num_blocks, SIGNED: gl.constexpr,
+            E2M1: gl.constexpr, TWO: gl.constexpr):
+    """The odd blocks; their partial products into shared memory for `_first`."""
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO)
     red.store(acc)
+    if TWO:
+        red2.store(acc2)
     mbarrier.arrive(red_bar.index(0), count=1)
 
 
 @gluon.jit
-def frag_rs_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, MMA_REGS: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr):
-    BM: gl.constexpr = x_desc.block_type.shape[0]
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
+    BM1: gl.constexpr = x_desc.block_type.shape[0]
+    BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
+    if TWO:
+        BM: gl.constexpr = BM1 + BM2
+    else:
+        BM: gl.constexpr = BM1
     off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM, BK], x_desc.layout)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)
+    red = gl.allocate_shared_memory(gl.float32, [64, BM1], flat)
+    if TWO:
+        x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM2, BK], x2_desc.layout)
+        red2 = gl.allocate_shared_memory(gl.float32, [64, BM2], flat)
+    else:
+        x2_bufs = x_bufs
+        red2 = red
     wq = gl.allocate_shared_memory(gl.int32, [STAGES, 4, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -157,15 +188,15 @@ def frag_rs_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
         mbarrier.init(empty.index(i), count=1)
         mbarrier.init(x_ready.index(2 * i), count=1)
         mbarrier.init(x_ready.index(2 * i + 1), count=1)
-    red = gl.allocate_shared_memory(gl.float32, [64, BM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     red_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(red_bar.index(0), count=1)
     num_blocks = gl.cdiv(K, 2 * BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
-        (_first, (wq, sq, x_bufs, ready, x_ready, empty, red, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
-                  stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES)),
-        (_second, (wq, sq, x_bufs, ready, x_ready, empty, red, red_bar, num_blocks, SIGNED, E2M1)),
-        (_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_blocks,
-                   SCALE_PER_BLOCK, GB, PANEL)),
+        (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr,
+                  M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO)),
+        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, num_blocks, SIGNED, E2M1,
+                   TWO)),
+        (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
+                   num_blocks, SCALE_PER_BLOCK, GB, PANEL, TWO)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on
