@@ -70,6 +70,11 @@ class Settings:
     Triton 3.6 leaves 3-7 of them in flight there (undefined behaviour: 8-bit codes on 8/16 warps gave runs of wrong
     rows on the H200; sm_90a SASS of w4a16 M=128, w8a16 M=16-128, nvfp4/mxfp4 M=1/16/128 show the same pattern,
     `tools/sm90_check.py` HAZARD). Its speed on the H200 is not yet measured (2026-12-01)."""
+    frag_rs: bool
+    """ANYBIT_FRAG_RS=1 (default 0; experimental, not yet measured on a GPU), Hopper: the A16 calls of 65-256 rows that
+    the warp-specialised kernel would take (`frag_ws.ws_tile`, `ws_takes`) run the register-operand kernel
+    (`anybit.kernels.frag_rs`: the decoded weight straight into the wgmma's registers, `rs_tile`) instead; read when
+    a prepared weight first sees an M."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
     token whose rows span at most 11 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
@@ -139,6 +144,11 @@ def frag_settle() -> bool:
     return _level("ANYBIT_FRAG_SETTLE", 1, (0, 1)) == 1
 
 
+def frag_rs() -> bool:
+    """ANYBIT_FRAG_RS alone (see `Settings.frag_rs`)."""
+    return _level("ANYBIT_FRAG_RS", 0, (0, 1)) == 1
+
+
 def e2m1_a8() -> bool:
     """ANYBIT_E2M1_A8 alone (see `Settings.e2m1_a8`)."""
     return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
@@ -147,7 +157,7 @@ def e2m1_a8() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -162,5 +172,6 @@ def load() -> Settings:
         moe_ws_min_rows=moe_ws_min_rows(),
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),
+        frag_rs=frag_rs(),
         e2m1_a8=e2m1_a8(),
     )

@@ -18,6 +18,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               tile); the tile is picked per prepared weight, so each variant prepares its own copies
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
+  rs          ANYBIT_FRAG_RS: A16 at 65-256 rows on the register-operand kernel (`frag_rs`; off: the warp-specialised
+              kernel's tiles); each variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -94,16 +96,21 @@ def _subs(on: bool) -> None:
     frag.FRAG_SUBS = on  # read when a call's tile is picked (once per prepared weight and M)
 
 
+def _rs(on: bool) -> None:
+    os.environ["ANYBIT_FRAG_RS"] = "1" if on else "0"  # read when a prepared weight first sees an M
+
+
 def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
 
 # switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
-PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc"}
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,
     "subs": _subs,
+    "rs": _rs,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
     "mid256-e2m1": _mid256_e2m1,

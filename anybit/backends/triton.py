@@ -23,6 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
+from anybit.kernels.frag_rs import gemm_frag_rs, rs_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -188,6 +189,15 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
     return kind in WS_OVER_MID and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
+def ws_route_tile(m: int, n: int, k: int, num_sms: int) -> dict | None:
+    """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or with ANYBIT_FRAG_RS=1 (experimental) the
+    register-operand kernel's where the former would run (`rs_tile`: 65-256 rows)."""
+    tile = ws_tile(m, n, num_sms, k)
+    if tile is not None and settings.frag_rs():
+        tile = rs_tile(m) or tile
+    return tile
+
+
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
     """Whether an A16 call of a frag weight [N, K] with M rows runs the frag kernel's 128/256-token tiles (`frag_tile`
     mid) rather than the large-M paths (H200 M=128 under graphs: 8192^2 65 -> 45 µs, 8192x28672 219 -> 115,
@@ -199,7 +209,7 @@ def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device:
     if device is None or not ws_over_mid(kind, m):
         return True
     return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or not ws_takes(
-        ws_tile(m, n, _sm_count(device), k), m
+        ws_route_tile(m, n, k, _sm_count(device)), m
     )
 
 
@@ -439,7 +449,8 @@ class TritonBackend:
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
-        """`gemm_frag_ws`'s tile for this large-M call of a frag weight, or None: dequantize + cuBLAS (the
+        """`gemm_frag_ws`'s (or `gemm_frag_rs`'s, `ws_route_tile`) tile for this large-M call of a frag weight, or
+        None: dequantize + cuBLAS (the
         kernel's availability is decided once per weight and dtype, the tile once per M: `_mid` and
         `dequant_matmul` both ask for it)."""
         m = x.shape[0]
@@ -452,7 +463,7 @@ class TritonBackend:
             return None
         key = ("tile", m)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = ws_tile(m, tw.n, _sm_count(x.device), tw.k)
+            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device))
         return tw.ws_ok[key]
 
     @staticmethod
@@ -488,6 +499,9 @@ class TritonBackend:
             if tile is not None:
                 try:
                     xc = x if x.is_contiguous() else x.contiguous()  # TMA reads whole rows
+                    if tile.get("rs"):
+                        return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, block_m=tile["block_m"],
+                                            stages=tile["stages"])  # fmt: skip
                     return gemm_frag_ws(xc, tw, bias, x_scales=x_scales, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
                     tw.ws_ok[x.dtype] = False

@@ -15,6 +15,7 @@ from anybit.kernels.frag_ws import (
     _x_layout,
     call_output,
     frag_ws_weight_why_not,
+    swap_block_m,
     swap_parts,
     weight_descs,
 )
@@ -26,17 +27,39 @@ def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | Non
     return frag_ws_weight_why_not(tw, x_dtype, device)
 
 
+RS_MAX_STAGES = 6
+_SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
+
+
+def rs_stages(block_m: int) -> int:
+    """The most ring slots (up to RS_MAX_STAGES) that fit beside the reduction tile: a slot is a block's words (4 KB),
+    scale rows (at most 8 x 64 bytes) and x's two halves (block_m x 128 x 2 bytes); the reduction tile block_m x 64
+    fp32 (96 tokens: 6, 128: 5, 192: 3, 256: 2)."""
+    slot = 4096 + 512 + block_m * 256
+    return max(2, min(RS_MAX_STAGES, (_SMEM - block_m * 256) // slot))
+
+
+def rs_tile(m: int) -> dict | None:
+    """The tile `ANYBIT_FRAG_RS=1` gives an M-row call: the fewest tokens holding M (`frag_ws.swap_block_m`), the
+    most stages that fit; None outside 65-256 rows."""
+    bm = swap_block_m(m) if 64 < m <= 256 else None
+    return None if bm is None else dict(rs=True, block_m=bm, stages=rs_stages(bm))
+
+
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                 block_m: int = 128, stages: int = 4, group_m: int = 8, mma_regs: int = 232,
+                 block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                  x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
     `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
-    x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
+    stages: ring slots (default `rs_stages`). x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
+    accepts (the caller checks)."""
     bm1, bm2 = swap_parts(block_m)
     if bm1 < 16:
         raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
+
+    stages = stages or rs_stages(block_m)
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n

@@ -43,16 +43,22 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
-        from anybit.kernels.frag_ws import frag_ws_scheme_why_not, ws_tile
+        from anybit.backends.triton import ws_route_tile
+        from anybit.kernels.frag_ws import frag_ws_scheme_why_not
 
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        t = ws_tile(m, n, _sm_count(device), k) if why is None else None
+        t = ws_route_tile(m, n, k, _sm_count(device)) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
         via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the "
                "MMA; " if codes else "")  # fmt: skip
+        if t is not None and t.get("rs"):
+            return (f"{via}{scheme.weight_bits}-bit fragment layout, 64 < M <= 256, ANYBIT_FRAG_RS=1: the experimental "
+                    f"register-operand Gluon kernel (each MMA warpgroup decodes its 128-K blocks straight into the "
+                    f"wgmma's registers, two warpgroups on alternate blocks), tile {t['block_m']}x64x128, "
+                    f"{t['stages']} stages")  # fmt: skip
         if t is not None:
             fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip

@@ -59,3 +59,37 @@ def test_refuses_what_it_does_not_run():
     assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="block_m must be a power of two or the sum of two"):
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=112)
+
+
+def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
+    """`rs_stages`: the most slots beside the reduction tile (sm_90a compiles: 96 tokens x 6 stages ~196 KB, 128 x 5
+    218 KB, 160 x 4 222 KB, 192 x 3 210 KB, 256 x 2 206 KB; the limit 227 KB)."""
+    from anybit.kernels.frag_rs import rs_stages, rs_tile
+
+    assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256)] == [6, 6, 5, 4, 3, 2]
+    assert rs_tile(64) is None and rs_tile(257) is None
+    assert rs_tile(100) == dict(rs=True, block_m=128, stages=5)  # 112 = 64 + 48 is not two powers of two
+    assert rs_tile(96) == dict(rs=True, block_m=96, stages=6)
+
+
+@pytest.mark.parametrize("m, n, k", [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (256, 8192, 8192)])
+def test_frag_rs_takes_the_mid_calls_when_asked(monkeypatch, m, n, k):
+    """ANYBIT_FRAG_RS=1 on a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the
+    warp-specialised kernel would take, or the frag kernel's mid tiles would keep, go to the register-operand kernel,
+    and `anybit explain` says so; off (the default) nothing changes."""
+    import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_ws as frag_ws
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
+    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    before = triton_backend.ws_route_tile(m, n, k, 132)
+    assert not (before or {}).get("rs")
+    monkeypatch.setenv("ANYBIT_FRAG_RS", "1")
+    tile = triton_backend.ws_route_tile(m, n, k, 132)
+    assert tile["rs"] and tile["block_m"] >= m
+    assert not triton_backend.frag_mid(Scheme.parse("w4a16"), m, n, k, torch.bfloat16, cuda)
+    plan = triton_plan(Scheme.parse("mxfp4"), m, n, k, cuda, torch.bfloat16)
+    assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, plan
