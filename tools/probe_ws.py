@@ -92,7 +92,7 @@ def main() -> int:
                     fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
                 else:
                     fn, t = gemm_frag_ws, (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # even where auto says no
-                if t.get("swap") and not t.get("block_m"):  # block_m=0: the fewest tokens holding M
+                if (t.get("swap") or tile.get("rs")) and not t.get("block_m"):  # 0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
                 try:
                     why = relaunch_check(lambda fn=fn, t=t, x=x, tw=tws[0]: fn(x, tw, **t), ref)
