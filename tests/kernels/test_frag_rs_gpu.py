@@ -18,7 +18,8 @@ pytestmark = SM90_GPU
                                          ("nvfp4", torch.bfloat16), ("nvfp4", torch.float16)])  # fmt: skip
 @pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2880), (96, 1040, 128)])
 @pytest.mark.parametrize("tile", [dict(block_m=64, stages=6), dict(block_m=96, stages=5), dict(block_m=128),
-                                  dict(block_m=192, stages=3), dict(block_m=256, stages=2)])  # fmt: skip
+                                  dict(block_m=192, stages=3), dict(block_m=256, stages=2)],
+                         ids=lambda t: f"bm{t['block_m']}")  # fmt: skip
 def test_matches_the_exact_product(text, dtype, m, n, k, tile):
     x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
     assert frag_rs_why_not(tw, dtype, x.device) is None
