@@ -32,11 +32,10 @@ _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers 
 
 
 def rs_stages(block_m: int) -> int:
-    """The most ring slots (up to RS_MAX_STAGES) that fit beside the reduction tile: a slot is a block's words (4 KB),
-    scale rows (at most 8 x 64 bytes) and x's two halves (block_m x 128 x 2 bytes); the reduction tile block_m x 64
-    fp32 (96 tokens: 6, 128: 5, 192: 3, 256: 2)."""
-    slot = 4096 + 512 + block_m * 256
-    return max(2, min(RS_MAX_STAGES, (_SMEM - block_m * 256) // slot))
+    """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
+    64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
+    5, 192: 4, 256: 3."""
+    return max(2, min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256)))
 
 
 def rs_tile(m: int) -> dict | None:

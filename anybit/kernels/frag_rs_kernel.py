@@ -13,7 +13,8 @@ Per CTA: 64 weight rows (the wgmma's M) by BM tokens (its N), three partitions:
   registers as the warp-specialised kernel's decoder does (`_pairs`), runs two wgmma (one a 64-K half) and waits
   for them: no register operand is rewritten while a wgmma reads it, and the other warpgroup's block keeps the
   tensor cores busy meanwhile;
-* at the end the second warpgroup's fp32 tile goes through shared memory to the first, which stores y (times
+* at the end the second warpgroup's fp32 tile goes through shared memory (the x slots of its last block,
+  `_partial`) to the first, which stores y (times
   the e2m1 power of two, NVFP4's global scale, x's per-row scales of FP8 codes: `_store_tile`).
 """
 
@@ -129,29 +130,43 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
 
 
 @gluon.jit
-def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M,
-           N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
+def _partial(x_bufs, num_blocks):
+    """Where the second warpgroup leaves its fp32 [64, BM] partial product: the two x slots of its last block (or of
+    block 1, unused, when it has none) — the same bytes, free once that block's wgmma retired (no later block takes
+    them), so the reduction costs no shared memory of its own."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
+    BM: gl.constexpr = x_bufs.type.shape[1]
+    BK: gl.constexpr = x_bufs.type.shape[2]
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    last = 1 + 2 * gl.maximum(gl.cdiv(num_blocks - 1, 2) - 1, 0)
+    pairs = x_bufs._reinterpret(x_bufs.dtype, [STAGES, 2 * BM, BK], flat)
+    return pairs.index(last % STAGES)._reinterpret(gl.float32, [64, BM], flat)
+
+
+@gluon.jit
+def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
+           stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
            HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
-    """The even blocks, then the odd ones' partial products from shared memory, then y."""
+    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO)
     mbarrier.wait(red_bar.index(0), 0)
-    acc = acc + red.load(acc.type.layout)
+    acc = acc + _partial(x_bufs, num_blocks).load(acc.type.layout)
     _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                 _pow2(E2M1), HAS_GS, True)
     if TWO:
-        acc2 = acc2 + red2.load(acc2.type.layout)
+        acc2 = acc2 + _partial(x2_bufs, num_blocks).load(acc2.type.layout)
         _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n, ROW_SCALES,
                     HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
 
 
 @gluon.jit
-def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, num_blocks, SIGNED: gl.constexpr,
+def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
             E2M1: gl.constexpr, TWO: gl.constexpr):
     """The odd blocks; their partial products into shared memory for `_first`."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO)
-    red.store(acc)
+    _partial(x_bufs, num_blocks).store(acc)
     if TWO:
-        red2.store(acc2)
+        _partial(x2_bufs, num_blocks).store(acc2)
     mbarrier.arrive(red_bar.index(0), count=1)
 
 
@@ -169,15 +184,11 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     else:
         BM: gl.constexpr = BM1
     off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)
-    red = gl.allocate_shared_memory(gl.float32, [64, BM1], flat)
     if TWO:
         x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM2, BK], x2_desc.layout)
-        red2 = gl.allocate_shared_memory(gl.float32, [64, BM2], flat)
     else:
         x2_bufs = x_bufs
-        red2 = red
     wq = gl.allocate_shared_memory(gl.int32, [STAGES, 4, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -192,10 +203,9 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     mbarrier.init(red_bar.index(0), count=1)
     num_blocks = gl.cdiv(K, 2 * BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
-        (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr,
-                  M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO)),
-        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red, red2, red_bar, num_blocks, SIGNED, E2M1,
-                   TWO)),
+        (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
+                  stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO)),
+        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
                    num_blocks, SCALE_PER_BLOCK, GB, PANEL, TWO)),
     ], [4, 1], [MMA_REGS, 48])
