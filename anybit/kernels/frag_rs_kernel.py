@@ -55,9 +55,9 @@ def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _block_operand(wq, sq, ready, b, DTYPE: gl.constexpr, SIGNED: gl.constexpr, E2M1: gl.constexpr,
-                   a_layout: gl.constexpr):
-    """Block b's A operand (its two 64-K halves) from its slot of the word ring, once the slot has landed."""
+def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
+    """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 beside
+    them, from its slot of the word ring once the slot has landed."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
     flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -73,8 +73,7 @@ def _block_operand(wq, sq, ready, b, DTYPE: gl.constexpr, SIGNED: gl.constexpr, 
         hi = lo
     lo, _ = gl.broadcast(lo, words)
     hi, _ = gl.broadcast(hi, words)
-    r0, r1, r2, r3 = _pairs(words, lo, hi, SIGNED, E2M1)
-    return _a_operand(r0, r1, r2, r3, DTYPE, a_layout)
+    return words, lo, hi
 
 
 @gluon.jit
@@ -96,7 +95,8 @@ def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_r
 def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
                    E2M1: gl.constexpr, TWO: gl.constexpr):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
-    tokens after the first BM1 into a second accumulator), waited for. Returns the fp32 [64, BM1] and [64, BM2]
+    tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
+    Humming's mainloop does), waited for. Returns the fp32 [64, BM1] and [64, BM2]
     partial products (the second a copy of the first without TWO). (Decoding the next block into a second set of
     registers while this block's wgmma run, both kept alive by the wait's deps, made ptxas wait after every
     wgmma: sm_90a, session 21.)"""
@@ -109,9 +109,15 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     a2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l2, k_width=2)
     acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
     acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
-    for i in range(gl.cdiv(num_blocks - me, 2)):
+    DTYPE: gl.constexpr = x_bufs.dtype
+    mine = gl.cdiv(num_blocks - me, 2)
+    last = me + 2 * gl.maximum(mine - 1, 0)  # this warpgroup's last block
+    # its first block's words (with no block of its own, block 0's: landed, read, never used)
+    w, lo, hi = _block_words(wq, sq, ready, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
+    for i in range(mine):
         b = 2 * i + me
-        a0, a1 = _block_operand(wq, sq, ready, b, x_bufs.dtype, SIGNED, E2M1, a1_layout)
+        r0, r1, r2, r3 = _pairs(w, lo, hi, SIGNED, E2M1)
+        a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
         x0 = (2 * b) % (2 * STAGES)
         mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
         mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
@@ -122,6 +128,9 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
             b1 = gl.convert_layout(a1, a2_layout)
             acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
             acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+        # the next block's words while the wgmma run (the last block's again at the end: its slot is still held)
+        w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+        if TWO:
             acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
         else:
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
