@@ -47,11 +47,12 @@ def rs_tile(m: int) -> dict | None:
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
-                 x_scales: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                 x_scales: torch.Tensor | None = None, diag: int = 0) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
     `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
-    stages: ring slots (default `rs_stages`). x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
+    stages: ring slots (default `rs_stages`). diag=1 (timing only, wrong results): the words as the operand without
+    decoding. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
     accepts (the caller checks)."""
     bm1, bm2 = swap_parts(block_m)
     if bm1 < 16:
@@ -77,6 +78,6 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
         HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=gs is not None,
-        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, num_warps=4,
+        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, DIAG=int(diag), num_warps=4,
     )  # fmt: skip
     return y

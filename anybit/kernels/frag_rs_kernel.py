@@ -93,7 +93,7 @@ def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_r
 
 @gluon.jit
 def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
-                   E2M1: gl.constexpr, TWO: gl.constexpr):
+                   E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
     tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
     Humming's mainloop does), waited for. Returns the fp32 [64, BM1] and [64, BM2]
@@ -116,8 +116,11 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     w, lo, hi = _block_words(wq, sq, ready, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
     for i in range(mine):
         b = 2 * i + me
-        r0, r1, r2, r3 = _pairs(w, lo, hi, SIGNED, E2M1)
-        a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
+        if DIAG:  # timing only: the words themselves as the operand, no decode (wrong results)
+            a0, a1 = _a_operand(w, w, w, w, DTYPE, a1_layout)
+        else:
+            r0, r1, r2, r3 = _pairs(w, lo, hi, SIGNED, E2M1)
+            a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
         x0 = (2 * b) % (2 * STAGES)
         mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
         mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
@@ -155,9 +158,9 @@ def _partial(x_bufs, num_blocks):
 @gluon.jit
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
            stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
-           HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
+           HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
     """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y."""
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO)
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG)
     mbarrier.wait(red_bar.index(0), 0)
     acc = acc + _partial(x_bufs, num_blocks).load(acc.type.layout)
     _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
@@ -170,9 +173,9 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
 
 @gluon.jit
 def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
-            E2M1: gl.constexpr, TWO: gl.constexpr):
+            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
     """The odd blocks; their partial products into shared memory for `_first`."""
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO)
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG)
     _partial(x_bufs, num_blocks).store(acc)
     if TWO:
         _partial(x2_bufs, num_blocks).store(acc2)
@@ -183,7 +186,8 @@ def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                    STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, MMA_REGS: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr):
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
+                   DIAG: gl.constexpr):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -213,8 +217,8 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     num_blocks = gl.cdiv(K, 2 * BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([
         (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
-                  stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO)),
-        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO)),
+                  stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO, DIAG)),
+        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
                    num_blocks, SCALE_PER_BLOCK, GB, PANEL, TWO)),
     ], [4, 1], [MMA_REGS, 48])
