@@ -56,8 +56,8 @@ def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
 
 @gluon.jit
 def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
-    """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 beside
-    them, from its slot of the word ring once the slot has landed."""
+    """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
+    and c), from its slot of the word ring once the slot has landed."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
     flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -71,9 +71,7 @@ def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
         lo = sq.index(s)._reinterpret(DTYPE, [64], flat1).load(gl.SliceLayout(1, gl.SliceLayout(2, wl)))
         lo = gl.expand_dims(gl.expand_dims(lo, 1), 2)
         hi = lo
-    lo, _ = gl.broadcast(lo, words)
-    hi, _ = gl.broadcast(hi, words)
-    return words, lo, hi
+    return words, lo, hi  # the scales [64, 1, 4] (ints [64, 1, 1]): broadcast where they are used
 
 
 @gluon.jit
@@ -96,7 +94,7 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                    E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
     tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
-    Humming's mainloop does), waited for. Returns the fp32 [64, BM1] and [64, BM2]
+    Humming's mainloop does; up to 192 tokens), waited for. Returns the fp32 [64, BM1] and [64, BM2]
     partial products (the second a copy of the first without TWO). (Decoding the next block into a second set of
     registers while this block's wgmma run, both kept alive by the wait's deps, made ptxas wait after every
     wgmma: sm_90a, session 21.)"""
@@ -110,16 +108,22 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
     acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
     DTYPE: gl.constexpr = x_bufs.dtype
+    # the next block's words ride over the loop's back edge below 256 tokens (at 256 the e2m1 scales spill)
+    AHEAD: gl.constexpr = (BM1 + BM2 if TWO else BM1) <= 192
     mine = gl.cdiv(num_blocks - me, 2)
     last = me + 2 * gl.maximum(mine - 1, 0)  # this warpgroup's last block
-    # its first block's words (with no block of its own, block 0's: landed, read, never used)
-    w, lo, hi = _block_words(wq, sq, ready, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
+    if AHEAD:  # its first block's words (with no block of its own, block 0's: landed, read, never used)
+        w, lo, hi = _block_words(wq, sq, ready, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
     for i in range(mine):
         b = 2 * i + me
+        if not AHEAD:
+            w, lo, hi = _block_words(wq, sq, ready, b, DTYPE, E2M1)
         if DIAG:  # timing only: the words themselves as the operand, no decode (wrong results)
             a0, a1 = _a_operand(w, w, w, w, DTYPE, a1_layout)
         else:
-            r0, r1, r2, r3 = _pairs(w, lo, hi, SIGNED, E2M1)
+            s_lo, _ = gl.broadcast(lo, w)
+            s_hi, _ = gl.broadcast(hi, w)
+            r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1)
             a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
         x0 = (2 * b) % (2 * STAGES)
         mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
@@ -131,8 +135,8 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
             b1 = gl.convert_layout(a1, a2_layout)
             acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
             acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
-        # the next block's words while the wgmma run (the last block's again at the end: its slot is still held)
-        w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+        if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
+            w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
         if TWO:
             acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
         else:
