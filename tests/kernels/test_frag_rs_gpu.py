@@ -41,3 +41,20 @@ def test_fp8_codes_on_nvfp4_weights():
     xq, xs = quantize_act(x, qw.scheme.act, codes_dtype=torch.bfloat16)
     y = gemm_frag_rs(xq, p.data, x_scales=xs)
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 192), ("nvfp4", 130)])
+def test_is_the_route_when_asked(monkeypatch, text, m):
+    """ANYBIT_FRAG_RS=1: anybit.gemm of a 65-256-row call that the warp-specialised kernel would take runs this
+    kernel's `rs_tile`: the same bits as a direct launch."""
+    from anybit.backends import get_backend
+    from anybit.backends.base import Prepared
+    from anybit.backends.triton_layout import to_triton_layout
+    from anybit.kernels.frag_rs import rs_tile
+
+    monkeypatch.setenv("ANYBIT_FRAG_RS", "1")
+    x, qw = random_case(text, m, 8192, 1024, seed=m)
+    tw = to_triton_layout(qw)
+    route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
+    tile = rs_tile(m)
+    assert torch.equal(route, gemm_frag_rs(x, tw, block_m=tile["block_m"], stages=tile["stages"]))
