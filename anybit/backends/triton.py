@@ -450,9 +450,8 @@ class TritonBackend:
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
         """`gemm_frag_ws`'s (or `gemm_frag_rs`'s, `ws_route_tile`) tile for this large-M call of a frag weight, or
-        None: dequantize + cuBLAS (the
-        kernel's availability is decided once per weight and dtype, the tile once per M: `_mid` and
-        `dequant_matmul` both ask for it)."""
+        None: dequantize + cuBLAS (the kernel's availability is decided once per weight and dtype, the tile once per
+        M: `_mid` and `dequant_matmul` both ask for it)."""
         m = x.shape[0]
         if m > settings.frag_ws_max_m():
             return None
@@ -499,9 +498,9 @@ class TritonBackend:
             if tile is not None:
                 try:
                     xc = x if x.is_contiguous() else x.contiguous()  # TMA reads whole rows
-                    if tile.get("rs"):
-                        return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, block_m=tile["block_m"],
-                                            stages=tile["stages"])  # fmt: skip
+                    if tile.get("rs"):  # `rs_tile`: the register-operand kernel
+                        rs = {a: v for a, v in tile.items() if a != "rs"}
+                        return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, **rs)
                     return gemm_frag_ws(xc, tw, bias, x_scales=x_scales, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
                     tw.ws_ok[x.dtype] = False

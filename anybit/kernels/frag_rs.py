@@ -15,6 +15,7 @@ from anybit.kernels.frag_ws import (
     _x_layout,
     call_output,
     frag_ws_weight_why_not,
+    row_scales,
     swap_block_m,
     swap_parts,
     weight_descs,
@@ -63,14 +64,12 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n
-    if x_scales is not None and x_scales.numel() != m:
-        raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
     TensorDescriptor = _gluon()[1]
     x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
     x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
     w_desc, s_desc = weight_descs(tw, 64)
     gs = tw.global_scale
-    xs = x_scales.reshape(m).float() if x_scales is not None else y
+    xs = row_scales(x_scales, m, y)
     grid = (cdiv(m, block_m) * cdiv(n, 64),)
     frag_rs_kernel[grid](
         x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,

@@ -233,6 +233,16 @@ def call_output(x: torch.Tensor, tw, bias: torch.Tensor | None, out: torch.Tenso
     return out if out is not None else torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype)
 
 
+def row_scales(x_scales: torch.Tensor | None, m: int, dummy: torch.Tensor) -> torch.Tensor:
+    """x's per-row scales as the kernels read them (fp32 [M]; FP8 codes in x, `codes_a16`), or `dummy` (a pointer
+    the kernel never reads) without them."""
+    if x_scales is None:
+        return dummy
+    if x_scales.numel() != m:
+        raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
+    return x_scales.reshape(m).float()
+
+
 def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 256, block_n: int = 128, stages: int = 4, group_m: int = 8, dq_warps: int = 4,
                  dq_regs: int = 160, x_scales: torch.Tensor | None = None, swap: bool = False,
@@ -267,9 +277,7 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     # fmt: off
     e2m1 = tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0
     gs = tw.global_scale
-    if x_scales is not None and x_scales.numel() != m:
-        raise ValueError(f"x_scales must hold one scale a row of x ({m}), got {tuple(x_scales.shape)}")
-    xs = x_scales.reshape(m).float() if x_scales is not None else y
+    xs = row_scales(x_scales, m, y)
     descs = (x_desc, x2_desc) if swap else (x_desc,)
     extra = dict(TWO=bm2 > 0) if swap else {}
     frag_ws_kernel[grid](

@@ -472,6 +472,8 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
                                                                        STAGES, NDEC * DEPTH, 1)  # x by one TMA copy
     num_blocks = gl.cdiv(K, 2 * BK)
     num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
+    # The partitions' argument tuples are written out in each branch: bound to a variable, a tuple loses its
+    # constexprs (STAGES became an int32), and warp_specialize takes no function passed as a constexpr (Triton 3.6).
     if NDEC == 1:
         gl.warp_specialize([
             (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
@@ -588,7 +590,7 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
     else:
         x2_bufs = x_bufs
     num_blocks = gl.cdiv(K, 2 * BK)
-    if NDEC == 1:
+    if NDEC == 1:  # the argument tuples written out in each branch, as in `frag_ws_kernel`
         gl.warp_specialize([
             (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
                      y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
