@@ -190,11 +190,11 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
 
 
 def ws_route_tile(m: int, n: int, k: int, num_sms: int) -> dict | None:
-    """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or with ANYBIT_FRAG_RS=1 (experimental) the
-    register-operand kernel's where the former would run (`rs_tile`: 65-256 rows)."""
+    """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
+    register-operand kernel's where it is faster (`rs_tile`: 65-256 rows; ANYBIT_FRAG_RS=0 turns it off)."""
     tile = ws_tile(m, n, num_sms, k)
     if tile is not None and settings.frag_rs():
-        tile = rs_tile(m) or tile
+        tile = rs_tile(m, n, k, num_sms) or tile
     return tile
 
 

@@ -1,7 +1,8 @@
-"""Experimental: A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls
-(65-256 rows) where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most. The
-weights the warp-specialised kernel takes (4-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales). Not
-routed: `gemm_frag_rs` is launched by tools/probe_ws.py (tiles `rs=1:...`) and the GPU tests until it is measured."""
+"""A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls (65-256 rows)
+where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most. The weights the
+warp-specialised kernel takes (4-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales). Routed by
+`rs_tile` (the Triton backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
+"""
 
 from __future__ import annotations
 
@@ -29,21 +30,35 @@ def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | Non
 
 
 RS_MAX_STAGES = 6
+# Each MMA warpgroup loads its next block's words (block b + 2) while block b's wgmma run and releases b's slot only
+# after them: with 2 slots b + 2 waits for b's own slot (a hang, seen on the H200); 3 slots hold b, b + 1, b + 2.
+RS_MIN_STAGES = 3
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
 def rs_stages(block_m: int) -> int:
-    """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
-    64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
-    5, 192: 4, 256: 3."""
-    return max(2, min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256)))
+    """The most ring slots (RS_MIN_STAGES up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows
+    (at most 8 x 64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128
+    tokens: 6, 160: 5, 192: 4, 256: 3."""
+    return max(RS_MIN_STAGES, min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256)))
 
 
-def rs_tile(m: int) -> dict | None:
-    """The tile `ANYBIT_FRAG_RS=1` gives an M-row call: the fewest tokens holding M (`frag_ws.swap_block_m`), the
-    most stages that fit; None outside 65-256 rows."""
+def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
+    """The kernel's tile for an M-row call of a weight [N, K] — the fewest tokens holding M (`frag_ws.swap_block_m`),
+    the most stages that fit — where it beats the warp-specialised and frag kernels, else None. H200 graphs
+    (tools/probe_ws.py, session 22), µs, W4A16 / MXFP4 / NVFP4, the route before -> this kernel (Humming):
+    8192^2 M=96 42.3 / 42.7 / 43.3 -> 30.5 / 30.6 / 33.2 (29.1 / 32.9 / 33.3), M=128 41.0 / 41.3 / 42.3 -> 32.6 / 33.1
+    / 36.9 (34.7 / 36.5 / 38.2), M=192 48.9 / 50.5 / 49.7 -> 46.1 / 47.2 / 50.0, M=256 51.7 / 51.8 / 51.5 -> 51.0 /
+    52.5 / 53.5; 8192x28672 M=96 134.8 / 131.0 / 134.0 -> 104.3 / 91.4 / 109.2, M=256 203.5 / 181.8 / 208.0 -> 179.5
+    / 171.9 / 176.1; 28672x8192 M=96 129.4 / 133.4 / 136.4 -> 114.1 / 113.8 / 125.9, M=128 127.8 / 131.5 / 136.9 ->
+    120.5 / 125.3 / 144.7, M=160 159.8 / 152.1 / 160.3 -> 158.0 / 154.5 / 170.2. So: 65-256 rows where K >= 2N,
+    65-192 where N's 64-row tiles fit one wave, 65-128 on taller weights."""
     bm = swap_block_m(m) if 64 < m <= 256 else None
-    return None if bm is None else dict(rs=True, block_m=bm, stages=rs_stages(bm))
+    if bm is None:
+        return None
+    if k >= 2 * n or m <= 128 or (m <= 192 and cdiv(n, 64) <= num_sms):
+        return dict(rs=True, block_m=bm, stages=rs_stages(bm))
+    return None
 
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -52,7 +67,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
     `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
-    stages: ring slots (default `rs_stages`). diag=1 (timing only, wrong results): the words as the operand without
+    stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only, wrong results): the words as the operand without
     decoding. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
     accepts (the caller checks)."""
     bm1, bm2 = swap_parts(block_m)
@@ -61,6 +76,9 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
     stages = stages or rs_stages(block_m)
+    if stages < RS_MIN_STAGES:
+        raise ValueError(f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got "
+                         f"{stages}")
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n

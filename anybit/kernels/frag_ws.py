@@ -178,7 +178,7 @@ def swap_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict 
 def ws_takes(tile: dict | None, m: int) -> bool:
     """Whether a call of M rows that the frag kernel's 128/256-token tiles would take (`frag_mid`) goes to this
     kernel's tile instead: above 128 rows any tile, up to 128 only a swapped one (the row-major tiles trail there)
-    or the register-operand kernel's (`frag_rs.rs_tile`, ANYBIT_FRAG_RS=1)."""
+    or the register-operand kernel's (`frag_rs.rs_tile`)."""
     return tile is not None and (m > 128 or bool(tile.get("swap") or tile.get("rs")))
 
 

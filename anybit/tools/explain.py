@@ -55,8 +55,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the "
                "MMA; " if codes else "")  # fmt: skip
         if t is not None and t.get("rs"):
-            return (f"{via}{scheme.weight_bits}-bit fragment layout, 64 < M <= 256, ANYBIT_FRAG_RS=1: the experimental "
-                    f"register-operand Gluon kernel (each MMA warpgroup decodes its 128-K blocks straight into the "
+            return (f"{via}{scheme.weight_bits}-bit fragment layout, 64 < M <= 256: register-operand Gluon "
+                    f"kernel (each MMA warpgroup decodes its 128-K blocks straight into the "
                     f"wgmma's registers, two warpgroups on alternate blocks), tile {t['block_m']}x64x128, "
                     f"{t['stages']} stages")  # fmt: skip
         if t is not None:

@@ -1,4 +1,4 @@
-"""The experimental register-operand kernel (`anybit.kernels.frag_rs`): the Gluon kernel runs only on a Hopper GPU
+"""The register-operand kernel (`anybit.kernels.frag_rs`): the Gluon kernel runs only on a Hopper GPU
 (tests/kernels/test_frag_rs_gpu.py); here, on the CPU, its decode's word -> (thread, K) order written with the same
 join / reshape / permute / split steps in torch against the layout's own unpacker, and what it refuses."""
 
@@ -59,24 +59,36 @@ def test_refuses_what_it_does_not_run():
     assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="block_m must be a power of two or the sum of two"):
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=112)
+    with pytest.raises(ValueError, match="stages must be at least 3"):  # 2 slots hang: block b + 2 waits for b's
+        gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=64, stages=2)
 
 
 def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     """`rs_stages`: the most slots that fit (sm_90a compiles, the limit 227 KB: 96 tokens x 6 stages 172 KB, 128 x 6
-    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB)."""
+    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB), never fewer than 3."""
     from anybit.kernels.frag_rs import rs_stages, rs_tile
 
-    assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256)] == [6, 6, 6, 5, 4, 3]
-    assert rs_tile(64) is None and rs_tile(257) is None
-    assert rs_tile(100) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
-    assert rs_tile(96) == dict(rs=True, block_m=96, stages=6)
+    assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 3]
+    assert rs_tile(64, 8192, 8192) is None and rs_tile(257, 8192, 28672) is None
+    assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
+    assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
 
 
-@pytest.mark.parametrize("m, n, k", [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (256, 8192, 8192)])
-def test_frag_rs_takes_the_mid_calls_when_asked(monkeypatch, m, n, k):
-    """ANYBIT_FRAG_RS=1 on a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the
-    warp-specialised kernel would take, or the frag kernel's mid tiles would keep, go to the register-operand kernel,
-    and `anybit explain` says so; off (the default) nothing changes."""
+@pytest.mark.parametrize("m, n, k, takes", [
+    (96, 8192, 8192, True), (192, 8192, 8192, True), (256, 8192, 8192, False),  # one wave of 64-row tiles: to 192
+    (128, 28672, 8192, True), (160, 28672, 8192, False), (256, 28672, 8192, False),  # taller: to 128
+    (256, 8192, 28672, True), (160, 4096, 14336, True),  # K >= 2N: to 256
+])  # fmt: skip
+def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
+    """`rs_tile`'s rule against the session-22 H200 probe: where the kernel was faster than the route before it."""
+    from anybit.kernels.frag_rs import rs_tile
+
+    assert (rs_tile(m, n, k, 132) is not None) == takes
+@pytest.mark.parametrize("m, n, k", [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192)])
+def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
+    """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
+    take, or the frag kernel's mid tiles would keep, go to the register-operand kernel where `rs_tile` says so, and
+    `anybit explain` says so; ANYBIT_FRAG_RS=0 gives the warp-specialised tile back."""
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
@@ -85,9 +97,10 @@ def test_frag_rs_takes_the_mid_calls_when_asked(monkeypatch, m, n, k):
     monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
     monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     cuda = torch.device("cuda")
+    monkeypatch.setenv("ANYBIT_FRAG_RS", "0")
     before = triton_backend.ws_route_tile(m, n, k, 132)
     assert not (before or {}).get("rs")
-    monkeypatch.setenv("ANYBIT_FRAG_RS", "1")
+    monkeypatch.delenv("ANYBIT_FRAG_RS")
     tile = triton_backend.ws_route_tile(m, n, k, 132)
     assert tile["rs"] and tile["block_m"] >= m
     assert not triton_backend.frag_mid(Scheme.parse("w4a16"), m, n, k, torch.bfloat16, cuda)

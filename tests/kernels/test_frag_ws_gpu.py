@@ -62,9 +62,10 @@ def test_e2m1_matches_the_exact_product(text, dtype, m, n, k):
 
 @pytest.mark.parametrize("tile", [dict(block_m=128, stages=6), dict(block_m=256, stages=4)])
 @pytest.mark.parametrize("text, m", [("mxfp4", 512), ("nvfp4", 192), ("w4a16", 96), ("mxfp4", 128)])
-def test_is_the_route_above_64_rows(tile, text, m):
+def test_is_the_route_above_64_rows(monkeypatch, tile, text, m):
     """anybit.gemm of an NVFP4 / MXFP4 / W4A16 weight at M=96-512 runs this kernel (`ws_over_mid`; swapped tiles at
-    65-256 rows of an 8192-row weight): the same bits as a direct launch."""
+    65-256 rows of an 8192-row weight) where the register-operand kernel is off: the same bits as a direct launch."""
+    monkeypatch.setenv("ANYBIT_FRAG_RS", "0")  # else `frag_rs.rs_tile` takes 65-192 rows here
     from anybit.backends import get_backend
     from anybit.backends.base import Prepared
     from anybit.kernels.frag_ws import ws_tile
@@ -78,10 +79,11 @@ def test_is_the_route_above_64_rows(tile, text, m):
 
 
 @pytest.mark.parametrize("m", [150, 200, 1000])
-def test_fp8_codes_on_e2m1_weights(m):
+def test_fp8_codes_on_e2m1_weights(monkeypatch, m):
     """W4A8-NVFP4 (`codes_a16`: x's e4m3 codes in bf16, its scales per row after the MMA) above 128 rows runs this
-    kernel (150: a swapped tile of two accumulators and two decoders): the exact product of the quantizer's own x,
-    the bits of a direct launch, relaunched alike."""
+    kernel where the register-operand kernel is off (150: a swapped tile of two accumulators and two decoders): the
+    exact product of the quantizer's own x, the bits of a direct launch, relaunched alike."""
+    monkeypatch.setenv("ANYBIT_FRAG_RS", "0")
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_ws import ws_tile
