@@ -67,9 +67,9 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
     `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
-    stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only, wrong results): the words as the operand without
-    decoding. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
-    accepts (the caller checks)."""
+    stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only, wrong results): the words
+    as the operand without decoding. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the
+    caller checks)."""
     bm1, bm2 = swap_parts(block_m)
     if bm1 < 16:
         raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
@@ -77,8 +77,9 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
 
     stages = stages or rs_stages(block_m)
     if stages < RS_MIN_STAGES:
-        raise ValueError(f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got "
-                         f"{stages}")
+        raise ValueError(
+            f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got {stages}"
+        )
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n

@@ -84,6 +84,8 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132) is not None) == takes
+
+
 @pytest.mark.parametrize("m, n, k", [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192)])
 def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
