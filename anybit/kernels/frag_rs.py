@@ -12,6 +12,7 @@ from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import (
     WS_BK,
+    WS_MIN_WAVE_FILL,
     _gluon,
     _x_layout,
     call_output,
@@ -33,6 +34,7 @@ RS_MAX_STAGES = 6
 # Each MMA warpgroup loads its next block's words (block b + 2) while block b's wgmma run and releases b's slot only
 # after them: with 2 slots b + 2 waits for b's own slot (a hang, seen on the H200); 3 slots hold b, b + 1, b + 2.
 RS_MIN_STAGES = 3
+RS_SMALL_MIN_M = 48  # below 49 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
@@ -52,11 +54,18 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
     52.5 / 53.5; 8192x28672 M=96 134.8 / 131.0 / 134.0 -> 104.3 / 91.4 / 109.2, M=256 203.5 / 181.8 / 208.0 -> 179.5
     / 171.9 / 176.1; 28672x8192 M=96 129.4 / 133.4 / 136.4 -> 114.1 / 113.8 / 125.9, M=128 127.8 / 131.5 / 136.9 ->
     120.5 / 125.3 / 144.7, M=160 159.8 / 152.1 / 160.3 -> 158.0 / 154.5 / 170.2. So: 65-256 rows where K >= 2N,
-    65-192 where N's 64-row tiles fit one wave, 65-128 on taller weights."""
-    bm = swap_block_m(m) if 64 < m <= 256 else None
+    65-192 where N's 64-row tiles fit one wave, 65-128 on taller weights. And RS_SMALL_MIN_M < M <= 64 where N's 64-row
+    tiles fill one wave and K < 2N (8192^2 M=48 / 64: the frag kernel's split-K decode 26.1 / 27.2 -> 24.6 / 23.6,
+    Humming 24.6 / 26.7; M=32 19.9 either way; taller or longer-K weights keep the decode: 28672x8192 M=64 74.0 ->
+    89.6, 8192x28672 76.6 -> 86.2)."""
+    bm = swap_block_m(m) if RS_SMALL_MIN_M < m <= 256 else None
     if bm is None:
         return None
-    if k >= 2 * n or m <= 128 or (m <= 192 and cdiv(n, 64) <= num_sms):
+    tiles = cdiv(n, 64)
+    if m <= 64:
+        fills_one_wave = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms
+        return dict(rs=True, block_m=bm, stages=rs_stages(bm)) if fills_one_wave and k < 2 * n else None
+    if k >= 2 * n or m <= 128 or (m <= 192 and tiles <= num_sms):
         return dict(rs=True, block_m=bm, stages=rs_stages(bm))
     return None
 

@@ -30,6 +30,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         tuning_cache,
     )
     from anybit.backends.triton_layout import a8_mma, codes_a16, e2m1_rows_scheme, fp8_as_is, frag_format
+    from anybit.kernels.frag_rs import RS_SMALL_MIN_M
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
@@ -42,6 +43,15 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
+    if frag and cuda and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme):
+        from anybit.backends.triton import ws_route_tile
+        from anybit.kernels.frag_ws import frag_ws_scheme_why_not
+
+        if frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
+            t = ws_route_tile(m, n, k, _sm_count(device))
+            if t is not None:
+                via = f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, " if codes else ""
+                return _rs_plan(via, scheme, t)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         from anybit.backends.triton import ws_route_tile
         from anybit.kernels.frag_ws import frag_ws_scheme_why_not
@@ -55,10 +65,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the "
                "MMA; " if codes else "")  # fmt: skip
         if t is not None and t.get("rs"):
-            return (f"{via}{scheme.weight_bits}-bit fragment layout, 64 < M <= 256: register-operand Gluon "
-                    f"kernel (each MMA warpgroup decodes its 128-K blocks straight into the "
-                    f"wgmma's registers, two warpgroups on alternate blocks), tile {t['block_m']}x64x128, "
-                    f"{t['stages']} stages")  # fmt: skip
+            return _rs_plan(via, scheme, t)
         if t is not None:
             fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
@@ -116,6 +123,14 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         f"{c.num_warps} warps, {c.num_stages} stages{f', {c.maxnreg} registers' if c.maxnreg else ''} ({source})"
         f"{recipe_note}{ws_a8_note}"
     )
+
+
+def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
+    """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`)."""
+    return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
+            "kernel (each MMA warpgroup decodes its 128-K blocks straight into the wgmma's registers, two warpgroups "
+            f"on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x128, {t['stages']} "
+            "stages")  # fmt: skip
 
 
 def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, dtype: str) -> list[str]:
