@@ -192,7 +192,7 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
 def ws_route_tile(m: int, n: int, k: int, num_sms: int) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
     register-operand kernel's where it is faster (`rs_tile`: 65-256 rows; ANYBIT_FRAG_RS=0 turns it off). At most
-    FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 49-64 rows of
+    FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
     weights whose 64-row tiles fill one wave), else None."""
     rs = rs_tile(m, n, k, num_sms) if settings.frag_rs() else None
     if m <= FRAG_MAX_M:
@@ -360,7 +360,7 @@ class TritonBackend:
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
-        # 49-64 rows of some weights: the register-operand kernel (`rs_tile`), through the large-M path's launcher
+        # 33-64 rows of some weights: the register-operand kernel (`rs_tile`), through the large-M path's launcher
         large = large or (tw.frag and RS_SMALL_MIN_M < m and x.is_cuda and "rs" in (self._ws_tile(x2, tw) or {}))
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, x2)):
             return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
@@ -497,7 +497,7 @@ class TritonBackend:
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer and
         e2m1 frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
         decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass) or the register-operand
-        kernel (`anybit.kernels.frag_rs`, `ws_route_tile`; also the 49-64-row calls it takes). x_scales
+        kernel (`anybit.kernels.frag_rs`, `ws_route_tile`; also the 33-64-row calls it takes). x_scales
         (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias."""
         if tw.frag:  # (`codes_a16` weights, the only ones with x_scales, are frag weights)
             tile = self._ws_tile(x, tw)

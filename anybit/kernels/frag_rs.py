@@ -34,7 +34,7 @@ RS_MAX_STAGES = 6
 # Each MMA warpgroup loads its next block's words (block b + 2) while block b's wgmma run and releases b's slot only
 # after them: with 2 slots b + 2 waits for b's own slot (a hang, seen on the H200); 3 slots hold b, b + 1, b + 2.
 RS_MIN_STAGES = 3
-RS_SMALL_MIN_M = 48  # below 49 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
+RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
@@ -55,9 +55,11 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
     / 171.9 / 176.1; 28672x8192 M=96 129.4 / 133.4 / 136.4 -> 114.1 / 113.8 / 125.9, M=128 127.8 / 131.5 / 136.9 ->
     120.5 / 125.3 / 144.7, M=160 159.8 / 152.1 / 160.3 -> 158.0 / 154.5 / 170.2. So: 65-256 rows where K >= 2N,
     65-192 where N's 64-row tiles fit one wave, 65-128 on taller weights. And RS_SMALL_MIN_M < M <= 64 where N's 64-row
-    tiles fill one wave and K < 2N (8192^2 M=48 / 64: the frag kernel's split-K decode 26.1 / 27.2 -> 24.6 / 23.6,
-    Humming 24.6 / 26.7; M=32 19.9 either way; taller or longer-K weights keep the decode: 28672x8192 M=64 74.0 ->
-    89.6, 8192x28672 76.6 -> 86.2)."""
+    tiles fill one wave and K < 2N: the frag kernel's split-K decode -> this kernel, W4A16 / MXFP4 / NVFP4, M=40:
+    8192^2 27.1 / 26.3 / 27.7 -> 24.3 / 24.9 / 28.0, 7168^2 24.2 / 24.1 / 24.8 -> 21.2 / 21.9 / 24.9; M=48 8192^2
+    25.9 / 26.8 / 27.1 -> 24.0 / 24.7 / 27.6, 7168^2 23.1 / 24.3 / 24.2 -> 21.8 / 21.9 / 24.7; W4A16 8192^2 M=64
+    27.2 -> 23.6 (Humming 25.7-26.7); M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192
+    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2)."""
     bm = swap_block_m(m) if RS_SMALL_MIN_M < m <= 256 else None
     if bm is None:
         return None

@@ -69,7 +69,8 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     from anybit.kernels.frag_rs import rs_stages, rs_tile
 
     assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 3]
-    assert rs_tile(48, 8192, 8192) is None and rs_tile(257, 8192, 28672) is None
+    assert rs_tile(32, 8192, 8192) is None and rs_tile(257, 8192, 28672) is None
+    assert rs_tile(40, 8192, 8192) == dict(rs=True, block_m=48, stages=6)  # 32 + 16 tokens
     assert rs_tile(64, 8192, 8192) == dict(rs=True, block_m=64, stages=6)
     assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
     assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
@@ -79,7 +80,7 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     (96, 8192, 8192, True), (192, 8192, 8192, True), (256, 8192, 8192, False),  # one wave of 64-row tiles: to 192
     (128, 28672, 8192, True), (160, 28672, 8192, False), (256, 28672, 8192, False),  # taller: to 128
     (256, 8192, 28672, True), (160, 4096, 14336, True),  # K >= 2N: to 256
-    (64, 8192, 8192, True), (49, 7168, 7168, True), (48, 8192, 8192, False),  # 49-64 rows: one filled wave, K < 2N
+    (64, 8192, 8192, True), (33, 7168, 7168, True), (32, 8192, 8192, False),  # 33-64 rows: one filled wave, K < 2N
     (64, 28672, 8192, False), (64, 8192, 28672, False), (64, 4096, 4096, False),
 ])  # fmt: skip
 def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
@@ -90,11 +91,12 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
 
 
 @pytest.mark.parametrize(
-    "m, n, k", [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192)]
+    "m, n, k",
+    [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192), (40, 7168, 7168)],
 )
 def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
-    take, or the frag kernel's mid tiles would keep, and 49-64-row calls of weights one wave of 64-row tiles covers, go
+    take, or the frag kernel's mid tiles would keep, and 33-64-row calls of weights one wave of 64-row tiles covers, go
     to the register-operand kernel where `rs_tile` says so, and `anybit explain` says so; ANYBIT_FRAG_RS=0 gives
     the warp-specialised tile back (and the decode path at 64 rows)."""
     import anybit.backends.triton as triton_backend
