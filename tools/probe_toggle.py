@@ -18,8 +18,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               tile); the tile is picked per prepared weight, so each variant prepares its own copies
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
-  rs          ANYBIT_FRAG_RS: A16 at 65-256 rows on the register-operand kernel (`frag_rs`; off: the warp-specialised
-              kernel's tiles); each variant prepares its own copies
+  rs          ANYBIT_FRAG_RS: A16 at 33-256 rows on the register-operand kernel where `rs_tile` takes them (`frag_rs`;
+              off: the warp-specialised kernel's tiles or the frag kernel's); each variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
