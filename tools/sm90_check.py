@@ -290,7 +290,7 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
-    ap.add_argument("--rs", action="store_true", help="the experimental register-operand Gluon kernel (frag_rs)")
+    ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense kernels; default bf16)")
