@@ -13,10 +13,10 @@ from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import (
     WS_BK,
     WS_MIN_WAVE_FILL,
-    _gluon,
     _x_layout,
     call_output,
     frag_ws_weight_why_not,
+    gluon_api,
     row_scales,
     swap_block_m,
     swap_parts,
@@ -94,7 +94,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
 
     y = call_output(x, tw, bias, out)
     (m, k), n = x.shape, tw.n
-    TensorDescriptor = _gluon()[1]
+    TensorDescriptor = gluon_api()[1]
     x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
     x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
     w_desc, s_desc = weight_descs(tw, 64)

@@ -28,10 +28,21 @@ from anybit.kernels.frag_layout import FRAG_K, FRAG_PANEL
 WS_BK = 64  # K per step (half a frag block)
 
 
+# The Triton whose Gluon API the kernels are written in and were measured with (Triton 3.9 renamed parts of it:
+# `tma.async_copy_global_to_shared` -> `async_load`, `shared_memory_descriptor._reinterpret` -> `reinterpret`)
+GLUON_TRITON = "3.6"
+
+
 @functools.cache
 def _gluon():
-    """(gl, TensorDescriptor, the kernel) where this Triton has Gluon's Hopper API, else the reason (a str)."""
+    """(gl, TensorDescriptor, the kernel) where this Triton has Gluon's Hopper API as the kernels use it, else the
+    reason (a str)."""
     try:
+        import triton
+
+        if not triton.__version__.startswith(GLUON_TRITON + "."):
+            return (f"the Gluon kernels are written for Triton {GLUON_TRITON}'s Gluon API, this is Triton "
+                    f"{triton.__version__}")  # fmt: skip
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -41,9 +52,18 @@ def _gluon():
     return gl, TensorDescriptor, frag_ws_kernel
 
 
+def gluon_api():
+    """`_gluon()`'s (gl, TensorDescriptor, kernel) for a launcher; its reason as an error where there is none (the
+    callers check `gluon_hopper_why_not` first)."""
+    api = _gluon()
+    if isinstance(api, str):
+        raise RuntimeError(f"Gluon kernel unavailable: {api}")
+    return api
+
+
 @functools.cache
 def _x_layout(block_m: int, dtype: torch.dtype):
-    gl = _gluon()[0]
+    gl = gluon_api()[0]
     gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     return gl.NVMMASharedLayout.get_default_for([block_m, WS_BK], gdt)
 
@@ -51,7 +71,7 @@ def _x_layout(block_m: int, dtype: torch.dtype):
 @functools.cache
 def _flat_layout(bits: int):
     """The unswizzled shared layout of the decoder's TMA ring (words: 32 bits, scales: their width)."""
-    return _gluon()[0].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+    return gluon_api()[0].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
 WS_WORD_DEPTH = 3  # blocks of words and scales in the decoder's TMA ring (two in flight while one is decoded)
@@ -62,7 +82,7 @@ def weight_descs(tw, block_n: int) -> tuple:
     panel's 128-K block is 4 of them, `frag_layout.to_panels`) and its scales as [groups (x experts), N] rows
     of `block_n`; cached on the weight."""
     if block_n not in tw.ws_desc:
-        TensorDescriptor = _gluon()[1]
+        TensorDescriptor = gluon_api()[1]
         words = tw.planes[0].reshape(-1, 256)
         scales = tw.scales.reshape(-1, tw.scales.shape[-1])
         rows = 1  # scale rows a block: one (ints), or the block's groups as uint8 codes (e2m1)
@@ -252,7 +272,7 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     x: contiguous bf16/fp16 [M, K]. swap: the weight tile as the wgmma's A operand (`frag_ws_swap_kernel`: block_n
     64 or 128 weight rows, block_m any multiple of 16 up to 256 tokens). ndec: decoder partitions (1, or 2 taking
     alternate 128-K blocks), each with a TMA ring of `depth` blocks of words (depth - 1 in flight)."""
-    _, TensorDescriptor, frag_ws_kernel = _gluon()
+    _, TensorDescriptor, frag_ws_kernel = gluon_api()
     warps = 8
     if swap:
         from anybit.kernels.frag_ws_kernel import frag_ws_swap_kernel as frag_ws_kernel

@@ -22,7 +22,7 @@ from anybit.formats.dtypes import IntType
 from anybit.formats.scheme import ActMode, ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_ws import WS_WORD_DEPTH, _gluon, call_output, gluon_hopper_why_not, weight_descs
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, call_output, gluon_api, gluon_hopper_why_not, weight_descs
 from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
@@ -37,7 +37,7 @@ def _kernel():
 
 @functools.cache
 def _x_layout(rows: int):
-    gl = _gluon()[0]
+    gl = gluon_api()[0]
     return gl.NVMMASharedLayout.get_default_for([rows, A8_BK], gl.float8e4nv)
 
 
@@ -115,7 +115,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         )
     y = call_output(x, tw, bias, out)
     xq, xs = quantize_act(x, tw.scheme.act)
-    x_desc = _gluon()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
+    x_desc = gluon_api()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
     grid = (cdiv(m, 128) * cdiv(n, block_n),)
     # fmt: off

@@ -186,3 +186,20 @@ def test_explain_names_the_tile_the_route_takes(monkeypatch, text, m, n, k, says
     monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     plan = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert "warp-specialised" in plan and says in plan, plan
+
+
+def test_gluon_kernels_say_which_triton_they_need(monkeypatch):
+    """The Gluon kernels are written in Triton 3.6's Gluon API (3.9 renamed parts of it): on another Triton the reason
+    names both versions, and a launcher called anyway fails with it instead of a compile error deep in a kernel."""
+    import triton
+
+    import anybit.kernels.frag_ws as frag_ws
+
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    frag_ws._gluon.cache_clear()
+    try:
+        assert "Triton 3.6" in frag_ws._gluon() and "3.9.0" in frag_ws._gluon()
+        with pytest.raises(RuntimeError, match="written for Triton 3.6"):
+            frag_ws.gluon_api()
+    finally:
+        frag_ws._gluon.cache_clear()
