@@ -65,11 +65,10 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
         return None
     tiles = cdiv(n, 64)
     if m <= 64:
-        fills_one_wave = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms
-        return dict(rs=True, block_m=bm, stages=rs_stages(bm)) if fills_one_wave and k < 2 * n else None
-    if k >= 2 * n or m <= 128 or (m <= 192 and tiles <= num_sms):
-        return dict(rs=True, block_m=bm, stages=rs_stages(bm))
-    return None
+        takes = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
+    else:
+        takes = k >= 2 * n or m <= 128 or (m <= 192 and tiles <= num_sms)
+    return dict(rs=True, block_m=bm, stages=rs_stages(bm)) if takes else None
 
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,

@@ -28,9 +28,11 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         frag_mid,
         pick_config,
         tuning_cache,
+        ws_route_tile,
     )
     from anybit.backends.triton_layout import a8_mma, codes_a16, e2m1_rows_scheme, fp8_as_is, frag_format
     from anybit.kernels.frag_rs import RS_SMALL_MIN_M
+    from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
@@ -43,27 +45,20 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         rowwise = ("; MXFP4 weights whose rows' scales lie within 8 binades (checked when prepared) take e4m3 x per "
                    "token, W written as e4m3 times a power of two a row (N*K bytes) and cuBLAS's row-wise FP8 GEMM "
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
-    if frag and cuda and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme):
-        from anybit.backends.triton import ws_route_tile
-        from anybit.kernels.frag_ws import frag_ws_scheme_why_not
-
-        if frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
-            t = ws_route_tile(m, n, k, _sm_count(device))
-            if t is not None:
-                via = f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, " if codes else ""
-                return _rs_plan(via, scheme, t)
+    via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
+           if codes else "")  # fmt: skip
+    small_rs = frag and cuda and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
+    if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
+        t = ws_route_tile(m, n, k, _sm_count(device))  # at these rows a register-operand tile or None
+        if t is not None:
+            return _rs_plan(via, scheme, t)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
-        from anybit.backends.triton import ws_route_tile
-        from anybit.kernels.frag_ws import frag_ws_scheme_why_not
-
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
         t = ws_route_tile(m, n, k, _sm_count(device)) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
-        via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the "
-               "MMA; " if codes else "")  # fmt: skip
         if t is not None and t.get("rs"):
             return _rs_plan(via, scheme, t)
         if t is not None:
