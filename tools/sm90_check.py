@@ -147,7 +147,8 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
     _compiled.clear()
     if tw.frag:
         mid = frag_mid(qw.scheme, m, n, k, dtype)
-        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid) | (tiles or {})
+        two = not act.quantized and qw.scheme.weight_bits == 4  # as `pick_config`
+        tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid, two=two) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
                   x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
         cfg = GemmConfig(

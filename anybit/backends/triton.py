@@ -131,7 +131,8 @@ def pick_config(
         # e2m1 on the FP8 MMA accumulating the whole K (`frag.A8_MMA_ACC`) takes the 128/256-token tiles too
         wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
-                      float_codes=float_codes, balance=not a8, a8=wide_a8)  # fmt: skip
+                      float_codes=float_codes, balance=not a8, a8=wide_a8,
+                      two=not a8 and scheme.weight_bits == 4)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
@@ -239,7 +240,7 @@ def gemm_source_hash() -> str:
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_range_subs,
-               frag.frag_epilogue, frag.frag_row_words,
+               frag.frag_range_two, frag.frag_decode16, frag.frag_epilogue, frag.frag_row_words,
                frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.block_sums,
                frag_decode.minus_rows,
                frag_decode.times_groups, frag_decode.unpack_pairs, frag_decode.unpack_pairs_minus,
@@ -405,7 +406,7 @@ class TritonBackend:
             x_group = act.group if act.mode is ActMode.GROUP else 0
         ws = cnt = None
         if config.split_k > 1:
-            tiles = cdiv(m, config.block_m) * cdiv(tw.n, config.block_n)
+            tiles = 2 * cdiv(m, config.block_m) * cdiv(tw.n, config.block_n)  # a counter each part of a 48-token tile
             ws, cnt = self._workspace.get(x2.device, config.split_k * m * tw.n, tiles)
         if tw.frag:  # the swap-AB kernel; its K block is the layout's 128
             c = config

@@ -104,6 +104,46 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 
 
 @triton.jit
+def frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+                  S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
+                  PTX: tl.constexpr, FOLD: tl.constexpr, W_SIGNED: tl.constexpr, dtype: tl.constexpr):
+    """One 128-K block of 4-bit codes `p` ([BN, 16] words in MMA row order) decoded to x's dtype (bf16/fp16) [BN,
+    128]: e2m1 with groups shorter than the block scaled in registers (exact), integers less their zero points `zo`
+    ([BN] in x's dtype, ZP) or the code bias `off`."""
+    if W_FLOAT:
+        w = unpack_e2m1(p, BN, MASK, dtype, FOLD)
+        if GROUP_K < 128:
+            G: tl.constexpr = 128 // GROUP_K
+            if FOLD == 2:  # scale * 2**118 (fp16 2**6) from its bits (`scale_bits_exact`): e4m3, else ue8m0
+                c = s_raw.to(tl.int32)
+                if SCALE_KIND == 1:
+                    b = c * 16 + 0x7700 if dtype == tl.bfloat16 else c * 128 + 0x3800
+                else:  # exponent code e: bf16 field e + 118, fp16 e - 106 (the fold keeps 2**-15 <= scale < 2**9)
+                    b = c * 128 + 0x3B00 if dtype == tl.bfloat16 else c * 1024 - 0x1A800
+                w = times_groups(w, rows_to_mma(b, BN, NW, G).to(tl.int16).to(dtype, bitcast=True), G, PTX)
+            elif FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 118), BN, NW, G).to(dtype)
+                w = times_groups(w, s, G, PTX)
+            elif FOLD:
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 6), BN, NW, G).to(dtype)
+                w = times_groups(w, s, G, PTX)
+            else:
+                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
+                w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
+    elif ZP != 0:
+        # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
+        if PTX >= 2:
+            w = unpack_pairs_minus_rows(p, zo, BN, dtype)
+        else:
+            w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo, PTX)
+    elif PTX >= 2:
+        w = unpack_pairs_minus(p, BN, dtype, W_SIGNED)
+    else:
+        w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
+    return w
+
+
+@triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
@@ -141,36 +181,9 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             part = part - zo[:, None] * xsum[None, :]
         else:
             part = part - off * xsum[None, :]
-    elif W_FLOAT:
-        w = unpack_e2m1(p, BN, MASK, dtype, FOLD)
-        if GROUP_K < 128:
-            G: tl.constexpr = 128 // GROUP_K
-            if FOLD == 2:  # scale * 2**118 (fp16 2**6) from its bits (`scale_bits_exact`): e4m3, else ue8m0
-                c = s_raw.to(tl.int32)
-                if SCALE_KIND == 1:
-                    b = c * 16 + 0x7700 if dtype == tl.bfloat16 else c * 128 + 0x3800
-                else:  # exponent code e: bf16 field e + 118, fp16 e - 106 (the fold keeps 2**-15 <= scale < 2**9)
-                    b = c * 128 + 0x3B00 if dtype == tl.bfloat16 else c * 1024 - 0x1A800
-                w = times_groups(w, rows_to_mma(b, BN, NW, G).to(tl.int16).to(dtype, bitcast=True), G, PTX)
-            elif FOLD and dtype == tl.bfloat16:  # the codes' rebias rides on the scales (`frag_fold`)
-                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 118), BN, NW, G).to(dtype)
-                w = times_groups(w, s, G, PTX)
-            elif FOLD:
-                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 6), BN, NW, G).to(dtype)
-                w = times_groups(w, s, G, PTX)
-            else:
-                s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, G).to(dtype)
-                w = tl.reshape(tl.reshape(w, (BN, G, GROUP_K)) * s[:, :, None], (BN, 128))
-    elif ZP != 0:
-        # (integer-domain variants of this moved the tile through shared memory, see docs/ARCHITECTURE.md)
-        if PTX >= 2:
-            w = unpack_pairs_minus_rows(p, zo.to(dtype), BN, dtype)
-        else:
-            w = minus_rows(unpack_pairs(p, BN, MASK, dtype), zo.to(dtype), PTX)
-    elif PTX >= 2:
-        w = unpack_pairs_minus(p, BN, dtype, W_SIGNED)
     else:
-        w = unpack_pairs(p, BN, MASK, dtype) - off.to(dtype)
+        w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
+                          ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
     if SCALE_W:
         s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype)
         acc = tl.dot(times_groups(w, s, 1, PTX), xt, acc)
@@ -403,6 +416,67 @@ def frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K
 
 
 @triton.jit
+def frag_range_two(x_ptr, offs_m, offs_m2, M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
+                   kt_lo, kt_hi, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+                   S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
+                   GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BM2: tl.constexpr, NW: tl.constexpr,
+                   STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
+                   SETTLE: tl.constexpr):
+    """`frag_range` for two token tiles at once, tokens offs_m [BM] and offs_m2 [BM2], of 4-bit codes under bf16/fp16
+    x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two): each K block's weight rows decoded
+    once (`frag_decode16`), two MMAs into two accumulators. Natural row order."""
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
+    off = 128.0 if dtype == tl.bfloat16 else 1024.0  # the pair decode's MAGIC
+    if W_SIGNED:
+        off += 8  # stored codes are biased by 2**3
+    PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
+    HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the epilogue's
+    G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1
+    offs_k = tl.arange(0, 128)
+    x1 = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    x2 = x_ptr + offs_m2[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    m1 = (offs_m < M)[None, :]
+    m2 = (offs_m2 < M)[None, :]
+    w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
+    offs_gn = offs_n // GROUP_N
+    n_groups = tl.cdiv(K, GROUP_K)
+    unused = tl.zeros((BN, G), dtype=tl.int8)
+    a1 = tl.zeros((BN, BM), dtype=tl.float32)
+    a2 = tl.zeros((BN, BM2), dtype=tl.float32)
+    for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
+        if HAS_S:
+            s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
+        else:
+            s_raw = unused
+        if ZP != 0:
+            z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
+            zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,)).to(dtype)
+        else:
+            zo = None
+        k_in = (kt * 128 + offs_k < K)[:, None]
+        xt1 = tl.load(x1 + kt * 128, mask=m1 & k_in, other=0.0)
+        xt2 = tl.load(x2 + kt * 128, mask=m2 & k_in, other=0.0)
+        p = rows_to_mma(tl.load(w_ptrs + kt * (16 * PANEL), mask=mask_n[:, None], other=0), BN, NW, 16)
+        w = frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD,
+                          W_SIGNED, dtype)
+        p1 = tl.dot(w, xt1)
+        p2 = tl.dot(w, xt2)
+        if PER_BLOCK:
+            s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+            p1 = p1 * s[:, None]
+            p2 = p2 * s[:, None]
+        a1 += p1
+        a2 += p2
+        if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
+            a1 = settled(a1)
+            a2 = settled(a2)
+    if FOLD:
+        a1 = a1 * 256.0  # the rest of the e2m1 rebias (`frag_range`)
+        a2 = a2 * 256.0
+    return rows_from_mma(a1, BN, NW, BM), rows_from_mma(a2, BN, NW, BM2)
+
+
+@triton.jit
 def frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                   stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                   S_MAN: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
@@ -430,14 +504,14 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
                       HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
-                      SUBS: tl.constexpr = 1):
+                      SUBS: tl.constexpr = 1, BM2: tl.constexpr = 0):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_m = pid_m * (SUBS * BM) + tl.arange(0, BM)
+    offs_m = pid_m * (SUBS * BM + BM2) + tl.arange(0, BM)
     mask_n = offs_n < N
     k_blocks = tl.cdiv(K, 512 // W_BITS)
     per = tl.cdiv(k_blocks, SPLIT_K)
@@ -452,6 +526,18 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
             frag_epilogue(acc, offs_m + j * BM, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr,
                           ws_ptr, cnt_ptr, stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN,
                           GROUP_K, GROUP_N, HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
+    elif BM2 > 0:  # a BM + BM2-token tile on one decode (`FRAG_TWO`: 4-bit codes under bf16/fp16 x)
+        offs_m2 = pid_m * (BM + BM2) + BM + tl.arange(0, BM2)
+        a1, a2 = frag_range_two(x_ptr, offs_m, offs_m2, M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
+                                stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
+                                ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, BM2, NW, STAGES, PANEL, PTX, FOLD, SETTLE)
+        tile = 2 * (pid_m * tl.num_programs(0) + pid_n)  # a split-K counter for each of the two
+        frag_epilogue(a1, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
+                      stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K, GROUP_N, HAS_GS,
+                      HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
+        frag_epilogue(a2, offs_m2, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, stride_s, stride_xs, stride_ym, tile + 1, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K,
+                      GROUP_N, HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
     else:
         acc = frag_range(x_ptr, offs_m, offs_m < M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
                          stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
@@ -505,6 +591,19 @@ SCALE_BITS = True
 FRAG_PAIRS = False
 
 
+def two_parts(block_m: int) -> tuple[int, int]:
+    """A token tile as the frag kernel runs it: (block_m, 0) for a power of two (16 or more), else its two parts, a
+    power of two and a smaller one of at least 16 (`FRAG_TWO`: 48 = 32 + 16) — or a clear error."""
+    if block_m >= 16 and block_m & (block_m - 1) == 0:
+        return block_m, 0
+    bm1 = 1 << (block_m.bit_length() - 1)
+    bm2 = block_m - bm1
+    if block_m < 16 or bm2 < 16 or bm2 & (bm2 - 1):
+        raise ValueError(f"block_m must be a power of two or the sum of two (each >= 16, e.g. 48 = 32 + 16), "
+                         f"got {block_m}")  # fmt: skip
+    return bm1, bm2
+
+
 def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
     """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points on decode
     tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes whose x sums the loop subtracts
@@ -526,6 +625,11 @@ A8_MMA_ACC = True
 # (tools/probe_toggle.py --switch subs), W4A8-MXFP4 28672x8192 M=136 / 160 / 192: 153.0 / 155.6 / 155.9 -> 123.3 /
 # 124.5 / 125.7 µs; shapes with few 128-row tiles keep their rule (8192x28672: on/off 1.00-1.01)
 FRAG_SUBS = True
+
+# 33-48 rows of 4-bit codes under bf16/fp16 x as one 48-token tile of 32 + 16 tokens on one decode of each K block
+# (`frag_range_two`) instead of a 64-token tile a quarter or more padding: the MMA is what grows from 32 to 64 tokens
+# (H200 graphs, W4A16 28672x8192 M=32 / 48 / 64: 51.0 / 68.1 / 73.0 µs, session 23's bench)
+FRAG_TWO = True
 
 
 def frag_mma_acc(tw) -> bool:
@@ -630,7 +734,7 @@ def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> 
 
 def frag_tile(
     m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False,
-    float_codes: bool = False, balance: bool = True, a8: bool = False,
+    float_codes: bool = False, balance: bool = True, a8: bool = False, two: bool = False,
 ) -> dict:  # fmt: skip
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the launch
@@ -649,7 +753,8 @@ def frag_tile(
     tiles (graphs, M=128: 8192^2 36.9 µs, 28672x8192 79.0, 8192x28672 97.4 — 128 x 256 of 16 warps 42.6 / 86.4 /
     95.4 —; M=256: 56.6 / 150.3 / 153.0, 128-token tiles 52.4 / 156.9 / 169.5); where N has few 128-row tiles
     (<= half the SMs) 128 x 128 capped at 128 registers, two CTAs an SM, split until two a SM (8192x28672 M=128
-    97.9 -> 89.0, 8192^2 M=256 57.4 -> 52.1, 8192x28672 M=256 152.8 -> 153.9)."""
+    97.9 -> 89.0, 8192^2 M=256 57.4 -> 52.1, 8192x28672 M=256 152.8 -> 153.9). `two` (4-bit codes under bf16/fp16
+    x): 33-48 rows as a 48-token tile of 32 + 16 (`FRAG_TWO`)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -683,7 +788,7 @@ def frag_tile(
         tile = dict(block_m=bm, block_n=bn, split_k=split_to(cdiv(m, bm) * cdiv(n, bn), per_sm * num_sms),
                     num_warps=warps, num_stages=3)  # fmt: skip
         return tile if wide else tile | dict(maxnreg=128)
-    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    bm = 16 if m <= 16 else (32 if m <= 32 else (48 if m <= 48 and two and FRAG_TWO else 64))
     bn, stages = (64, 3) if bits == 2 else (128, 4)
     tiles = cdiv(n, bn) * cdiv(m, bm)
     split = split_to(tiles, 2 * num_sms)
@@ -724,6 +829,10 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     if subs > 1 and not (mma_acc and split_k == 1):
         raise ValueError(f"block_m=192 (three 64-token tiles) takes e2m1 weights under FP8 x accumulating in the MMA "
                          f"(frag_mma_acc) without split-K; got {tw.scheme}, split_k={split_k}")  # fmt: skip
+    bm1, bm2 = two_parts(block_m) if subs == 1 else (block_m // 3, 0)
+    if bm2 and (fp8 or tw.fmt["W_BITS"] != 4):
+        raise ValueError(f"block_m={block_m} (two token tiles, {bm1} + {bm2}) takes 4-bit codes under bf16/fp16 x; got "
+                         f"{tw.scheme} with {x.dtype} x")  # fmt: skip
     dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
     grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
@@ -742,7 +851,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
         k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
         tw.scales.stride(-2),
         frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
-        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=block_m // subs, BN=block_n, SPLIT_K=split_k,
+        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=bm1, BM2=bm2, BN=block_n, SPLIT_K=split_k,
         NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
         SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
         HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs,

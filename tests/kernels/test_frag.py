@@ -523,3 +523,38 @@ def test_three_64_token_tiles_on_one_decode_give_the_bits_of_64_token_tiles(inte
     with pytest.raises(ValueError, match="without split-K"):
         gemm_frag(xq, tw, block_m=192, split_k=2, workspace=torch.empty(2 * m * 72),
                   counters=torch.zeros(64, dtype=torch.int32), **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16-zp", "w4a16:int4:ch:fp32", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m, split", [(13, 1), (40, 3), (48, 1), (100, 2)])
+def test_two_part_token_tile_matches_a_64_token_tile(interpret, text, m, split):
+    """block_m 48 (`FRAG_TWO`: 4-bit codes under bf16/fp16 x) runs a 32- and a 16-token tile against each K block's
+    weight rows decoded once (`frag_range_two`): the products of 64-token tiles (to an ulp of fp16: the interpreter's
+    fp32 matmul sums by a blocking of its own, which a 16-wide product changes), with the
+    second part partly or wholly past M, split K (a counter each part, re-armed), bias, N off the tile, a K tail."""
+    x, qw, ref = _problem(text, m, 72, 600 if ":ch:" in text else 640, seed=m)  # channel scales: a K tail
+    bias = torch.randn(72).half()
+    tw = to_triton_layout(qw)
+    ws, cnt = torch.empty(split * m * 72), torch.zeros(2 * 3 * 2, dtype=torch.int32)
+    kw = dict(block_n=64, split_k=split, num_stages=1, workspace=ws, counters=cnt)
+    for _ in range(2):  # the second call checks the counters were re-armed
+        out = torch.full((m, 72), float("nan"), dtype=torch.float16)
+        y = gemm_frag(x, tw, bias, block_m=48, out=out, **kw)
+        assert not torch.isnan(y).any() and (cnt == 0).all()
+        torch.testing.assert_close(y, gemm_frag(x, tw, bias, block_m=64, **kw), rtol=2**-10, atol=2**-12)
+    assert rel_err(y, ref + bias.double()) < GEMM_REL_ERR[torch.float16]
+
+
+def test_two_part_token_tiles_refuse_what_they_cannot_run(interpret):
+    """A two-part tile needs parts that are powers of two of >= 16 tokens, and 4-bit codes under bf16/fp16 x; the
+    rule takes 48 at 33-48 rows of such weights only."""
+    x, qw, _ = _problem("w8a16", 5, 64, 256, seed=1)
+    with pytest.raises(ValueError, match="4-bit codes"):
+        gemm_frag(x, to_triton_layout(qw), block_m=48, block_n=64, num_stages=1)
+    x, qw, _ = _problem("w4a16", 5, 64, 256, seed=1)
+    for bm in (40, 24, 8):
+        with pytest.raises(ValueError, match=f"got {bm}"):
+            gemm_frag(x, to_triton_layout(qw), block_m=bm, block_n=64, num_stages=1)
+    assert frag_tile(40, 8192, 8192, 132, False, two=True)["block_m"] == 48
+    assert frag_tile(49, 8192, 8192, 132, False, two=True)["block_m"] == 64
+    assert frag_tile(40, 8192, 8192, 132, False)["block_m"] == 64

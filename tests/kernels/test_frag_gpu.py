@@ -257,3 +257,38 @@ def test_settled_wgmma_give_the_same_result(monkeypatch, text, m):
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16] and torch.equal(y1, y2)
     monkeypatch.setenv("ANYBIT_FRAG_SETTLE", "0")
     assert rel_err(be.gemm(x, p), ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("text", FRAG_FORMATS + ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m, split", [(33, 1), (40, 4), (48, 2), (100, 1)])
+def test_two_part_token_tile(text, m, split):
+    """block_m 48 (32 + 16 tokens on one decode, `frag_range_two`): every 4-bit format, the second part partly or
+    wholly past M, N off the tile, a K tail for channel scales, split K; poisoned output, bit-stable relaunch."""
+    x, qw, ref = _case(text, m, 3000, 2880 if ":ch:" in text else 4096, seed=m)
+    tw = to_triton_layout(qw)
+    ws = torch.empty(split * m * tw.n, device="cuda")
+    cnt = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, tw.n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        outs.append(gemm_frag(x, tw, block_m=48, block_n=128, split_k=split, workspace=ws, counters=cnt, out=out))
+    assert rel_err(outs[0], ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(outs[0], outs[1]) and not (cnt != 0).any()
+
+
+@pytest.mark.parametrize("text", ["w4a16", "mxfp4"])
+def test_two_part_token_tile_is_the_route_at_40_rows(text):
+    """33-48 rows of 4-bit weights whose 64-row tiles do not fill a wave go through the 48-token tile: the route's
+    output is a direct launch's, bit for bit."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    x, qw, ref = _case(text, 40, 3000, 4096, seed=40)
+    p = prepare(qw, backend="triton")
+    y = get_backend("triton").gemm(x, p)
+    tile = frag_tile(40, 3000, 4096, torch.cuda.get_device_properties(0).multi_processor_count, False, two=True)
+    assert tile["block_m"] == 48
+    ws = torch.empty(tile["split_k"] * 40 * 3000, device="cuda")
+    cnt = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    assert torch.equal(y, gemm_frag(x, p.data, workspace=ws, counters=cnt, **tile))
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
