@@ -121,10 +121,13 @@ def a8_config(config: GemmConfig, scheme: Scheme, m: int, k: int, nk: bool, inte
 
 
 def pick_config(
-    m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool, a8: bool | None = None
-) -> GemmConfig:
+    m: int, n: int, k: int, scheme: Scheme, sms: int, interpret: bool, nk: bool, a8: bool | None = None,
+    frag_layout: bool = True,
+) -> GemmConfig:  # fmt: skip
     """The tile for one call (cached per prepared weight and M: picking must not cost host time). a8: the weight
-    runs on the FP8 MMA (default `a8_mma(scheme)`; `TritonWeight.mma_a8` where the weight's data decides)."""
+    runs on the FP8 MMA (default `a8_mma(scheme)`; `TritonWeight.mma_a8` where the weight's data decides).
+    frag_layout: the weight is in the fragment layout (`TritonWeight.frag`; the bit-plane kernel takes no 48-token
+    tile)."""
     if frag_format(scheme):  # A16 above FRAG_MAX_M rows comes here only by `frag_mid`
         a8 = a8_mma(scheme) if a8 is None else a8  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs)
         float_codes = isinstance(scheme.weight, FloatType)
@@ -132,7 +135,7 @@ def pick_config(
         wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
                       float_codes=float_codes, balance=not a8, a8=wide_a8,
-                      two=not a8 and scheme.weight_bits == 4)  # fmt: skip
+                      two=frag_layout and not a8 and scheme.weight_bits == 4)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip
@@ -421,7 +424,8 @@ class TritonBackend:
         """The tuning cache's tile for this problem on this device, else (ANYBIT_AUTOTUNE=1, GPU, not
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
         m, cuda = x.shape[0], x.is_cuda
-        default = pick_config(m, tw.n, tw.k, tw.scheme, _sm_count(x.device) if cuda else 1, not cuda, tw.nk, tw.mma_a8)
+        sms = _sm_count(x.device) if cuda else 1
+        default = pick_config(m, tw.n, tw.k, tw.scheme, sms, not cuda, tw.nk, tw.mma_a8, tw.frag)
         cache = tuning_cache(x.device)
         key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
         entry = cache.get(key)

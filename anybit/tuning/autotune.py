@@ -11,7 +11,7 @@ from anybit.kernels.gemm import GemmConfig
 def candidates(default: GemmConfig, frag: bool = False) -> list[GemmConfig]:
     """The default and its neighbours: half/double the N tile and the split-K, the other warp count;
     a deeper K tile (bit-plane kernels), or half the token tile (frag kernel: its K block is fixed,
-    and at 64 tokens two 32-token tiles can beat one)."""
+    and at 64 tokens two 32-token tiles can beat one; 48 tokens: 32 and 64)."""
     out = [default]
     for bn in (default.block_n // 2, default.block_n * 2):
         if 32 <= bn <= 256:
@@ -21,9 +21,10 @@ def candidates(default: GemmConfig, frag: bool = False) -> list[GemmConfig]:
             out.append(dataclasses.replace(default, split_k=split))
     if default.num_warps in (4, 8):  # the other of 4 / 8 warps (the 16-warp frag tile has no such neighbour)
         out.append(dataclasses.replace(default, num_warps=12 - default.num_warps, num_stages=7 - default.num_stages))
-    if frag:
-        if default.block_m > 16:
-            out.append(dataclasses.replace(default, block_m=default.block_m // 2))
+    if frag:  # the 48-token tile (32 + 16) against its neighbours 32 and 64
+        for bm in (32, 64) if default.block_m == 48 else (default.block_m // 2,):
+            if bm >= 16:
+                out.append(dataclasses.replace(default, block_m=bm))
     elif default.block_k < 256:
         out.append(dataclasses.replace(default, block_k=default.block_k * 2, num_stages=max(2, default.num_stages - 1)))
     return list(dict.fromkeys(out))

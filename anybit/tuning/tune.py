@@ -64,7 +64,8 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
         try:
             preps = [be.prepare(qw) for _ in range(copies)]
             if name == "triton" and _uses_tiles(scheme, m, n, k, device):
-                default = pick_config(m, n, k, scheme, _sm_count(device), False, preps[0].data.nk, preps[0].data.mma_a8)
+                tw = preps[0].data
+                default = pick_config(m, n, k, scheme, _sm_count(device), False, tw.nk, tw.mma_a8, tw.frag)
                 best, best_us = None, float("inf")
                 for c in candidates(default, preps[0].data.frag):
                     for p in preps:
