@@ -73,17 +73,26 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
-                 x_scales: torch.Tensor | None = None, diag: int = 0) -> torch.Tensor:  # fmt: skip
+                 x_scales: torch.Tensor | None = None, diag: int = 0, split_k: int = 1, workspace=None,
+                 counters=None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
     `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
     stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only, wrong results): the words
-    as the operand without decoding. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the
-    caller checks)."""
+    as the operand without decoding. split_k: CTAs a tile, each a share of the 128-K blocks (every share non-empty),
+    summed by the last to finish through `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the
+    tiles; left zero for the next call) — the Triton backend's shared ones when not given. x: contiguous bf16/fp16
+    [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
     bm1, bm2 = swap_parts(block_m)
     if bm1 < 16:
         raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
+
+    blocks = cdiv(x.shape[1], 2 * WS_BK)
+    if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
+        most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
+        raise ValueError(f"split_k={split_k}: K={x.shape[1]} has {blocks} blocks of 128, so split_k must leave each "
+                         f"split some (1 to {most})")  # fmt: skip
 
     stages = stages or rs_stages(block_m)
     if stages < RS_MIN_STAGES:
@@ -99,13 +108,22 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     w_desc, s_desc = weight_descs(tw, 64)
     gs = tw.global_scale
     xs = row_scales(x_scales, m, y)
-    grid = (cdiv(m, block_m) * cdiv(n, 64),)
-    frag_rs_kernel[grid](
-        x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
+    tiles = cdiv(m, block_m) * cdiv(n, 64)
+    if split_k > 1 and (workspace is None or counters is None):  # the Triton backend's, shared by every call
+        from anybit.backends import get_backend
+
+        workspace, counters = get_backend("triton").workspace(x.device, split_k * m * n, tiles)
+    if split_k > 1:
+        if workspace.numel() < split_k * m * n or counters.numel() < tiles:
+            raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
+                             f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
+    frag_rs_kernel[(tiles, split_k)](
+        x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y,
+        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k,
         tw.planes[0].shape[-1] // 16, y.stride(0), STAGES=stages, GROUP_M=group_m,
         SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
         HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=gs is not None,
-        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, DIAG=int(diag), num_warps=4,
+        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, num_warps=4,
     )  # fmt: skip
     return y

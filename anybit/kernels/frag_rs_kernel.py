@@ -76,17 +76,19 @@ def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
 
 @gluon.jit
 def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-            num_blocks, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr):
-    """Block b's words and scales into slot b % STAGES of the word ring, x's halves (BM1 rows, and BM2 more: TWO)
-    into slots 2b, 2b + 1 of the x rings (2 STAGES), once the block's consumer released the slot."""
+            num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr):
+    """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
+    (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
+    slot."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
-        _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, b, num_blocks, GB,
+        _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, k0 + b, k0 + num_blocks, GB,
                  SCALE_PER_BLOCK)
-        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO)
-        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES, TWO)
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO, 2 * k0)
+        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES, TWO,
+                  2 * k0)
 
 
 @gluon.jit
@@ -160,19 +162,60 @@ def _partial(x_bufs, num_blocks):
 
 
 @gluon.jit
-def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
-           stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr,
-           HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
-    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y."""
+def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT: gl.constexpr,
+                HAS_BIAS: gl.constexpr):
+    """y [tokens off_m.., weight rows off_n..] = the SPLIT partial products in the workspace [SPLIT, M, N] (+ bias),
+    read through L2 (`.cg`: other CTAs wrote them), a tile of acc's shape [64, BM] and layout."""
+    layout: gl.constexpr = acc.type.layout
+    BM: gl.constexpr = acc.shape[1]
+    cols = off_n + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+    rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(cols, 1)
+    mask = gl.expand_dims(rows < M, 0) & gl.expand_dims(cols < N, 1)
+    total = gl.zeros((64, BM), dtype=gl.float32, layout=layout)
+    for i in range(SPLIT):
+        total += gl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        total = total + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 1)
+    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 0) + gl.expand_dims(cols, 1)
+    gl.store(ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
+           M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
+           HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
+           DIAG: gl.constexpr, SPLIT: gl.constexpr):
+    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
+    tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
+    that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
+    adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
+    BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG)
     mbarrier.wait(red_bar.index(0), 0)
     acc = acc + _partial(x_bufs, num_blocks).load(acc.type.layout)
-    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
-                _pow2(E2M1), HAS_GS, True)
     if TWO:
         acc2 = acc2 + _partial(x2_bufs, num_blocks).load(acc2.type.layout)
-        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + x_bufs.type.shape[1], off_n, ROW_SCALES,
-                    HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
+    if SPLIT == 1:
+        _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
+                    _pow2(E2M1), HAS_GS, True)
+        if TWO:
+            _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES, HAS_BIAS,
+                        gs_ptr, _pow2(E2M1), HAS_GS, True)
+    else:
+        part = ws_ptr + gl.program_id(1) * M * N
+        _store_tile(acc, xs_ptr, bias_ptr, part, M, N, N, off_m, off_n, ROW_SCALES, False, gs_ptr, _pow2(E2M1),
+                    HAS_GS, True)
+        if TWO:
+            _store_tile(acc2, xs_ptr, bias_ptr, part, M, N, N, off_m + BM1, off_n, ROW_SCALES, False, gs_ptr,
+                        _pow2(E2M1), HAS_GS, True)
+        gl.thread_barrier()
+        tile = gl.program_id(0)
+        if gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
+            _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT, HAS_BIAS)
+            if TWO:
+                _sum_splits(acc2, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, SPLIT, HAS_BIAS)
+            gl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 @gluon.jit
@@ -187,11 +230,11 @@ def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 
 
 @gluon.jit
-def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
-                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
-                   SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, MMA_REGS: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-                   DIAG: gl.constexpr):
+def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb,
+                   stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+                   GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
+                   MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
+                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -219,11 +262,17 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     red_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(red_bar.index(0), count=1)
     num_blocks = gl.cdiv(K, 2 * BK)  # x past K is zero-filled by TMA, the frag codes there are 0
+    k0 = 0
+    if SPLIT > 1:  # this CTA's share of the K blocks (the host keeps every split's share non-empty)
+        per = gl.cdiv(num_blocks, SPLIT)
+        k0 = gl.program_id(1) * per
+        num_blocks = gl.minimum(per, num_blocks - k0)
     gl.warp_specialize([
-        (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
-                  stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO, DIAG)),
+        (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                  cnt_ptr, M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO,
+                  DIAG, SPLIT)),
         (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-                   num_blocks, SCALE_PER_BLOCK, GB, PANEL, TWO)),
+                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on

@@ -112,12 +112,13 @@ def _pow2(e2m1):
 
 # fmt: off
 @gluon.jit
-def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr):
+def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, k_off=0):
+    """x's K step ki (of num_k: none past them) into slot ki % STAGES; k_off: the steps before this CTA's (split K)."""
     BK: gl.constexpr = x_desc.block_type.shape[1]
     s = ki % STAGES
     p = ki < num_k
     mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes, pred=p)
-    tma.async_copy_global_to_shared(x_desc, [off_m, ki * BK], x_ready.index(s), x_bufs.index(s), pred=p)
+    tma.async_copy_global_to_shared(x_desc, [off_m, (ki + k_off) * BK], x_ready.index(s), x_bufs.index(s), pred=p)
 
 
 @gluon.jit
@@ -495,7 +496,8 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
 
 # fmt: off
 @gluon.jit
-def _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, TWO: gl.constexpr):
+def _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, TWO: gl.constexpr,
+              k_off=0):
     """`_x_issue` of a swapped tile's x: BM1 rows, and (TWO) the BM2 rows after them by a second copy (Gluon's
     tensors are powers of two: 192 tokens are 128 + 64)."""
     if TWO:
@@ -503,11 +505,12 @@ def _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, ki, num_k, STAGE
         BM1: gl.constexpr = x_desc.block_type.shape[0]
         s = ki % STAGES
         p = ki < num_k
+        kx = (ki + k_off) * BK
         mbarrier.expect(x_ready.index(s), x_desc.block_type.nbytes + x2_desc.block_type.nbytes, pred=p)
-        tma.async_copy_global_to_shared(x_desc, [off_m, ki * BK], x_ready.index(s), x_bufs.index(s), pred=p)
-        tma.async_copy_global_to_shared(x2_desc, [off_m + BM1, ki * BK], x_ready.index(s), x2_bufs.index(s), pred=p)
+        tma.async_copy_global_to_shared(x_desc, [off_m, kx], x_ready.index(s), x_bufs.index(s), pred=p)
+        tma.async_copy_global_to_shared(x2_desc, [off_m + BM1, kx], x_ready.index(s), x2_bufs.index(s), pred=p)
     else:
-        _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES)
+        _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES, k_off)
 
 
 @gluon.jit

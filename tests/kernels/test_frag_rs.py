@@ -117,3 +117,13 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     for text in ("mxfp4", "w4a16", "w4a8-nvfp4"):
         plan = triton_plan(Scheme.parse(text), m, n, k, cuda, torch.bfloat16)
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
+
+
+def test_split_k_leaves_every_split_some_blocks():
+    """split_k shares K's 128-K blocks out, every share non-empty: 3 blocks take 1 to 3 splits (4 would leave the
+    last none), and the error says which are valid."""
+    tw = to_triton_layout(quantize(torch.randn(64, 384) * 0.05, "w4a16"))
+    for split in (0, 4):
+        with pytest.raises(ValueError, match=f"split_k={split}: K=384 has 3 blocks of 128, so split_k must leave each "
+                                             "split some \\(1 to 3\\)"):  # fmt: skip
+            gemm_frag_rs(torch.randn(16, 384, dtype=torch.bfloat16), tw, block_m=16, split_k=split)
