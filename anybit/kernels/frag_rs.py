@@ -35,6 +35,7 @@ RS_MAX_STAGES = 6
 # after them: with 2 slots b + 2 waits for b's own slot (a hang, seen on the H200); 3 slots hold b, b + 1, b + 2.
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
+RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
@@ -59,16 +60,23 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
     8192^2 27.1 / 26.3 / 27.7 -> 24.3 / 24.9 / 28.0, 7168^2 24.2 / 24.1 / 24.8 -> 21.2 / 21.9 / 24.9; M=48 8192^2
     25.9 / 26.8 / 27.1 -> 24.0 / 24.7 / 27.6, 7168^2 23.1 / 24.3 / 24.2 -> 21.8 / 21.9 / 24.7; W4A16 8192^2 M=64
     27.2 -> 23.6 (Humming 25.7-26.7); M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192
-    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2)."""
+    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2). And split in two along K (`split_k`) at 65-128 rows where K >= 2N and
+    two CTAs a tile still fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag kernel's 128-token
+    tiles 40.0 / 41.1 -> 31.7 / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 / 31.5) — the split
+    costs where the tiles fill the SMs already (28672x8192 M=96 117.1 -> 139.1). The route takes split tiles
+    also where the warp-specialised kernel would not run (`ws_route_tile`)."""
     bm = swap_block_m(m) if RS_SMALL_MIN_M < m <= 256 else None
     if bm is None:
         return None
     tiles = cdiv(n, 64)
+    tile = dict(rs=True, block_m=bm, stages=rs_stages(bm))
     if m <= 64:
         takes = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
+    elif m <= 128 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:
+        return tile | dict(split_k=RS_SPLIT)
     else:
         takes = k >= 2 * n or m <= 128 or (m <= 192 and tiles <= num_sms)
-    return dict(rs=True, block_m=bm, stages=rs_stages(bm)) if takes else None
+    return tile if takes else None
 
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,

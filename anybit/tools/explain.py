@@ -125,7 +125,8 @@ def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
     return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
             "kernel (each MMA warpgroup decodes its 128-K blocks straight into the wgmma's registers, two warpgroups "
             f"on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x128, {t['stages']} "
-            "stages")  # fmt: skip
+            "stages" + (f", K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)"
+                        if t.get("split_k", 1) > 1 else ""))  # fmt: skip
 
 
 def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, dtype: str) -> list[str]:

@@ -90,10 +90,21 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
     assert (rs_tile(m, n, k, 132) is not None) == takes
 
 
+@pytest.mark.parametrize("m, n, k, split", [(96, 4096, 14336, 2), (128, 4096, 14336, 2), (65, 2048, 8192, 2),
+                                            (160, 4096, 14336, None), (96, 8192, 28672, None),
+                                            (96, 4096, 4096, None), (128, 28672, 8192, None)])  # fmt: skip
+def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
+    """Session 23's H200 probe: 65-128 rows, K >= 2N, two CTAs a 64-row tile within one wave: split in two."""
+    from anybit.kernels.frag_rs import rs_tile
+
+    assert (rs_tile(m, n, k, 132) or {}).get("split_k") == split
+
+
 @pytest.mark.parametrize(
     "m, n, k",
-    [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192), (40, 7168, 7168)],
-)
+    [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192), (40, 7168, 7168),
+     (96, 4096, 14336)],
+)  # fmt: skip
 def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
     take, or the frag kernel's mid tiles would keep, and 33-64-row calls of weights one wave of 64-row tiles covers, go
@@ -117,6 +128,7 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     for text in ("mxfp4", "w4a16", "w4a8-nvfp4"):
         plan = triton_plan(Scheme.parse(text), m, n, k, cuda, torch.bfloat16)
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
+        assert ("K split 2 ways" in plan) == (n == 4096), plan  # few 64-row tiles, K >= 2N: split in two
 
 
 def test_split_k_leaves_every_split_some_blocks():

@@ -83,3 +83,21 @@ def test_is_the_route(text, m):
     route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
     tile = rs_tile(m, 8192, 1024, torch.cuda.get_device_properties(0).multi_processor_count)
     assert torch.equal(route, gemm_frag_rs(x, tw, block_m=tile["block_m"], stages=tile["stages"]))
+
+
+@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128)])
+def test_split_k_is_the_route_where_tiles_are_few(text, m):
+    """anybit.gemm of a 65-128-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows) runs this kernel split in
+    two along K (`rs_tile`): a direct launch's bits, the exact product."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag_rs import rs_tile
+
+    x, qw = random_case(text, m, 4096, 14336, seed=m)
+    p = prepare(qw, backend="triton")
+    tile = rs_tile(m, 4096, 14336, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert tile["split_k"] == 2
+    y = get_backend("triton").gemm(x, p)
+    assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
+    ref = x.double() @ qw.dequantize().double().T
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
