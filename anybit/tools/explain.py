@@ -31,6 +31,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         ws_route_tile,
     )
     from anybit.backends.triton_layout import a8_mma, codes_a16, e2m1_rows_scheme, fp8_as_is, frag_format
+    from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_rs import RS_SMALL_MIN_M
     from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
@@ -98,7 +99,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         c, source = GemmConfig(**entry["config"]), f"tuned: {entry['us']:.1f} µs measured"
     else:
         a8 = a8_mma(scheme) or (rows and settings.e2m1_a8())  # (the tile of the FP8 MMA where the weight allows)
-        c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme), a8)
+        c = pick_config(m, n, k, scheme, _sm_count(device) if cuda else 1, not cuda, fp8_as_is(scheme), a8, frag)
         source = "default rule; nothing tuned, see `anybit tune`"
     act = f"FP8 activations ({scheme.act.token()}, quantized in a separate kernel), " if scheme.act.quantized else ""
     if rows and settings.e2m1_a8():
@@ -113,6 +114,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     elif codes:
         act += "their codes in x's dtype on the bf16/fp16 MMA (exact; x scales after it), "
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
+    if frag and c.block_m & (c.block_m - 1):  # `frag.FRAG_TWO`
+        kernel += f" ({' + '.join(map(str, two_parts(c.block_m)))} tokens on one decode of each K block)"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
         f"{c.num_warps} warps, {c.num_stages} stages{f', {c.maxnreg} registers' if c.maxnreg else ''} ({source})"

@@ -558,3 +558,18 @@ def test_two_part_token_tiles_refuse_what_they_cannot_run(interpret):
     assert frag_tile(40, 8192, 8192, 132, False, two=True)["block_m"] == 48
     assert frag_tile(49, 8192, 8192, 132, False, two=True)["block_m"] == 64
     assert frag_tile(40, 8192, 8192, 132, False)["block_m"] == 64
+
+
+def test_explain_names_the_two_part_tile(monkeypatch):
+    """`anybit explain` on a Hopper (faked: 132 SMs, no tuned entry) at 40 rows of a tall 4-bit weight: the 48-token
+    tile and its two parts; 8-bit codes keep 64 tokens."""
+    import anybit.backends.triton as triton_backend
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(triton_backend, "tuning_cache", lambda device: {})
+    cuda = torch.device("cuda")
+    plan = triton_plan(Scheme.parse("w4a16"), 40, 28672, 8192, cuda, torch.bfloat16)
+    assert "(32 + 16 tokens on one decode of each K block), tile 48x128x128" in plan, plan
+    assert "tile 64x128x64" in triton_plan(Scheme.parse("w8a16"), 40, 28672, 8192, cuda, torch.bfloat16)
