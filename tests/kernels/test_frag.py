@@ -526,11 +526,11 @@ def test_three_64_token_tiles_on_one_decode_give_the_bits_of_64_token_tiles(inte
 
 
 @pytest.mark.parametrize("text", ["w4a16:int4:g128:fp16", "w4a16-zp", "w4a16:int4:ch:fp32", "nvfp4", "mxfp4"])
-@pytest.mark.parametrize("m, split", [(13, 1), (40, 3), (48, 1), (100, 2)])
-def test_two_part_token_tile_matches_a_64_token_tile(interpret, text, m, split):
+@pytest.mark.parametrize("m, split, bm", [(13, 1, 48), (40, 3, 48), (48, 1, 48), (100, 2, 48), (90, 2, 96)])
+def test_two_part_token_tile_matches_64_token_tiles(interpret, text, m, split, bm):
     """block_m 48 (`FRAG_TWO`: 4-bit codes under bf16/fp16 x) runs a 32- and a 16-token tile against each K block's
-    weight rows decoded once (`frag_range_two`): the products of 64-token tiles (to an ulp of fp16: the interpreter's
-    fp32 matmul sums by a blocking of its own, which a 16-wide product changes), with the
+    weight rows decoded once (`frag_range_two`; 96: 64 + 32): the products of 64-token tiles (to an ulp of fp16: the
+    interpreter's fp32 matmul sums by a blocking of its own, which a narrower product changes), with the
     second part partly or wholly past M, split K (a counter each part, re-armed), bias, N off the tile, a K tail."""
     x, qw, ref = _problem(text, m, 72, 600 if ":ch:" in text else 640, seed=m)  # channel scales: a K tail
     bias = torch.randn(72).half()
@@ -539,7 +539,7 @@ def test_two_part_token_tile_matches_a_64_token_tile(interpret, text, m, split):
     kw = dict(block_n=64, split_k=split, num_stages=1, workspace=ws, counters=cnt)
     for _ in range(2):  # the second call checks the counters were re-armed
         out = torch.full((m, 72), float("nan"), dtype=torch.float16)
-        y = gemm_frag(x, tw, bias, block_m=48, out=out, **kw)
+        y = gemm_frag(x, tw, bias, block_m=bm, out=out, **kw)
         assert not torch.isnan(y).any() and (cnt == 0).all()
         torch.testing.assert_close(y, gemm_frag(x, tw, bias, block_m=64, **kw), rtol=2**-10, atol=2**-12)
     assert rel_err(y, ref + bias.double()) < GEMM_REL_ERR[torch.float16]

@@ -261,9 +261,11 @@ def test_settled_wgmma_give_the_same_result(monkeypatch, text, m):
 
 @pytest.mark.parametrize("text", FRAG_FORMATS + ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m, split", [(33, 1), (40, 4), (48, 2), (100, 1)])
-def test_two_part_token_tile(text, m, split):
-    """block_m 48 (32 + 16 tokens on one decode, `frag_range_two`): every 4-bit format, the second part partly or
-    wholly past M, N off the tile, a K tail for channel scales, split K; poisoned output, bit-stable relaunch."""
+@pytest.mark.parametrize("tile", [dict(block_m=48), dict(block_m=96, num_warps=8, num_stages=3)], ids=["48", "96w8"])
+def test_two_part_token_tile(text, m, split, tile):
+    """block_m 48 (32 + 16 tokens on one decode, `frag_range_two`; 96 = 64 + 32 on 8 warps, sm_90a without spills):
+    every 4-bit format, the second part partly or wholly past M, N off the tile, a K tail for channel scales, split K;
+    poisoned output, bit-stable relaunch."""
     x, qw, ref = _case(text, m, 3000, 2880 if ":ch:" in text else 4096, seed=m)
     tw = to_triton_layout(qw)
     ws = torch.empty(split * m * tw.n, device="cuda")
@@ -271,7 +273,7 @@ def test_two_part_token_tile(text, m, split):
     outs = []
     for _ in range(2):
         out = torch.full((m, tw.n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        outs.append(gemm_frag(x, tw, block_m=48, block_n=128, split_k=split, workspace=ws, counters=cnt, out=out))
+        outs.append(gemm_frag(x, tw, block_n=128, split_k=split, workspace=ws, counters=cnt, out=out, **tile))
     assert rel_err(outs[0], ref) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(outs[0], outs[1]) and not (cnt != 0).any()
 
