@@ -244,7 +244,7 @@ def gemm_source_hash() -> str:
     from anybit.kernels.quant_act import _quant_act_kernel
 
     kernels = (_gemm_kernel, _quant_act_kernel, frag._frag_gemm_kernel, frag.frag_range, frag.frag_range_subs,
-               frag.frag_range_two, frag.frag_decode16, frag.frag_epilogue, frag.frag_row_words,
+               frag.frag_range_two, frag.frag_decode16, frag.code_offset, frag.frag_epilogue, frag.frag_row_words,
                frag.frag_block_dot, frag.frag_quarter_dots, frag.frag_byte_dot, frag.block_meta, frag.block_sums,
                frag_decode.minus_rows,
                frag_decode.times_groups, frag_decode.unpack_pairs, frag_decode.unpack_pairs_minus,

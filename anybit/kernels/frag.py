@@ -294,6 +294,24 @@ def frag_byte_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, mask_m, offs_k, K, M
 
 
 @triton.jit
+def code_offset(dtype: tl.constexpr, W_BITS: tl.constexpr, W_SIGNED: tl.constexpr):
+    """What a decoded code carries beyond its value, for x of `dtype`: the magic of the decode (8-bit codes: fp32's
+    2**23; pairs: bf16 128, fp16 1024; FP8 x: none, the codes reach the MMA as they are) plus the storage bias of
+    signed codes, 2**(bits-1)."""
+    if W_BITS == 8:
+        off = 8388608.0
+    elif dtype == tl.bfloat16:
+        off = 128.0
+    elif dtype == tl.float16:
+        off = 1024.0
+    else:
+        off = 0.0
+    if W_SIGNED:
+        off += 1 << (W_BITS - 1)
+    return off
+
+
+@triton.jit
 def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
                kt_lo, kt_hi, MASK, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
@@ -310,16 +328,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     PAIRS (4-bit, no zero points or sums, `frag_pairs`): two blocks an iteration, the second's x masked past
     kt_hi (it adds zero there), in the same order of accumulation. MMA_ACC: e2m1 blocks under FP8 x accumulate
     in the MMA (`frag_mma_acc`)."""
-    if W_BITS == 8:
-        off = 8388608.0  # 2**23: the fp32 magic of the byte decode
-    elif x_ptr.dtype.element_ty == tl.bfloat16:
-        off = 128.0  # MAGIC of the pair decode
-    elif x_ptr.dtype.element_ty == tl.float16:
-        off = 1024.0
-    else:
-        off = 0.0  # FP8 x: the codes reach the MMA as they are
-    if W_SIGNED:
-        off += 1 << (W_BITS - 1)  # stored codes are biased by 2**(bits-1)
+    off = code_offset(x_ptr.dtype.element_ty, W_BITS, W_SIGNED)
     KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
     PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
@@ -426,9 +435,7 @@ def frag_range_two(x_ptr, offs_m, offs_m2, M, stride_xm, w_ptr, s_ptr, z_ptr, of
     x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two): each K block's weight rows decoded
     once (`frag_decode16`), two MMAs into two accumulators. Natural row order."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
-    off = 128.0 if dtype == tl.bfloat16 else 1024.0  # the pair decode's MAGIC
-    if W_SIGNED:
-        off += 8  # stored codes are biased by 2**3
+    off = code_offset(dtype, 4, W_SIGNED)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the epilogue's
     G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1

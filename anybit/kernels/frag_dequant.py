@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, load_scale
-from anybit.kernels.frag import frag_constexprs, frag_ptx, frag_row_words
+from anybit.kernels.frag import code_offset, frag_constexprs, frag_ptx, frag_row_words
 from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
 
@@ -46,14 +46,9 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     elif W_FLOAT:
         q = unpack_e2m1(p, BN, MASK, dtype).to(tl.float32)
     elif W_BITS == 8:
-        q = unpack_bytes(p, BN, MASK, 8388608.0 + (1 << (W_BITS - 1) if W_SIGNED else 0), tl.float32)
+        q = unpack_bytes(p, BN, MASK, code_offset(dtype, W_BITS, W_SIGNED), tl.float32)
     else:
-        if dtype == tl.bfloat16:
-            off = 128.0
-        else:
-            off = 1024.0
-        if W_SIGNED:
-            off += 1 << (W_BITS - 1)
+        off = code_offset(dtype, W_BITS, W_SIGNED)
         if W_BITS == 2:
             ql0, ql1 = tl.split(tl.reshape(p, (BN, 4, 2, 2)))  # word 4t + q, q = 2a + b: split b, then a
             p0, p2 = tl.split(ql0)

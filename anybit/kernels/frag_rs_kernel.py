@@ -164,21 +164,17 @@ def _partial(x_bufs, num_blocks):
 @gluon.jit
 def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT: gl.constexpr,
                 HAS_BIAS: gl.constexpr):
-    """y [tokens off_m.., weight rows off_n..] = the SPLIT partial products in the workspace [SPLIT, M, N] (+ bias),
-    read through L2 (`.cg`: other CTAs wrote them), a tile of acc's shape [64, BM] and layout."""
+    """y [tokens off_m.., weight rows off_n..] = the SPLIT partial products in the workspace [SPLIT, M, N] (+ bias,
+    `_store_tile`), read through L2 (`.cg`: other CTAs wrote them), a tile of acc's shape [64, BM] and layout."""
     layout: gl.constexpr = acc.type.layout
-    BM: gl.constexpr = acc.shape[1]
     cols = off_n + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-    rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    rows = off_m + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     offs = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(cols, 1)
     mask = gl.expand_dims(rows < M, 0) & gl.expand_dims(cols < N, 1)
-    total = gl.zeros((64, BM), dtype=gl.float32, layout=layout)
+    total = gl.zeros(acc.shape, dtype=gl.float32, layout=layout)
     for i in range(SPLIT):
         total += gl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    if HAS_BIAS:
-        total = total + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 1)
-    ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 0) + gl.expand_dims(cols, 1)
-    gl.store(ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+    _store_tile(total, None, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS, SWAPPED=True)
 
 
 @gluon.jit
