@@ -195,15 +195,14 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
 
 def ws_route_tile(m: int, n: int, k: int, num_sms: int) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
-    register-operand kernel's where it is faster (`rs_tile`: 65-256 rows; ANYBIT_FRAG_RS=0 turns it off). At most
-    FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None. A split register-operand tile (65-128 rows, K >= 2N, few
-    64-row tiles) also where the warp-specialised kernel would not run (its CTAs would not fill a wave)."""
+    register-operand kernel's where it is faster (`rs_tile`: 65-256 rows, also where the warp-specialised kernel
+    would not run — its CTAs would not fill a wave on 4096- and 6144-row weights; ANYBIT_FRAG_RS=0 turns it off). At
+    most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
+    weights whose 64-row tiles fill one wave), else None."""
     rs = rs_tile(m, n, k, num_sms) if settings.frag_rs() else None
-    if m <= FRAG_MAX_M or (rs is not None and "split_k" in rs):
+    if rs is not None or m <= FRAG_MAX_M:
         return rs
-    tile = ws_tile(m, n, num_sms, k)
-    return (rs or tile) if tile is not None else None
+    return ws_tile(m, n, num_sms, k)
 
 
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:

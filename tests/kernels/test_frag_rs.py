@@ -77,24 +77,29 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
 
 
 @pytest.mark.parametrize("m, n, k, takes", [
-    (96, 8192, 8192, True), (192, 8192, 8192, True), (256, 8192, 8192, False),  # one wave of 64-row tiles: to 192
+    (96, 8192, 8192, True), (192, 8192, 8192, True), (256, 8192, 8192, True),  # one wave of 64-row tiles
+    (160, 6144, 4096, True), (256, 6144, 4096, True), (192, 4096, 4096, True), (256, 4096, 4096, True),
     (128, 28672, 8192, True), (160, 28672, 8192, False), (256, 28672, 8192, False),  # taller: to 128
+    (256, 28672, 4096, False), (160, 14336, 4096, False),
     (256, 8192, 28672, True), (160, 4096, 14336, True),  # K >= 2N: to 256
     (64, 8192, 8192, True), (33, 7168, 7168, True), (32, 8192, 8192, False),  # 33-64 rows: one filled wave, K < 2N
     (64, 28672, 8192, False), (64, 8192, 28672, False), (64, 4096, 4096, False),
 ])  # fmt: skip
 def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
-    """`rs_tile`'s rule against the session-22 H200 probe: where the kernel was faster than the route before it."""
+    """`rs_tile`'s rule against the session-22 and -24 H200 probes: where the kernel was faster than the route before
+    it (or, 8192^2 and 4096^2 at M=256, as fast)."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132) is not None) == takes
 
 
 @pytest.mark.parametrize("m, n, k, split", [(96, 4096, 14336, 2), (128, 4096, 14336, 2), (65, 2048, 8192, 2),
-                                            (160, 4096, 14336, None), (96, 8192, 28672, None),
-                                            (96, 4096, 4096, None), (128, 28672, 8192, None)])  # fmt: skip
+                                            (160, 4096, 14336, 2), (256, 4096, 14336, 2), (96, 8192, 28672, None),
+                                            (96, 4096, 4096, None), (256, 4096, 4096, None),
+                                            (128, 28672, 8192, None)])  # fmt: skip
 def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
-    """Session 23's H200 probe: 65-128 rows, K >= 2N, two CTAs a 64-row tile within one wave: split in two."""
+    """Sessions 23 and 24's H200 probes: 65-256 rows, K >= 2N, two CTAs a 64-row tile within one wave: split in two
+    (4096x14336 M=160 / 256 61.8 / 74.8 -> 44.8 / 64.4 µs); K < 2N unsplit (4096^2 M=256 26.7 vs 36.5)."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132) or {}).get("split_k") == split

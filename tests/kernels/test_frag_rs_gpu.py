@@ -85,9 +85,9 @@ def test_is_the_route(text, m):
     assert torch.equal(route, gemm_frag_rs(x, tw, block_m=tile["block_m"], stages=tile["stages"]))
 
 
-@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128)])
+@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 256)])
 def test_split_k_is_the_route_where_tiles_are_few(text, m):
-    """anybit.gemm of a 65-128-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows) runs this kernel split in
+    """anybit.gemm of a 65-256-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows) runs this kernel split in
     two along K (`rs_tile`): a direct launch's bits, the exact product."""
     from anybit import prepare
     from anybit.backends import get_backend
@@ -99,5 +99,23 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
     assert tile["split_k"] == 2
     y = get_backend("triton").gemm(x, p)
     assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
+    ref = x.double() @ qw.dequantize().double().T
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("text, m, n", [("w4a16", 160, 6144), ("mxfp4", 256, 6144), ("nvfp4", 192, 4096)])
+def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
+    """anybit.gemm of a 129-256-row call of a weight whose 64-row tiles fit one wave (Llama-3-8B's qkv / o, K < 2N:
+    the warp-specialised kernel would not run) runs this kernel unsplit: a direct launch's bits, the exact product."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag_rs import rs_tile
+
+    x, qw = random_case(text, m, n, 4096, seed=m)
+    p = prepare(qw, backend="triton")
+    tile = rs_tile(m, n, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert "split_k" not in tile
+    y = get_backend("triton").gemm(x, p)
+    assert torch.equal(y, gemm_frag_rs(x, p.data, block_m=tile["block_m"], stages=tile["stages"]))
     ref = x.double() @ qw.dequantize().double().T
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
