@@ -53,6 +53,7 @@ class TritonWeight:
     # ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel); ("tile", M) ->
     # the `frag_ws` tile of an M-row call (`ws_tile`, or None)
     ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`)
+    launches: dict = field(default_factory=dict)  # a frag launch's tile and flags -> its constexprs (`gemm_frag`)
 
     @property
     def device(self) -> torch.device:

@@ -819,18 +819,48 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
     programmatic dependent of the previous kernel (the quantizer), waiting for it before any read. scale_w:
     group scales on the decoded weights (`frag_block_dot` SCALE_W; default `frag_scale_w`, tiles of >= 128
-    tokens). maxnreg: a cap on the registers per thread (more CTAs per SM)."""
+    tokens). maxnreg: a cap on the registers per thread (more CTAs per SM). What a launch's tile and flags decide
+    (checks, the kernel's constexprs) is worked out once per weight (`_frag_launch`): an eager call's host time."""
     m, k = x.shape
     n = tw.n
-    if block_n < 16 * num_warps:
-        raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
-    fp8 = x.dtype == torch.float8_e4m3fn
-    if fp8 != tw.mma_a8 or tw.scheme.act.quantized != (x_scales is not None):
-        raise ValueError(f"{tw.scheme} was packed for {tw.x_wants} activations (with x_scales for FP8 schemes); got "
-                         f"{x.dtype}{' with' if x_scales is not None else ' without'} x_scales")  # fmt: skip
+    key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, x_sums is None, bias is None,
+           out_dtype, pdl, scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
+           A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
+    launch = tw.launches.get(key)
+    if launch is None:
+        launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)
+    dtype, consts, weight_args = launch
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
         raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
+    if split_k > 1 and (workspace is None or counters is None):
+        raise ValueError("split_k > 1 needs a workspace and counters")
+    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
+    grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
+    dummy = tw.scales
+    planes, scales, zeros, gs, rows = weight_args
+    # fmt: off
+    _frag_gemm_kernel[grid](
+        x, x_scales if x_scales is not None else dummy, x_sums if x.dtype == torch.float8_e4m3fn else None, planes,
+        scales, zeros, gs, rows, bias if bias is not None else dummy, y, workspace if split_k > 1 else y,
+        counters if split_k > 1 else y, m, n, k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0,
+        y.stride(0), planes.stride(-2), scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **consts,
+    )
+    # fmt: on
+    return y
+
+
+def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
+    """(y's dtype, the kernel's constexprs and launch options, the weight's tensor arguments) of a `gemm_frag` launch
+    with this key (its tile and flags), after the checks that depend on them alone."""
+    block_m, block_n, split_k, num_warps, num_stages, _, no_xs, _, no_bias, out_dtype, pdl, scale_w, maxnreg, ptx, \
+        settle, fold, *_ = key  # fmt: skip
+    if block_n < 16 * num_warps:
+        raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
+    fp8 = x_dtype == torch.float8_e4m3fn
+    if fp8 != tw.mma_a8 or tw.scheme.act.quantized == no_xs:
+        raise ValueError(f"{tw.scheme} was packed for {tw.x_wants} activations (with x_scales for FP8 schemes); got "
+                         f"{x_dtype}{' without' if no_xs else ' with'} x_scales")  # fmt: skip
     mma_acc = frag_mma_acc(tw)
     subs = 3 if block_m == 192 else 1  # three 64-token tiles on one decode (`FRAG_SUBS`)
     if subs > 1 and not (mma_acc and split_k == 1):
@@ -839,30 +869,19 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     bm1, bm2 = two_parts(block_m) if subs == 1 else (block_m // 3, 0)
     if bm2 and (fp8 or tw.fmt["W_BITS"] != 4):
         raise ValueError(f"block_m={block_m} (two token tiles, {bm1} + {bm2}) takes 4-bit codes under bf16/fp16 x; got "
-                         f"{tw.scheme} with {x.dtype} x")  # fmt: skip
-    dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
-    y = out if out is not None else torch.empty((m, n), device=x.device, dtype=dtype)
-    grid = (cdiv(n, block_n), cdiv(m, block_m), split_k)
-    if split_k > 1 and (workspace is None or counters is None):
-        raise ValueError("split_k > 1 needs a workspace and counters")
+                         f"{tw.scheme} with {x_dtype} x")  # fmt: skip
+    dtype = out_dtype or (torch.bfloat16 if fp8 else x_dtype)
     dummy = tw.scales
     rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 under FP8 x: its scales are row-relative codes
     pairs = frag_pairs(tw, block_m, maxnreg)
-    num_stages = pair_stages(num_stages) if pairs else num_stages
-    # fmt: off
-    _frag_gemm_kernel[grid](
-        x, x_scales if x_scales is not None else dummy, x_sums if fp8 else None, tw.planes[0], tw.scales,
-        tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
-        rows if rows is not None else dummy, bias if bias is not None else dummy, y,
-        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
-        k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0, y.stride(0), tw.planes[0].stride(-2),
-        tw.scales.stride(-2),
-        frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n,
-        HAS_GS=tw.global_scale is not None, HAS_BIAS=bias is not None, BM=bm1, BM2=bm2, BN=block_n, SPLIT_K=split_k,
-        NW=num_warps, STAGES=num_stages, PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl,
-        SETTLE=frag_settle(), SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w,
-        HAS_XS=x_scales is not None, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs,
-        num_warps=num_warps, launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
-    )
-    # fmt: on
-    return y
+    consts = dict(
+        frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, NW=num_warps,
+        HAS_GS=tw.global_scale is not None, HAS_BIAS=not no_bias, BM=bm1, BM2=bm2, BN=block_n, SPLIT_K=split_k,
+        STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL, PTX=ptx, FOLD=fold,
+        PDL=pdl, SETTLE=settle, SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w,
+        HAS_XS=not no_xs, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs, num_warps=num_warps,
+        launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+    )  # fmt: skip
+    zeros, gs = (t if t is not None else dummy for t in (tw.zeros, tw.global_scale))
+    weight = (tw.planes[0], tw.scales, zeros, gs, rows if rows is not None else dummy)
+    return dtype, consts, weight
