@@ -71,10 +71,11 @@ class Settings:
     rows on the H200; sm_90a SASS of w4a16 M=128, w8a16 M=16-128, nvfp4/mxfp4 M=1/16/128 show the same pattern,
     `tools/sm90_check.py` HAZARD). Its speed on the H200 is not yet measured (2026-12-01)."""
     frag_rs: bool
-    """ANYBIT_FRAG_RS (default 1; 0 turns it off), Hopper: the A16 calls of 65-256 rows that the warp-specialised
-    kernel would take (`frag_ws.ws_tile`, `ws_takes`) run the register-operand kernel (`anybit.kernels.frag_rs`: the
-    decoded weight straight into the wgmma's registers) where `rs_tile`'s rule says it is faster (H200: 8192^2
-    W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3); read when a prepared weight first sees an M."""
+    """ANYBIT_FRAG_RS (default 1; 0 turns it off), Hopper: A16 calls of 33-256 rows of 4-bit integer, NVFP4 and MXFP4
+    weights run the register-operand kernel (`anybit.kernels.frag_rs`: the decoded weight straight into the wgmma's
+    registers) where `rs_tile`'s rule says it is faster than the warp-specialised kernel, the frag kernel or
+    dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
+    40.6 -> 21.9); read when a prepared weight first sees an M."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
     token whose rows span at most 11 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
