@@ -573,3 +573,25 @@ def test_explain_names_the_two_part_tile(monkeypatch):
     plan = triton_plan(Scheme.parse("w4a16"), 40, 28672, 8192, cuda, torch.bfloat16)
     assert "(32 + 16 tokens on one decode of each K block), tile 48x128x128" in plan, plan
     assert "tile 64x128x64" in triton_plan(Scheme.parse("w8a16"), 40, 28672, 8192, cuda, torch.bfloat16)
+
+
+def test_a_launch_is_worked_out_once_per_tile_and_setting(interpret, monkeypatch):
+    """`gemm_frag` keeps a launch's constexprs on the weight (`TritonWeight.launches`): a second call of the same tile
+    and flags reuses them (the same bits), a switch a test turns (`FRAG_PAIRS`) or another tile gives a launch of its
+    own, and a tile that is not valid raises every time, never kept."""
+    from anybit.kernels import frag
+
+    g = torch.Generator().manual_seed(5)
+    tw = to_triton_layout(quantize(torch.randn(80, 384, generator=g) * 0.05, "w4a16"))
+    x = torch.randn(3, 384, generator=g).half()
+    y = gemm_frag(x, tw, block_m=16, block_n=64)
+    assert len(tw.launches) == 1 and torch.equal(gemm_frag(x, tw, block_m=16, block_n=64), y)
+    assert len(tw.launches) == 1
+    monkeypatch.setattr(frag, "FRAG_PAIRS", not frag.FRAG_PAIRS)
+    assert torch.equal(gemm_frag(x, tw, block_m=16, block_n=64), y) and len(tw.launches) == 2
+    gemm_frag(x, tw, block_m=32, block_n=64)
+    assert len(tw.launches) == 3
+    for _ in range(2):
+        with pytest.raises(ValueError, match="block_n=32 must be >= 16 \\* num_warps"):
+            gemm_frag(x, tw, block_m=16, block_n=32)
+    assert len(tw.launches) == 3

@@ -108,13 +108,14 @@ def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
 @pytest.mark.parametrize(
     "m, n, k",
     [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192), (40, 7168, 7168),
-     (96, 4096, 14336)],
+     (96, 4096, 14336), (256, 4096, 14336), (192, 4096, 4096), (256, 6144, 4096)],
 )  # fmt: skip
 def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
-    take, or the frag kernel's mid tiles would keep, and 33-64-row calls of weights one wave of 64-row tiles covers, go
-    to the register-operand kernel where `rs_tile` says so, and `anybit explain` says so; ANYBIT_FRAG_RS=0 gives
-    the warp-specialised tile back (and the decode path at 64 rows)."""
+    take, or the frag kernel's mid tiles or dequantize + cuBLAS would keep (4096- and 6144-row weights), and 33-64-row
+    calls of weights one wave of 64-row tiles covers, go to the register-operand kernel where `rs_tile` says so, and
+    `anybit explain` says so; ANYBIT_FRAG_RS=0 gives the warp-specialised tile back (or none; the decode path at 64
+    rows)."""
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
@@ -133,7 +134,8 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     for text in ("mxfp4", "w4a16", "w4a8-nvfp4"):
         plan = triton_plan(Scheme.parse(text), m, n, k, cuda, torch.bfloat16)
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
-        assert ("K split 2 ways" in plan) == (n == 4096), plan  # few 64-row tiles, K >= 2N: split in two
+        assert ("K split 2 ways" in plan) == ("split_k" in tile), plan  # few 64-row tiles, K >= 2N: split in two
+    assert ("split_k" in tile) == (n == 4096 and k >= 2 * n)
 
 
 def test_split_k_leaves_every_split_some_blocks():
