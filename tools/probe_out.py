@@ -13,11 +13,15 @@ from anybit.bench.provenance import provenance
 
 
 def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None) -> str:
-    """Print what failed, then write {env, rows, errors} to out_dir/name.json; returns the path."""
+    """Print what failed, then write {env, rows, errors} to out_dir/name.json (name_2.json, … when a probe of the same
+    name wrote there already in this call); returns the path."""
     for what, ex in (errors or {}).items():
         print(f"{what}: {ex}")
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{name}.json")
+    path, n = os.path.join(out_dir, f"{name}.json"), 1
+    while os.path.exists(path):  # a second probe of the same kind in one device call keeps the first one's file
+        n += 1
+        path = os.path.join(out_dir, f"{name}_{n}.json")
     env = provenance(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     with open(path, "w") as f:
         json.dump(dict(env=env, rows=rows, errors=errors or {}), f, indent=1)
