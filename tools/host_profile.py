@@ -17,27 +17,15 @@ import io
 import os
 import pstats
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import write_probe  # noqa: E402
+from probe_out import host_us, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
-
-
-def _host_us(fn, calls: int) -> float:
-    """µs per call the Python loop takes to enqueue `calls` calls (the GPU may still be busy after)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def main() -> int:
@@ -61,7 +49,7 @@ def main() -> int:
         call()
         eager = median(time_eager([call], args.calls, 5, args.calls, True))
         graph = median(time_graph([call], args.calls, 5, args.calls))
-        host = median([_host_us(call, args.calls) for _ in range(5)])
+        host = host_us(call, args.calls)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(args.calls):
                 call()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 import triton
@@ -22,7 +21,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import write_probe  # noqa: E402
+from probe_out import host_us, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -36,19 +35,6 @@ LEAVES = ("gemm_frag", "gemm_frag_rs", "gemm_frag_ws", "gemm_frag_ws_a8", "dequa
 def _nothing(a, b, c, d, e, f, g, h, i, j, n0, n1, n2, n3, n4, n5, n6, n7, BLOCK: tl.constexpr, C1: tl.constexpr,
              C2: tl.constexpr, C3: tl.constexpr):  # fmt: skip
     pass
-
-
-def host_us(fn, calls: int) -> float:
-    """Median over 5 rounds of the µs per call the loop takes to enqueue `calls` calls."""
-    out = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return sorted(out)[2]
 
 
 def leaves_of(call) -> list[tuple[str, object, tuple, dict]]:

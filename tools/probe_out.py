@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import time
 
 import torch
 
@@ -86,3 +88,17 @@ def time_cells(cells: dict, n: int, k: int, m: int, graph: bool, width: int = 34
         rows.append(row)
         print(f"{n:6d}x{k:<6d} M={m:<5d} {name:{width}s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}", flush=True)
     return rows
+
+
+def host_us(fn, calls: int, rounds: int = 5) -> float:
+    """Median over `rounds` of the µs per call a Python loop takes to enqueue `calls` calls of fn (the GPU may still
+    be busy after: an eager call far above its graph time is host-bound)."""
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)

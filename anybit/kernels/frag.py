@@ -823,8 +823,8 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     (checks, the kernel's constexprs) is worked out once per weight (`_frag_launch`): an eager call's host time."""
     m, k = x.shape
     n = tw.n
-    key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, x_sums is None, bias is None,
-           out_dtype, pdl, scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
+    key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
+           scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
            A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
@@ -853,7 +853,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
 def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
     """(y's dtype, the kernel's constexprs and launch options, the weight's tensor arguments) of a `gemm_frag` launch
     with this key (its tile and flags), after the checks that depend on them alone."""
-    block_m, block_n, split_k, num_warps, num_stages, _, no_xs, _, no_bias, out_dtype, pdl, scale_w, maxnreg, ptx, \
+    block_m, block_n, split_k, num_warps, num_stages, _, no_xs, no_bias, out_dtype, pdl, scale_w, maxnreg, ptx, \
         settle, fold, *_ = key  # fmt: skip
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
