@@ -12,7 +12,9 @@ DIR/probe_host_layers.json.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 
 import torch
@@ -60,10 +62,26 @@ def leaves_of(call) -> list[tuple[str, object, tuple, dict]]:
     return seen
 
 
+def profile_rows(call, calls: int, top: int) -> list[tuple[str, float, float]]:
+    """cProfile of `calls` calls: the `top` functions by own time, (name, own µs a call, cumulative µs a call)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    st = pstats.Stats(prof).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
+    rows = [
+        (f"{os.path.basename(f)}:{ln}:{fn}", tt * 1e6 / calls, ct * 1e6 / calls)
+        for (f, ln, fn), (_, _, tt, ct, _) in st.items()
+    ]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="w4a16:256:4096:4096,w4a16:256:4096:14336,nvfp4:256:4096:4096")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--profile", type=int, default=12, help="cProfile rows to print per case (0: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -89,12 +107,16 @@ def main() -> int:
         row["leaves"] = []
         for name, fn, a, kw in leaves:
             row["leaves"].append((name, round(host_us(lambda fn=fn, a=a, kw=kw: fn(*a, **kw), args.calls), 1)))
+        if args.profile:
+            row["profile"] = profile_rows(lambda x=x, p=p: anybit.gemm(x, p), args.calls, args.profile)
         rows.append(row)
         lv = "  ".join(f"{nm} {us:.1f}" for nm, us in row["leaves"])
         print(
             f"{case:26s} {p.backend:7s} gemm {row['gemm']:6.1f}  backend {row['backend_gemm']:6.1f}  leaves: {lv}",
             flush=True,
         )
+        for r in row.get("profile", []):
+            print(f"    {r[1]:7.1f} µs own {r[2]:7.1f} cum  {r[0]}")
     write_probe(args.out, "probe_host_layers", [dict(base=base)] + rows)
     return 0
 
