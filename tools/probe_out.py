@@ -72,8 +72,6 @@ def relaunch_check(call, ref: torch.Tensor, budget: float = REL_BUDGET) -> str |
 def time_cells(cells: dict, n: int, k: int, m: int, graph: bool, width: int = 34) -> list[dict]:
     """Each cell (name -> calls over weight copies): eager CUDA-event median (and, `graph`, CUDA-graph replay and
     host µs per call), a printed line each; returns the rows."""
-    from host_profile import _host_us
-
     from anybit.bench.timing import median, time_eager, time_graph
 
     rows, flops = [], 2 * m * n * k
@@ -83,7 +81,7 @@ def time_cells(cells: dict, n: int, k: int, m: int, graph: bool, width: int = 34
         extra = ""
         if graph:
             row["graph_us"] = median(time_graph(fns, calls=3 * len(fns), repeats=9, warmup=6))
-            row["host_us"] = median([_host_us(f, 5) for f in fns])
+            row["host_us"] = median([host_us(f, 5) for f in fns])
             extra = f"  graph {row['graph_us']:8.1f} µs  host {row['host_us']:6.1f} µs/call"
         rows.append(row)
         print(f"{n:6d}x{k:<6d} M={m:<5d} {name:{width}s} {us:9.1f} µs {flops / us / 1e6:7.1f} TF/s{extra}", flush=True)
