@@ -82,6 +82,11 @@ class Settings:
     e4m3 by look-up tables (`TritonWeight.e2m1_a8`); off (or other weights), x's FP8 codes run on the A16 kernels
     (`codes_a16`). H200 graphs: 0.67-0.89x the codes path's time at M = 1-128 (8192^2 M=1 18.3 -> 15.1 µs,
     28672x8192 M=16 49.1 -> 41.1, 8192x28672 M=128 142.1 -> 102.6)."""
+    fast_launch: bool
+    """ANYBIT_FAST_LAUNCH (default 1; 0 turns it off): the GEMM launchers call a compiled kernel's launcher straight
+    once they have launched it with the same specialisation (`anybit.kernels.launch.Launcher`), instead of Triton's
+    `JITFunction.run` binding and specialising every argument each call (30-60 µs of host time an eager call on the
+    H200's host). ANYBIT_LAUNCH_CHECK=1 (read at import) checks each fast call against Triton's specialisation."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -155,10 +160,15 @@ def e2m1_a8() -> bool:
     return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
 
 
+def fast_launch() -> bool:
+    """ANYBIT_FAST_LAUNCH alone (see `Settings.fast_launch`)."""
+    return os.environ.get("ANYBIT_FAST_LAUNCH", "1") != "0"
+
+
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -175,4 +185,5 @@ def load() -> Settings:
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
         e2m1_a8=e2m1_a8(),
+        fast_launch=fast_launch(),
     )

@@ -350,10 +350,11 @@ class TritonBackend:
             # TF32 or bf16, so the exact path answers instead
             return TorchBackend().gemm(x, prepared, bias)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, tw.k)
+        x2 = x if x.dim() == 2 else x.reshape(-1, tw.k)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         m = x2.shape[0]
+        flat = x.dim() == 2  # y needs no reshape
         act = tw.scheme.act
         a8 = tw.mma_a8
         x_scales = None
@@ -364,10 +365,12 @@ class TritonBackend:
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
+        tile = self._ws_tile(x2, tw) if tw.frag and RS_SMALL_MIN_M < m and x.is_cuda else None  # (once a call)
         # 33-64 rows of some weights: the register-operand kernel (`rs_tile`), through the large-M path's launcher
-        large = large or (tw.frag and RS_SMALL_MIN_M < m and x.is_cuda and "rs" in (self._ws_tile(x2, tw) or {}))
-        if config is None and large and not a8 and not (tw.frag and self._mid(tw, x2)):
-            return self.dequant_matmul(x2, tw, bias, x_scales).reshape(*lead, tw.n)
+        large = large or (tile is not None and "rs" in tile)
+        if config is None and large and not a8 and not (tw.frag and self._mid(tw, x2, tile)):
+            y = self.dequant_matmul(x2, tw, bias, x_scales, tile)
+            return y if flat else y.reshape(*lead, tw.n)
         if config is None and a8 and tw.frag and m > FRAG_MAX_M and x.is_cuda:
             y = self._ws_a8(x2, tw, bias)
             if y is not None:
@@ -446,16 +449,16 @@ class TritonBackend:
         cache.put(key, dataclasses.asdict(best), us)
         return best
 
-    def _mid(self, tw: TritonWeight, x: torch.Tensor) -> bool:
+    def _mid(self, tw: TritonWeight, x: torch.Tensor, tile: dict | None) -> bool:
         """`frag_mid` for this weight and call (its format's part decided once per dtype; where the call yields to
-        the warp-specialised kernel, `ws_over_mid`, whether that runs this weight)."""
+        the warp-specialised kernel, `ws_over_mid`, whether that runs this weight: its `_ws_tile`, `tile`)."""
         m, key = x.shape[0], ("mid", x.dtype)
         if key not in tw.ws_ok:
             tw.ws_ok[key] = frag_mid_kind(tw.scheme, x.dtype)
         kind = tw.ws_ok[key]
         if not frag_mid_rows(kind, m, tw.n, tw.k):
             return False
-        return not (ws_over_mid(kind, m) and x.is_cuda and ws_takes(self._ws_tile(x, tw), m))
+        return not (ws_over_mid(kind, m) and x.is_cuda and ws_takes(tile, m))
 
     @staticmethod
     def _ws_tile(x: torch.Tensor, tw: TritonWeight) -> dict | None:
@@ -497,15 +500,16 @@ class TritonBackend:
             return None
 
     def dequant_matmul(
-        self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None = None,
+        tile: dict | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Large-M path: Triton dequantizes W to x's dtype once, cuBLAS multiplies — or, for 4-bit integer and
         e2m1 frag weights on Hopper up to `settings.frag_ws_max_m()` rows, the warp-specialised kernel that
         decodes W into shared memory per tile (`anybit.kernels.frag_ws`; no dequantize pass) or the register-operand
         kernel (`anybit.kernels.frag_rs`, `ws_route_tile`; also the 33-64-row calls it takes). x_scales
-        (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias."""
+        (`codes_a16`: x holds FP8 codes): each row of the product times its scale, then the bias. tile: the call's
+        `_ws_tile`, worked out by the caller."""
         if tw.frag:  # (`codes_a16` weights, the only ones with x_scales, are frag weights)
-            tile = self._ws_tile(x, tw)
             if tile is not None:
                 try:
                     xc = x if x.is_contiguous() else x.contiguous()  # TMA reads whole rows

@@ -50,6 +50,7 @@ from anybit.kernels.frag_decode import (
     unpack_pairs_minus_rows,
 )
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
+from anybit.kernels.launch import Launcher
 from anybit.kernels.splitk import store_or_reduce
 
 
@@ -829,7 +830,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)
-    dtype, consts, weight_args = launch
+    dtype, launcher, weight_args = launch
     if x_sums is not None and (x_sums.shape != (cdiv(k, 128), m) or not x_sums.is_contiguous()):
         want = f"contiguous fp32 [{cdiv(k, 128)}, {m}] (quantize_act)"
         raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
@@ -840,19 +841,24 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     dummy = tw.scales
     planes, scales, zeros, gs, rows = weight_args
     # fmt: off
-    _frag_gemm_kernel[grid](
-        x, x_scales if x_scales is not None else dummy, x_sums if x.dtype == torch.float8_e4m3fn else None, planes,
-        scales, zeros, gs, rows, bias if bias is not None else dummy, y, workspace if split_k > 1 else y,
+    launcher(
+        grid, x, x_scales if x_scales is not None else dummy, x_sums if x.dtype == torch.float8_e4m3fn else None,
+        planes, scales, zeros, gs, rows, bias if bias is not None else dummy, y, workspace if split_k > 1 else y,
         counters if split_k > 1 else y, m, n, k, x.stride(0), x_scales.stride(0) if x_scales is not None else 0,
-        y.stride(0), planes.stride(-2), scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **consts,
+        y.stride(0), planes.stride(-2), scales.stride(-2), frag_mask(tw.fmt["W_BITS"]),
     )
     # fmt: on
     return y
 
 
+# the arguments of `_frag_gemm_kernel` a call changes: x, its scales and block sums, bias, y, workspace, counters, M,
+# x's, x_scales' and y's row strides
+_FRAG_LIVE = (0, 1, 2, 8, 9, 10, 11, 12, 15, 16, 17)
+
+
 def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
-    """(y's dtype, the kernel's constexprs and launch options, the weight's tensor arguments) of a `gemm_frag` launch
-    with this key (its tile and flags), after the checks that depend on them alone."""
+    """(y's dtype, the `Launcher` of the kernel's constexprs and launch options, the weight's tensor arguments) of a
+    `gemm_frag` launch with this key (its tile and flags), after the checks that depend on them alone."""
     block_m, block_n, split_k, num_warps, num_stages, _, no_xs, no_bias, out_dtype, pdl, scale_w, maxnreg, ptx, \
         settle, fold, *_ = key  # fmt: skip
     if block_n < 16 * num_warps:
@@ -884,4 +890,4 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
     )  # fmt: skip
     zeros, gs = (t if t is not None else dummy for t in (tw.zeros, tw.global_scale))
     weight = (tw.planes[0], tw.scales, zeros, gs, rows if rows is not None else dummy)
-    return dtype, consts, weight
+    return dtype, Launcher(_frag_gemm_kernel, consts, _FRAG_LIVE), weight

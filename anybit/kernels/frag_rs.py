@@ -22,6 +22,7 @@ from anybit.kernels.frag_ws import (
     swap_parts,
     weight_descs,
 )
+from anybit.kernels.launch import Launcher
 
 
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
@@ -97,25 +98,13 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     summed by the last to finish through `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the
     tiles; left zero for the next call) — the Triton backend's shared ones when not given. x: contiguous bf16/fp16
     [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
-    bm1, bm2 = swap_parts(block_m)
-    if bm1 < 16:
-        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
-    from anybit.kernels.frag_rs_kernel import frag_rs_kernel
-
-    blocks = cdiv(x.shape[1], 2 * WS_BK)
-    if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
-        most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
-        raise ValueError(f"split_k={split_k}: K={x.shape[1]} has {blocks} blocks of 128, so split_k must leave each "
-                         f"split some (1 to {most})")  # fmt: skip
-
-    stages = stages or rs_stages(block_m)
-    if stages < RS_MIN_STAGES:
-        raise ValueError(
-            f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got {stages}"
-        )
-
+    key = ("rs", block_m, stages, group_m, mma_regs, diag, split_k, x.dtype, bias is None, x_scales is None)
+    launch = tw.launches.get(key)
+    if launch is None:
+        launch = tw.launches[key] = _rs_launch(tw, key)
     y = call_output(x, tw, bias, out)
-    (m, k), n = x.shape, tw.n
+    m, n = x.shape[0], tw.n
+    bm1, bm2 = swap_parts(block_m)
     TensorDescriptor = gluon_api()[1]
     x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
     x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
@@ -131,13 +120,40 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         if workspace.numel() < split_k * m * n or counters.numel() < tiles:
             raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
                              f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
-    frag_rs_kernel[(tiles, split_k)](
-        x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y,
-        workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n, k,
-        tw.planes[0].shape[-1] // 16, y.stride(0), STAGES=stages, GROUP_M=group_m,
-        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
-        HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
-        E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=gs is not None,
-        ROW_SCALES=x_scales is not None, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, num_warps=4,
-    )  # fmt: skip
+    launch((tiles, split_k), x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y,
+           bias if bias is not None else y, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
+           tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))  # fmt: skip
     return y
+
+
+# the arguments of `frag_rs_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
+# absent), bias, workspace, counters, M, y's row stride
+_RS_LIVE = (0, 1, 4, 5, 6, 7, 8, 9, 10, 14)
+
+
+def _rs_launch(tw, key: tuple) -> Launcher:
+    """The `Launcher` of `gemm_frag_rs` calls with this key (tile, x's dtype, flags), after the checks they alone
+    decide: worked out once per weight (an eager call's host time)."""
+    _, block_m, stages, group_m, mma_regs, diag, split_k, _, no_bias, no_xs = key
+    bm1, bm2 = swap_parts(block_m)
+    if bm1 < 16:
+        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
+    blocks = cdiv(tw.k, 2 * WS_BK)
+    if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
+        most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
+        raise ValueError(f"split_k={split_k}: K={tw.k} has {blocks} blocks of 128, so split_k must leave each "
+                         f"split some (1 to {most})")  # fmt: skip
+    stages = stages or rs_stages(block_m)
+    if stages < RS_MIN_STAGES:
+        raise ValueError(
+            f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got {stages}"
+        )
+    from anybit.kernels.frag_rs_kernel import frag_rs_kernel
+
+    consts = dict(
+        STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
+        E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None,
+        ROW_SCALES=not no_xs, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, num_warps=4,
+    )  # fmt: skip
+    return Launcher(frag_rs_kernel, consts, _RS_LIVE)

@@ -24,6 +24,7 @@ from anybit.formats.scheme import ScaleKind
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag import scaled_int4_why_not
 from anybit.kernels.frag_layout import FRAG_K, FRAG_PANEL
+from anybit.kernels.launch import Launcher
 
 WS_BK = 64  # K per step (half a frag block)
 
@@ -272,41 +273,54 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     x: contiguous bf16/fp16 [M, K]. swap: the weight tile as the wgmma's A operand (`frag_ws_swap_kernel`: block_n
     64 or 128 weight rows, block_m any multiple of 16 up to 256 tokens). ndec: decoder partitions (1, or 2 taking
     alternate 128-K blocks), each with a TMA ring of `depth` blocks of words (depth - 1 in flight)."""
-    _, TensorDescriptor, frag_ws_kernel = gluon_api()
-    warps = 8
+    key = ("ws", block_m, block_n, stages, group_m, dq_warps, dq_regs, swap, depth, ndec, x.dtype, bias is None,
+           x_scales is None)  # fmt: skip
+    launch = tw.launches.get(key)
+    if launch is None:
+        launch = tw.launches[key] = _ws_launch(tw, key)
+    TensorDescriptor = gluon_api()[1]
+    y = call_output(x, tw, bias, out)
+    m, n = x.shape[0], tw.n
     if swap:
-        from anybit.kernels.frag_ws_kernel import frag_ws_swap_kernel as frag_ws_kernel
+        bm1, bm2 = swap_parts(block_m)
+        x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
+        descs = x_desc, TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
+    else:
+        descs = (TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype)),)
+    w_desc, s_desc = weight_descs(tw, block_n)
+    gs = tw.global_scale
+    # fmt: off
+    launch(
+        (cdiv(m, block_m) * cdiv(n, block_n),), *descs, w_desc, s_desc, row_scales(x_scales, m, y),
+        gs if gs is not None else y, bias if bias is not None else y, y, m, n, tw.k, tw.planes[0].shape[-1] // 16,
+        y.stride(0),
+    )
+    # fmt: on
+    return y
+
+
+def _ws_launch(tw, key: tuple) -> Launcher:
+    """The `Launcher` of `gemm_frag_ws` calls with this key (tile, x's dtype, flags), after the checks they alone
+    decide: worked out once per weight (an eager call's host time)."""
+    _, block_m, block_n, stages, group_m, dq_warps, dq_regs, swap, depth, ndec, _, no_bias, no_xs = key
+    kernel, warps, extra = gluon_api()[2], 8, {}
+    if swap:
+        from anybit.kernels.frag_ws_kernel import frag_ws_swap_kernel as kernel
 
         bm1, bm2 = swap_parts(block_m)
         if block_n not in (64, 128) or bm1 < 16:
             raise ValueError(f"swap tiles: block_n 64 or 128, block_m a power of two or the sum of two, from 16 up to "
                              f"256 (got {block_n}, {block_m})")  # fmt: skip
-        warps = block_n // 16
+        warps, extra = block_n // 16, dict(TWO=bm2 > 0)
     if ndec not in (1, 2) or depth < 2:
         raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
-    y = call_output(x, tw, bias, out)
-    (m, k), n = x.shape, tw.n
-    if swap:
-        x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
-        x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
-    else:
-        x_desc = TensorDescriptor.from_tensor(x, [block_m, WS_BK], _x_layout(block_m, x.dtype))
-    w_desc, s_desc = weight_descs(tw, block_n)
-    per_block = tw.group_k < tw.k
-    grid = (cdiv(m, block_m) * cdiv(n, block_n),)
-    # fmt: off
-    e2m1 = tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0
-    gs = tw.global_scale
-    xs = row_scales(x_scales, m, y)
-    descs = (x_desc, x2_desc) if swap else (x_desc,)
-    extra = dict(TWO=bm2 > 0) if swap else {}
-    frag_ws_kernel[grid](
-        *descs, w_desc, s_desc, xs, gs if gs is not None else y, bias if bias is not None else y, y, m, n, k,
-        tw.planes[0].shape[-1] // 16, y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps,
-        DQ_REGS=dq_regs, SCALE_PER_BLOCK=per_block, GB=max(1, tw.group_k // 128),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=depth,
-        E2M1=e2m1, HAS_GS=gs is not None, ROW_SCALES=x_scales is not None, NDEC=ndec,
-        num_warps=warps, **extra,
-    )
-    # fmt: on
-    return y
+    consts = dict(
+        BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
+        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+        HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, DEPTH=depth, E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0,
+        HAS_GS=tw.global_scale is not None, ROW_SCALES=not no_xs, NDEC=ndec, num_warps=warps, **extra,
+    )  # fmt: skip
+    # the live arguments: x's descriptor(s), x's row scales, y (standing in for what is absent), bias, M, y's row
+    # stride — after one x descriptor, or two (swap)
+    d = 1 + swap
+    return Launcher(kernel, consts, (*range(d), d + 2, d + 3, d + 4, d + 5, d + 6, d + 10))

@@ -1,0 +1,34 @@
+"""`Launcher` on a Hopper GPU: every route of `anybit.gemm` (frag decode and mid tiles, the register-operand and the
+warp-specialised kernels, split-K) gives the same bits launched past `JITFunction.run` as through it, with calls of
+other M (another specialisation: M == 1, M a multiple of 16) between them. Run with ANYBIT_LAUNCH_CHECK=1 as well:
+each fast call then checks Triton's specialisation of every argument against the compiling call's."""
+
+import pytest
+import torch
+
+import anybit
+from tests.kernels.test_frag_ws_gpu import SM90_GPU, random_case
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = SM90_GPU
+
+MS = (1, 16, 1, 40, 64, 96, 160, 256, 33, 600, 1024, 17)
+
+
+@pytest.mark.parametrize("text, n, k", [("w4a16", 4096, 4096), ("nvfp4", 4096, 14336), ("w4a16", 8192, 2048),
+                                        ("mxfp4", 6144, 4096), ("w8a16", 4096, 4096)])  # fmt: skip
+def test_fast_launches_give_the_jit_launches_bits(text, n, k, monkeypatch):
+    x, qw = random_case(text, max(MS), n, k, seed=n + k)
+    p = anybit.prepare(qw, backend="triton")
+    b = torch.randn(n, device="cuda").to(x.dtype)
+    monkeypatch.setenv("ANYBIT_FAST_LAUNCH", "0")
+    slow = [anybit.gemm(x[:m], p, b if m % 2 else None) for m in MS]
+    monkeypatch.setenv("ANYBIT_FAST_LAUNCH", "1")
+    for _ in range(2):  # the first round may compile or reuse, the second launches past the JIT
+        fast = [anybit.gemm(x[:m], p, b if m % 2 else None) for m in MS]
+        for m, ys, yf in zip(MS, slow, fast, strict=True):
+            assert torch.equal(ys, yf), f"M={m}"
+    ref = x.double() @ qw.dequantize().double().T
+    for m, y in zip(MS, fast, strict=True):
+        want = ref[:m] + (b.double() if m % 2 else 0)
+        assert rel_err(y, want) < GEMM_REL_ERR[torch.bfloat16], f"M={m}"
