@@ -12,6 +12,7 @@ from anybit.kernels.dequant import cdiv, load_scale
 from anybit.kernels.frag import code_offset, frag_constexprs, frag_ptx, frag_row_words
 from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
+from anybit.kernels.launch import Launcher
 
 
 # fmt: off
@@ -91,15 +92,20 @@ def dequantize_frag(tw, *, dtype: torch.dtype, block_n: int = 64, scales: torch.
         raise ValueError(f"scales must be {tw.scales.dtype} {tuple(tw.scales.shape)} like the weight's, got "
                          f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip
     out = torch.empty((tw.n, tw.k), device=tw.scales.device, dtype=dtype)
+    key = ("dequant", dtype, block_n, frag_ptx())
+    launch = tw.launches.get(key)
+    if launch is None:
+        consts = dict(
+            frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None,
+            BN=block_n, PANEL=FRAG_PANEL, CODES=codes, PTX=key[-1], num_warps=4,
+        )  # fmt: skip
+        launch = tw.launches[key] = Launcher(_frag_dequant_kernel, consts, live=(1, 2, 3, 4, 8))  # scales, out
     dummy = scales
     # fmt: off
-    _frag_dequant_kernel[(cdiv(tw.n, block_n), cdiv(tw.k, frag_block_k(tw.fmt["W_BITS"])))](
-        tw.planes[0], scales, tw.zeros if tw.zeros is not None else dummy,
-        tw.global_scale if tw.global_scale is not None else dummy, out, tw.n, tw.k, tw.planes[0].stride(-2),
-        scales.stride(-2), frag_mask(tw.fmt["W_BITS"]), **frag_constexprs(tw), GROUP_K=min(tw.group_k, tw.k),
-        GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BN=block_n, PANEL=FRAG_PANEL, CODES=codes,
-        PTX=frag_ptx(),
-        num_warps=4,
+    launch(
+        (cdiv(tw.n, block_n), cdiv(tw.k, frag_block_k(tw.fmt["W_BITS"]))), tw.planes[0], scales,
+        tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy, out,
+        tw.n, tw.k, tw.planes[0].stride(-2), scales.stride(-2), frag_mask(tw.fmt["W_BITS"]),
     )
     # fmt: on
     return out

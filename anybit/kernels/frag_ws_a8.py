@@ -23,6 +23,7 @@ from anybit.formats.scheme import ActMode, ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import WS_WORD_DEPTH, call_output, gluon_api, gluon_hopper_why_not, weight_descs
+from anybit.kernels.launch import Launcher
 from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
@@ -117,16 +118,22 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     xq, xs = quantize_act(x, tw.scheme.act)
     x_desc = gluon_api()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
-    grid = (cdiv(m, 128) * cdiv(n, block_n),)
+    key = ("ws_a8", block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
+           x.dtype, bias is None)  # fmt: skip
+    launch = tw.launches.get(key)
+    if launch is None:
+        consts = dict(
+            BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs, MMA_REGS=mma_regs,
+            SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+            HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, ORDER=int(order),
+            PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, EARLY_SCALES=bool(early_scales), num_warps=4,
+        )  # fmt: skip
+        # live: x's descriptor, its scales, bias (or y), y, M, y's row stride
+        launch = tw.launches[key] = Launcher(_kernel(), consts, live=(0, 3, 4, 5, 6, 10))
     # fmt: off
-    _kernel()[grid](
-        x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16,
-        y.stride(0), BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
-        MMA_REGS=mma_regs, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH,
-        ORDER=int(order),
-        PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, EARLY_SCALES=bool(early_scales),
-        num_warps=4,
+    launch(
+        (cdiv(m, 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, m, n, k,
+        tw.planes[0].shape[-1] // 16, y.stride(0),
     )
     # fmt: on
     return y

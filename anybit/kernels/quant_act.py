@@ -23,6 +23,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from anybit.formats.scheme import ActMode, ActSpec
 from anybit.kernels.dequant import cdiv, next_pow2
+from anybit.kernels.launch import Launcher
 from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 WIDE_MAX_M = 128  # up to this many rows, a row is read in one step (`quantize_act`)
@@ -135,6 +136,10 @@ def split_chunk(m: int, k: int, group: int, pdl: bool, itemsize: int = 2) -> int
     return SPLIT_CHUNK
 
 
+# the quantizer's launchers by their constexprs (and stride_sg, a parameter among them: 1, or M for blockwise scales)
+_LAUNCHES: dict = {}
+
+
 def quantize_act(
     x: torch.Tensor, spec: ActSpec, static_scale: torch.Tensor | None = None, block_sums: bool = False,
     pdl: bool = False, blockwise: bool = False, codes_dtype: torch.dtype | None = None,
@@ -176,13 +181,18 @@ def quantize_act(
     if chunk and group > 0:
         block = chunk
     if m:
-        _quant_act_kernel[(m, cdiv(k, chunk) if chunk else 1)](
-            x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm, sums.stride(0),
+        consts = dict(
             QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), GROUP=group, BLOCK=block, SUMS=block_sums,
             ONE_PASS=k <= block, PDL=pdl, stride_sg=stride_sg, COLS=expand, CODES16=codes_dtype is not None,
             E5M2=spec.dtype.name == "e5m2", CHUNK=chunk,
             num_warps=8 if k > block else min(16, max(4, block // 1024)),
         )  # fmt: skip
+        key = tuple(consts.values())
+        launch = _LAUNCHES.get(key)
+        if launch is None:
+            launch = _LAUNCHES[key] = Launcher(_quant_act_kernel, consts, live=tuple(range(9)))
+        launch((m, cdiv(k, chunk) if chunk else 1), x, xq, scales, sums, k, x.stride(0), xq.stride(0), stride_sm,
+               sums.stride(0))  # fmt: skip
     if blockwise:
         return xq, scales.t()
     return (xq, scales[:m], sums) if block_sums else (xq, scales[:m])
