@@ -13,14 +13,13 @@ from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import (
     WS_BK,
     WS_MIN_WAVE_FILL,
-    _x_layout,
     call_output,
     frag_ws_weight_why_not,
-    gluon_api,
     row_scales,
     swap_block_m,
     swap_parts,
     weight_descs,
+    x_desc,
 )
 from anybit.kernels.launch import Launcher
 
@@ -105,9 +104,8 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     y = call_output(x, tw, bias, out)
     m, n = x.shape[0], tw.n
     bm1, bm2 = swap_parts(block_m)
-    TensorDescriptor = gluon_api()[1]
-    x_desc = TensorDescriptor.from_tensor(x, [bm1, WS_BK], _x_layout(bm1, x.dtype))
-    x2_desc = TensorDescriptor.from_tensor(x, [bm2, WS_BK], _x_layout(bm2, x.dtype)) if bm2 else x_desc
+    x1 = x_desc(x, bm1)
+    x2 = x_desc(x, bm2) if bm2 else x1
     w_desc, s_desc = weight_descs(tw, 64)
     gs = tw.global_scale
     xs = row_scales(x_scales, m, y)
@@ -120,7 +118,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         if workspace.numel() < split_k * m * n or counters.numel() < tiles:
             raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
                              f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
-    launch((tiles, split_k), x_desc, x2_desc, w_desc, s_desc, xs, gs if gs is not None else y,
+    launch((tiles, split_k), x1, x2, w_desc, s_desc, xs, gs if gs is not None else y,
            bias if bias is not None else y, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
            tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))  # fmt: skip
     return y

@@ -18,9 +18,12 @@ call and raises where one differs from the remembered kernel's.
 
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
 
 from anybit import settings
 
@@ -29,10 +32,11 @@ class Launcher:
     """`fn[grid](*args, **consts)` for one call site's constexprs and launch options `consts`; `live`: the indices of
     the positional arguments that may change their specialisation between calls (pointers, ints)."""
 
-    __slots__ = ("fn", "consts", "live", "tail", "kernels", "compiles")
+    __slots__ = ("fn", "consts", "live", "pick", "tail", "kernels", "compiles")
 
     def __init__(self, fn, consts: dict, live: tuple[int, ...]):
         self.fn, self.consts, self.live = fn, consts, live
+        self.pick = (lambda args: (args[live[0]],)) if len(live) == 1 else operator.itemgetter(*live)
         self.compiles = hasattr(fn, "device_caches")  # a JITFunction (the CPU interpreter's function is not)
         self.tail: tuple | None = None  # the parameters after the positional ones, in order (known at the first call)
         self.kernels: dict = {}  # (device, specialisation of the live arguments) -> compiled kernel
@@ -40,13 +44,10 @@ class Launcher:
     def __call__(self, grid: tuple, *args):
         if not (self.compiles and settings.fast_launch()):
             return self.fn[grid](*args, **self.consts)
-        from triton import knobs
-        from triton.runtime.driver import driver
-
         if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):  # profilers' hooks
             return self.fn[grid](*args, **self.consts)  # want the launch metadata Triton's path works out
         device = driver.active.get_current_device()
-        key = (device, *(_spec(args[i]) for i in self.live))
+        key = (device, *map(_spec, self.pick(args)))
         kernel = self.kernels.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, **self.consts)
@@ -104,8 +105,11 @@ def _hooked(hook) -> bool:
 def _spec(arg) -> object:
     """What Triton specialises a live argument on: a tensor's dtype and 16-byte alignment, an int's being 1, a
     multiple of 16, or beyond 32 bits; anything else (None, descriptors of a fixed layout) not at all."""
-    if isinstance(arg, torch.Tensor):
+    kind = type(arg)
+    if kind is int:
+        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
+    if kind is torch.Tensor or isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, int):
+    if isinstance(arg, int):  # bool, numpy-like ints
         return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
     return None

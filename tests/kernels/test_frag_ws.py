@@ -11,6 +11,7 @@ from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
 from anybit.kernels.frag_ws import (
+    _gluon,
     e2m1_ws_why_not,
     frag_ws_weight_why_not,
     frag_ws_why_not,
@@ -203,3 +204,21 @@ def test_gluon_kernels_say_which_triton_they_need(monkeypatch):
             frag_ws.gluon_api()
     finally:
         frag_ws._gluon.cache_clear()
+
+
+@pytest.mark.skipif(isinstance(_gluon(), str), reason="this Triton has no Gluon Hopper API")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_x_descriptors_are_the_checked_ones_with_x_put_in(dtype):
+    """`x_desc` copies one checked descriptor a tile and dtype (its checks cost host time every call): the same fields
+    as Gluon's own for every x; an x the checks refuse (misaligned) still gets their error."""
+    from anybit.kernels.frag_ws import gluon_api, x_desc
+
+    td = gluon_api()[1]
+    for m in (256, 13, 256):
+        x = torch.randn(m, 512, dtype=dtype)
+        d = x_desc(x, 64)
+        want = td.from_tensor(x, [64, 64], d.layout)
+        assert type(d) is td and d.__dict__ == want.__dict__ and d.base is x
+    misaligned = torch.empty(13 * 512 + 1, dtype=dtype)[1:].view(13, 512)
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        x_desc(misaligned, 64)
