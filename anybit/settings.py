@@ -93,8 +93,26 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+_POSIX = os.name == "posix"
+_KEYS: dict[str, bytes] = {}
+
+
+def _env(name: str) -> str | None:
+    """os.environ.get(name), faster: on POSIX os.environ keeps its variables in a dict of bytes that every write through
+    it (monkeypatch.setenv too) updates — one lookup there instead of three Python frames (~0.9 -> 0.2 µs; an eager
+    call reads several of these)."""
+    data = getattr(os.environ, "_data", None)
+    if not _POSIX or type(data) is not dict:
+        return os.environ.get(name)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = os.fsencode(name)
+    value = data.get(key)
+    return None if value is None else os.fsdecode(value)
+
+
 def _level(name: str, default: int, valid: tuple[int, ...]) -> int:
-    value = os.environ.get(name)
+    value = _env(name)
     if value is None:
         return default
     value = value.strip()
@@ -105,7 +123,7 @@ def _level(name: str, default: int, valid: tuple[int, ...]) -> int:
 
 def triton_interpret() -> bool:
     """TRITON_INTERPRET alone: the call path reads single variables (a whole `load()` costs ~12 µs)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _env("TRITON_INTERPRET") == "1"
 
 
 def pdl() -> bool:
@@ -114,7 +132,10 @@ def pdl() -> bool:
 
 
 def _rows(name: str, default: int, what: str) -> int:
-    value = os.environ.get(name, str(default)).strip()
+    value = _env(name)
+    if value is None:
+        return default
+    value = value.strip()
     if not value.isdigit():
         raise ValueError(f"{name}={value!r}: expected {what} (0 turns the kernel off)")
     return int(value)
@@ -162,7 +183,7 @@ def e2m1_a8() -> bool:
 
 def fast_launch() -> bool:
     """ANYBIT_FAST_LAUNCH alone (see `Settings.fast_launch`)."""
-    return os.environ.get("ANYBIT_FAST_LAUNCH", "1") != "0"
+    return _env("ANYBIT_FAST_LAUNCH") != "0"
 
 
 def load() -> Settings:
