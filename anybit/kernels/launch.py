@@ -32,13 +32,14 @@ class Launcher:
     """`fn[grid](*args, **consts)` for one call site's constexprs and launch options `consts`; `live`: the indices of
     the positional arguments that may change their specialisation between calls (pointers, ints)."""
 
-    __slots__ = ("fn", "consts", "live", "pick", "tail", "kernels", "compiles")
+    __slots__ = ("fn", "consts", "live", "pick", "tail", "given", "kernels", "compiles")
 
     def __init__(self, fn, consts: dict, live: tuple[int, ...]):
         self.fn, self.consts, self.live = fn, consts, live
         self.pick = (lambda args: (args[live[0]],)) if len(live) == 1 else operator.itemgetter(*live)
         self.compiles = hasattr(fn, "device_caches")  # a JITFunction (the CPU interpreter's function is not)
         self.tail: tuple | None = None  # the parameters after the positional ones, in order (known at the first call)
+        self.given = -1  # how many positional arguments the tail follows
         self.kernels: dict = {}  # (device, specialisation of the live arguments) -> compiled kernel
 
     def __call__(self, grid: tuple, *args):
@@ -49,11 +50,11 @@ class Launcher:
         device = driver.active.get_current_device()
         key = (device, *map(_spec, self.pick(args)))
         kernel = self.kernels.get(key)
-        if kernel is None:
+        if kernel is None or len(args) != self.given:  # (a call site passes one argument list: a guard, not a path)
             kernel = self.fn[grid](*args, **self.consts)
-            if hasattr(kernel, "packed_metadata"):  # a compiled kernel
+            if hasattr(kernel, "packed_metadata") and self.given in (-1, len(args)):  # a compiled kernel
                 if self.tail is None:
-                    self.tail = self._tail(len(args))
+                    self.tail, self.given = self._tail(len(args)), len(args)
                 self.kernels[key] = kernel
                 if _CHECK:
                     self.kernels["check", key] = self._specialise(args)

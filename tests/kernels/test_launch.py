@@ -127,3 +127,17 @@ def test_a_profiler_hook_takes_the_jit(stand_in_driver):
         knobs.runtime.launch_enter_hook.remove(hook)
     launch((1,), x, 32, x)
     assert [c[0] for c in fn.calls] == ["jit", "jit", "fast"]
+
+
+def test_another_argument_count_takes_the_jit(stand_in_driver):
+    """The parameters after the positional ones are bound once, for the first call's count: a call passing another
+    count (no call site does) goes through the JIT and is not remembered."""
+    fn = _Jit()
+    launch = Launcher(fn, dict(BLOCK=64, FLAG=3), live=(0,))
+    x = torch.randn(64)
+    launch((1,), x, 32, x)
+    launch((1,), x, 32, x, 64)  # BLOCK positional, FLAG from consts
+    launch((1,), x, 32, x, 64)
+    launch((1,), x, 32, x)
+    assert [c[0] for c in fn.calls] == ["jit", "jit", "jit", "fast"]
+    assert fn.calls[-1][1][-5:] == (x, 32, x, 64, 3)
