@@ -81,7 +81,7 @@ class Launcher:
         """Triton's specialisation of each positional argument (its binder's, `native_specialize_impl`)."""
         from triton._C.libtriton import native_specialize_impl
 
-        backend = self.fn.device_caches[torch.cuda.current_device()][3]
+        backend = self.fn.device_caches[driver.active.get_current_device()][3]
         return [native_specialize_impl(backend, a, False, True, True) for a in args]
 
     def _check(self, first: list, args: tuple) -> None:
