@@ -45,8 +45,8 @@ class Launcher:
     def __call__(self, grid: tuple, *args):
         if not (self.compiles and settings.fast_launch()):
             return self.fn[grid](*args, **self.consts)
-        if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):  # profilers' hooks
-            return self.fn[grid](*args, **self.consts)  # want the launch metadata Triton's path works out
+        if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook) or self.fn.pre_run_hooks:
+            return self.fn[grid](*args, **self.consts)  # profilers' and others' hooks: Triton's path runs them
         device = driver.active.get_current_device()
         key = (device, *map(_spec, self.pick(args)))
         kernel = self.kernels.get(key)

@@ -28,7 +28,7 @@ class _Jit:
 
     def __init__(self, compiled=True):
         if compiled:
-            self.device_caches = {}
+            self.device_caches, self.pre_run_hooks = {}, []
 
         def kernel(x, m, y, BLOCK, FLAG=7):
             pass
@@ -141,3 +141,14 @@ def test_another_argument_count_takes_the_jit(stand_in_driver):
     launch((1,), x, 32, x)
     assert [c[0] for c in fn.calls] == ["jit", "jit", "jit", "fast"]
     assert fn.calls[-1][1][-5:] == (x, 32, x, 64, 3)
+
+
+def test_a_pre_run_hook_takes_the_jit(stand_in_driver):
+    """`JITFunction.add_pre_run_hook` hooks run in Triton's path only: a kernel that has one always takes it."""
+    fn = _Jit()
+    launch = Launcher(fn, dict(BLOCK=64), live=(0,))
+    x = torch.randn(64)
+    launch((1,), x, 32, x)
+    fn.pre_run_hooks.append(lambda *a, **k: None)
+    launch((1,), x, 32, x)
+    assert [c[0] for c in fn.calls] == ["jit", "jit"]
