@@ -82,6 +82,12 @@ class Settings:
     e4m3 by look-up tables (`TritonWeight.e2m1_a8`); off (or other weights), x's FP8 codes run on the A16 kernels
     (`codes_a16`). H200 graphs: 0.67-0.89x the codes path's time at M = 1-128 (8192^2 M=1 18.3 -> 15.1 µs,
     28672x8192 M=16 49.1 -> 41.1, 8192x28672 M=128 142.1 -> 102.6)."""
+    w4a8_codes: bool
+    """ANYBIT_W4A8_CODES=1 (default 0, read when a weight is prepared; not yet measured on a GPU): int4 W4A8 weights
+    (e4m3 x per token, scales per channel or whole 128-K blocks, no zero point) with N < 8192 are laid out for the
+    A16 kernels and run as `codes_a16` — x's e4m3 codes in bf16/fp16, the weight's scales rounded once to bf16, x's
+    scales per row after the MMA — up to ANYBIT_FRAG_WS_MAX_M rows, cuBLAS's block-scaled FP8 GEMM above
+    (`triton_layout.int4_codes_scheme`). `tools/probe_w4a8_codes.py` times the estimate."""
     fast_launch: bool
     """ANYBIT_FAST_LAUNCH (default 1; 0 turns it off): the GEMM launchers call a compiled kernel's launcher straight
     once they have launched it with the same specialisation (`anybit.kernels.launch.Launcher`), instead of Triton's
@@ -181,6 +187,11 @@ def e2m1_a8() -> bool:
     return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
 
 
+def w4a8_codes() -> bool:
+    """ANYBIT_W4A8_CODES alone (see `Settings.w4a8_codes`)."""
+    return _level("ANYBIT_W4A8_CODES", 0, (0, 1)) == 1
+
+
 def fast_launch() -> bool:
     """ANYBIT_FAST_LAUNCH alone (see `Settings.fast_launch`)."""
     return _env("ANYBIT_FAST_LAUNCH") != "0"
@@ -206,5 +217,6 @@ def load() -> Settings:
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
         e2m1_a8=e2m1_a8(),
+        w4a8_codes=w4a8_codes(),
         fast_launch=fast_launch(),
     )

@@ -110,7 +110,10 @@ def blockscaled_gemm(x: torch.Tensor, tw, bias: torch.Tensor | None) -> torch.Te
     pad = -m % 16  # cuBLAS has no block-scaled algorithm for other M (H200: M=65 not supported, 300 is)
     # cuBLAS reads 1x128 x scales M-major ([M, K/128] with strides (1, M)): the quantizer writes them so
     xq, sx = quantize_act(torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x, tw.scheme.act, blockwise=True)
-    wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn) if tw.blockscaled == "1x128" else tw.planes[0]
+    if tw.blockscaled == "1x128":  # (int4 W4A8 in the A16 order, `TritonWeight.a16`: scaled by ones)
+        wq = dequantize_frag(tw, dtype=torch.float8_e4m3fn, scales=tw.unit_scales)
+    else:
+        wq = tw.planes[0]
     y = _scaled_mm(xq, sx, wq, tw.blockscaled_scales, tw.blockscaled, x.dtype)[:m]
     return y + bias if bias is not None else y
 

@@ -330,7 +330,7 @@ class TritonBackend:
         return False, f"device {problem.device.type} needs a CUDA GPU or TRITON_INTERPRET=1"
 
     def prepare(self, qweight: QuantizedWeight) -> Prepared:
-        return Prepared(self.name, qweight, to_triton_layout(qweight))
+        return Prepared(self.name, qweight, to_triton_layout(qweight, allow_int4_codes=True))
 
     def gemm(
         self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None, config: GemmConfig | None = None
@@ -361,6 +361,8 @@ class TritonBackend:
         rowwise_min = ROWWISE_MIN_M_A8 if tw.e2m1_a8 else ROWWISE_MIN_M
         if config is None and m > rowwise_min and rowwise_why_not(tw, x.device, x.dtype) is None:
             return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
+        if config is None and tw.a16 is not None and m > settings.frag_ws_max_m() and self._blockscaled(tw, x):
+            return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)  # int4 W4A8 as codes: above the A16 kernels
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
             x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
@@ -389,6 +391,10 @@ class TritonBackend:
                 config = fewer_stages(e, config)
                 if planned:  # this GPU's tile from now on (sm_86/89: 99 KB of shared memory per block)
                     tw.configs[m] = config
+
+    @staticmethod
+    def _blockscaled(tw: TritonWeight, x: torch.Tensor) -> bool:
+        return blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None
 
     @staticmethod
     def _static_scale(tw: TritonWeight, prepared: Prepared) -> torch.Tensor:
@@ -428,9 +434,9 @@ class TritonBackend:
         capturing a graph) the fastest measured candidate, stored; else the default rule's."""
         m, cuda = x.shape[0], x.is_cuda
         sms = _sm_count(x.device) if cuda else 1
-        default = pick_config(m, tw.n, tw.k, tw.scheme, sms, not cuda, tw.nk, tw.mma_a8, tw.frag)
+        default = pick_config(m, tw.n, tw.k, tw.kernel_scheme, sms, not cuda, tw.nk, tw.mma_a8, tw.frag)
         cache = tuning_cache(x.device)
-        key = problem_key(tw.scheme, tw.n, tw.k, m, x.dtype)
+        key = problem_key(tw.kernel_scheme, tw.n, tw.k, m, x.dtype)
         entry = cache.get(key)
         if entry is not None:
             try:
@@ -454,7 +460,7 @@ class TritonBackend:
         the warp-specialised kernel, `ws_over_mid`, whether that runs this weight: its `_ws_tile`, `tile`)."""
         m, key = x.shape[0], ("mid", x.dtype)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = frag_mid_kind(tw.scheme, x.dtype)
+            tw.ws_ok[key] = frag_mid_kind(tw.kernel_scheme, x.dtype)
         kind = tw.ws_ok[key]
         if not frag_mid_rows(kind, m, tw.n, tw.k):
             return False

@@ -7,6 +7,7 @@ instead."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from anybit import settings
 from anybit.backends.blockscaled import ROW_SPREAD_MAX, blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
-from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
+from anybit.formats.scheme import ActMode, ActSpec, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX
 from anybit.kernels.frag_layout import pack_frag
 from anybit.quant.weights import QuantizedWeight
@@ -42,6 +43,8 @@ class TritonWeight:
     nk: bool = False  # planes[0] is the weight itself, [N, K] in the activations' FP8 dtype
     frag: bool = False  # planes[0] is int32 [N, K_pad/8] in the MMA fragment order (`anybit.kernels.frag`)
     codes_a16: bool = False  # FP8 activations on the A16 frag kernels, their codes in x's dtype (`codes_a16`)
+    a16: Scheme | None = None  # int4 W4A8 as codes (`int4_codes_scheme`): the A16 scheme its kernels' choices read
+    unit_scales: torch.Tensor | None = None  # ... and scales of ones: its e4m3 codes for the block-scaled GEMM
     input_scale: torch.Tensor | None = None  # fp32 []: static activation scale (e4m3-static schemes)
     fold: frozenset = frozenset()  # x dtypes whose frag e2m1 decode takes the rebias from the scales (`frag_fold`)
     fold_bits: bool = False  # ... and whose scales may be built from their bits there (`scale_bits_exact`)
@@ -58,6 +61,12 @@ class TritonWeight:
     @property
     def device(self) -> torch.device:
         return self.scales.device
+
+    @property
+    def kernel_scheme(self) -> Scheme:
+        """The scheme the kernels' choices (tiles, routes, tuning keys) read: the weight's, or for int4 W4A8 weights
+        laid out as codes their A16 twin (`a16_twin`)."""
+        return self.a16 or self.scheme
 
     @property
     def mma_a8(self) -> bool:
@@ -145,6 +154,29 @@ def codes_a16(scheme: Scheme) -> bool:
     return e2m1 and g.kind is ScaleKind.GROUP and g.k in (16, 32, 64)
 
 
+INT4_CODES_MAX_N = 8192  # from this N on int4 W4A8 keeps the FP8 MMA (its warp-specialised kernel, `frag_ws_a8`)
+
+
+def int4_codes_scheme(scheme: Scheme) -> bool:
+    """int4 W4A8 schemes whose weights (N < INT4_CODES_MAX_N, ANYBIT_W4A8_CODES=1) may run as `codes_a16`: signed
+    4-bit integers without zero point or global scale, scales per channel or per whole 128-K blocks, e4m3 x per token.
+    The A16 kernels multiply the decoded weight by its scale in x's dtype: the scales are rounded to bf16 once (a
+    relative 2**-9, against the 2**-4 of e4m3 x)."""
+    act, w, g = scheme.act, scheme.weight, scheme.granularity
+    if not (a8_mma(scheme) and frag_format(scheme) and isinstance(w, IntType) and w.bits == 4 and w.signed):
+        return False
+    if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
+        return False
+    per_token = act.mode is ActMode.TOKEN and act.dtype.name == "e4m3"
+    return per_token and (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % 128 == 0))
+
+
+def a16_twin(scheme: Scheme) -> Scheme:
+    """The A16 scheme of an `int4_codes_scheme` weight's kernels: the same codes and scale layout, bf16 scales, no
+    activation quantization."""
+    return dataclasses.replace(scheme, scale_dtype=Scheme.parse("w4a16").scale_dtype, act=ActSpec())
+
+
 def e2m1_rows_scheme(scheme: Scheme) -> bool:
     """MXFP4 under e4m3 x per token: `codes_a16` with ue8m0 scales — the schemes whose weights, where their rows'
     scales lie within 11 binades (`e2m1_row_scales`, checked when prepared), run on the FP8 MMA by look-up tables
@@ -187,12 +219,15 @@ def frag_format(scheme: Scheme) -> bool:
 
 
 def to_triton_layout(
-    qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True, allow_e2m1_a8: bool = True
-) -> TritonWeight:
+    qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True, allow_e2m1_a8: bool = True,
+    allow_int4_codes: bool = False,
+) -> TritonWeight:  # fmt: skip
     """The dense kernels' layout (also each expert's in `stack_experts`); `allow_nk=False` keeps FP8
     weights in bit planes too, `allow_frag=False` keeps 4-bit weights in bit planes (for the bit-plane
     kernels). MXFP4 under e4m3 x per token whose rows `e2m1_row_scales` takes runs on the FP8 MMA
-    (`TritonWeight.e2m1_a8`; `allow_e2m1_a8=False` or ANYBIT_E2M1_A8=0: as `codes_a16`)."""
+    (`TritonWeight.e2m1_a8`; `allow_e2m1_a8=False` or ANYBIT_E2M1_A8=0: as `codes_a16`). allow_int4_codes (the dense
+    backend) and ANYBIT_W4A8_CODES=1: `int4_codes_scheme` weights with N < INT4_CODES_MAX_N as `codes_a16`, in the
+    A16 order with bf16 scales (`TritonWeight.a16`)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
@@ -210,26 +245,33 @@ def to_triton_layout(
         scales, rowwise = rowwise[0], (rowwise[0], rowwise[1] * 2.0**-E2M1_A8_SHIFT)
     elif rowwise is not None and int(rowwise[0].min()) < 127 - ROW_SPREAD_MAX:
         rowwise = None  # the codes path's row-wise route: e4m3 of e2m1 * 2**r only to 8 binades
+    int4 = frag and allow_int4_codes and int4_codes_scheme(scheme) and qw.n < INT4_CODES_MAX_N and settings.w4a8_codes()
+    twin = a16_twin(scheme) if int4 else None
+    cublas_scales = cublas_weight_scales(scales, recipe) if recipe else None  # (from the exact scales)
+    if int4:
+        scales = scales.to(torch.bfloat16)
     return TritonWeight(
         scheme=scheme,
         n=qw.n,
         k=qw.k,
-        planes=_planes(qw, nk, frag, lut),
+        planes=_planes(qw, nk, frag, lut, a16=int4),
         plane_bits=PLANES[scheme.weight_bits],
         scales=scales,
         zeros=zeros,
         global_scale=gs,
         group_k=bk,
         group_n=bn,
-        fmt=weight_format_constexprs(scheme),
+        fmt=weight_format_constexprs(twin or scheme),
         nk=nk,
         frag=frag,
-        codes_a16=frag and codes_a16(scheme) and not lut,
+        codes_a16=(frag and codes_a16(scheme) and not lut) or int4,
+        a16=twin,
+        unit_scales=torch.ones_like(scales) if int4 and recipe else None,
         input_scale=qw.input_scale,
         fold=fold,
         fold_bits=bool(fold) and scale_bits_exact(qw),  # (read only where the decode folds)
         blockscaled=recipe,
-        blockscaled_scales=cublas_weight_scales(scales, recipe) if recipe else None,
+        blockscaled_scales=cublas_scales,
         rowwise=rowwise,
     )
 
@@ -273,12 +315,12 @@ def _foldable(qw: QuantizedWeight) -> frozenset:
     return frozenset({torch.bfloat16, torch.float16} if fp16 else {torch.bfloat16})
 
 
-def _planes(qw: QuantizedWeight, nk: bool, frag: bool, e2m1_a8: bool = False) -> list[torch.Tensor]:
+def _planes(qw: QuantizedWeight, nk: bool, frag: bool, e2m1_a8: bool = False, a16: bool = False) -> list[torch.Tensor]:
     if nk:
         return [qw.codes().view(torch_float8(qw.scheme.weight))]
     if frag:
         e2m1 = isinstance(qw.scheme.weight, FloatType)  # the fragment layout's one float format
-        a8 = a8_mma(qw.scheme) or e2m1_a8
+        a8 = (a8_mma(qw.scheme) or e2m1_a8) and not a16
         return [pack_frag(stored_codes(qw), a8=a8, bits=qw.scheme.weight_bits, e2m1=e2m1)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 

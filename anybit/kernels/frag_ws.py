@@ -180,7 +180,7 @@ def frag_ws_scheme_why_not(
 def frag_ws_weight_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
     """`frag_ws_scheme_why_not` for a prepared frag weight: e2m1 weights also need scales that the decode builds from
     their bits exactly for x's dtype (`frag_fold` 2: `TritonWeight.fold`, `fold_bits`)."""
-    why = frag_ws_scheme_why_not(tw.scheme, tw.k, x_dtype, device, tw.n)
+    why = frag_ws_scheme_why_not(tw.kernel_scheme, tw.k, x_dtype, device, tw.n)
     if why is None and tw.e2m1_a8:
         why = "e2m1 weights laid out for the FP8 MMA (`TritonWeight.e2m1_a8`) run the frag kernel"
     if why is None and tw.fmt["W_FLOAT"] and (x_dtype not in tw.fold or not tw.fold_bits):

@@ -30,13 +30,31 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         tuning_cache,
         ws_route_tile,
     )
-    from anybit.backends.triton_layout import a8_mma, codes_a16, e2m1_rows_scheme, fp8_as_is, frag_format
+    from anybit.backends.triton_layout import (
+        INT4_CODES_MAX_N,
+        a8_mma,
+        a16_twin,
+        codes_a16,
+        e2m1_rows_scheme,
+        fp8_as_is,
+        frag_format,
+        int4_codes_scheme,
+    )
     from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_rs import RS_SMALL_MIN_M
     from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
 
+    if int4_codes_scheme(scheme) and n < INT4_CODES_MAX_N and settings.w4a8_codes():
+        limit, recipe = settings.frag_ws_max_m(), blockscaled_recipe(scheme, n, k, False, True)
+        if m <= limit or recipe is None or blockscaled_why_not(recipe, device, dtype) is not None:
+            return (f"int4 W4A8 laid out for the A16 kernels (ANYBIT_W4A8_CODES=1, N < {INT4_CODES_MAX_N}): e4m3 x "
+                    "per token as its codes in x's dtype, x's scales per row after the MMA, the weight's scales in "
+                    f"bf16; the A16 path: {triton_plan(a16_twin(scheme), m, n, k, device, dtype)}")  # fmt: skip
+        return (f"int4 W4A8 laid out for the A16 kernels (ANYBIT_W4A8_CODES=1), M > ANYBIT_FRAG_WS_MAX_M={limit}: e4m3 "
+                "x per 128 columns, Triton writes the int weight's e4m3 codes (N*K bytes), cuBLAS block-scaled FP8 "
+                "GEMM (1x128 weight scales)")  # fmt: skip
     cuda = device.type == "cuda"
     frag = frag_format(scheme)
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels

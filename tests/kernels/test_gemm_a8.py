@@ -91,6 +91,48 @@ def test_every_fp8_scheme_matches_reference(interpret, text, m):
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:int4:ch:fp32:e4m3-token", "w4a8:int4:g256:bf16:e4m3-token"])
+@pytest.mark.parametrize("m", [1, 13, 100, 257])  # decode, split-K, the 128-token mid tile, dequantize + matmul
+def test_int4_w4a8_as_codes_on_the_a16_kernels(interpret, monkeypatch, text, m):
+    """ANYBIT_W4A8_CODES=1: int4 W4A8 weights with N < 8192 are laid out for the A16 kernels (their scales rounded
+    once to bf16) and take x's e4m3 codes in x's dtype, x's scales per row after the MMA: against the product of the
+    kernel's own quantized x and bf16-rounded scales within the fp16 budget, against the exact scales within bf16's;
+    N off the tile, a bias; off (the default), the FP8 MMA's layout."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(200, 512, generator=g) * 0.05
+    x = torch.randn(m, 512, generator=g).half()
+    b = torch.randn(200, generator=g).half()
+    qw = quantize(w, text)
+    assert not prepare(qw, backend="triton").data.codes_a16  # off by default
+    monkeypatch.setenv("ANYBIT_W4A8_CODES", "1")
+    p = prepare(qw, backend="triton")
+    tw = p.data
+    assert tw.codes_a16 and not tw.mma_a8 and tw.a16 is not None and tw.scales.dtype == torch.bfloat16
+    y = get_backend("triton").gemm(x, p, b)
+    rounded = dataclasses.replace(qw, scales=qw.scales.to(torch.bfloat16).to(qw.scales.dtype))
+    assert rel_err(y, a8_reference(x, rounded) + b.double()) < GEMM_REL_ERR[torch.float16]
+    assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.bfloat16]
+    assert not prepare(quantize(torch.randn(8192, 256) * 0.05, text), backend="triton").data.codes_a16  # N >= 8192
+
+
+def test_int4_w4a8_codes_pass_for_the_block_scaled_gemm(interpret, monkeypatch):
+    """Above ANYBIT_FRAG_WS_MAX_M rows the codes weights take cuBLAS's block-scaled FP8 GEMM (a GPU): their e4m3
+    integers come from the A16 order scaled by ones — the same as the FP8 layout's codes pass."""
+    from anybit.backends.triton_layout import to_triton_layout
+    from anybit.kernels.frag_dequant import dequantize_frag
+
+    qw = quantize(torch.randn(208, 512) * 0.05, "w4a8")  # (cuBLAS's recipe: N a multiple of 16)
+    fp8 = to_triton_layout(qw)
+    monkeypatch.setenv("ANYBIT_W4A8_CODES", "1")
+    codes = to_triton_layout(qw, allow_int4_codes=True)
+    assert codes.blockscaled == fp8.blockscaled == "1x128"
+    assert torch.equal(codes.blockscaled_scales, fp8.blockscaled_scales)  # from the exact fp32 scales
+    a = dequantize_frag(fp8, dtype=torch.float8_e4m3fn).float()
+    assert torch.equal(dequantize_frag(codes, dtype=torch.float8_e4m3fn, scales=codes.unit_scales).float(), a)
+
+
 @pytest.mark.parametrize("lut", [True, False])
 @pytest.mark.parametrize("m", [1, 13])
 def test_mxfp4_under_fp8_x_on_either_mma(interpret, monkeypatch, lut, m):

@@ -162,3 +162,29 @@ def test_fp8_decode_deep_k_tiles(m):
     y = get_backend("triton").gemm(x, p)
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y, get_backend("triton").gemm(x, p))
+
+
+@pytest.mark.parametrize("n, k", [(4096, 4096), (6144, 4096), (4096, 14336)])
+@pytest.mark.parametrize("m", [1, 16, 48, 64, 100, 160, 256, 600, 2048])
+def test_int4_w4a8_as_codes(monkeypatch, n, k, m):
+    """ANYBIT_W4A8_CODES=1 (int4 W4A8, N < 8192, on the A16 kernels: frag decode, register-operand and
+    warp-specialised kernels with x's row scales, the block-scaled GEMM from the A16 order above 1024 rows): within
+    the bf16 budget of the product of the quantized x and the bf16-rounded scales, bit for bit relaunched and under a
+    CUDA graph."""
+    import dataclasses
+
+    monkeypatch.setenv("ANYBIT_W4A8_CODES", "1")
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    qw = quantize(torch.randn(n, k, generator=g, device="cuda") * 0.05, "w4a8")
+    x = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    p = prepare(qw, backend="triton")
+    assert p.data.codes_a16 and p.data.a16 is not None
+    y = get_backend("triton").gemm(x, p)
+    rounded = dataclasses.replace(qw, scales=qw.scales.to(torch.bfloat16).to(qw.scales.dtype))
+    assert rel_err(y, a8_reference(x, rounded)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, get_backend("triton").gemm(x, p))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = get_backend("triton").gemm(x, p)
+    graph.replay()
+    assert torch.equal(yg, y)
