@@ -1,18 +1,16 @@
-"""Would int4 W4A8 weights run faster as `codes_a16` (x's e4m3 codes in bf16 on the A16 kernels, as NVFP4 does) than on
-their FP8-MMA route? One GPU call, before building it: for each shape and M, W4A8's route (`anybit.gemm`), the estimate
-of the codes route — the quantizer writing codes in bf16, then the A16 route of a W4A16 weight of the same shape with
-x's row scales in its epilogue (above 64 rows the very launchers it would take: `dequant_matmul`'s rs / ws / dequantize
-+ cuBLAS; at 64 rows or fewer the frag decode without the row scales, whose epilogue costs ~nothing) —, W4A16's route,
-and Humming's W4A8.
+"""int4 W4A8 as `codes_a16` (ANYBIT_W4A8_CODES=1: x's e4m3 codes in bf16 on the A16 kernels, as NVFP4 runs) against
+its FP8-MMA route, W4A16's route and Humming's W4A8, one GPU call — the evidence to turn the switch on by default (or
+not) per M and shape.
 
     python tools/probe_w4a8_codes.py [--shapes 4096x4096,6144x4096,4096x14336] [--m 1,16,64,128,256,1024] [--graph]
 
-The codes cells above 64 rows are checked against their exact product (x as quantized, the W4A16 weight dequantized).
-Writes DIR/probe_w4a8_codes.json.
+The codes route is first checked against the product of the quantized x and the bf16-rounded scales and relaunched
+bit for bit. Writes DIR/probe_w4a8_codes.json.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -20,14 +18,27 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import probe_parser, time_cells, write_probe  # noqa: E402
+from probe_out import probe_parser, relaunch_check, time_cells, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
-from anybit.backends import get_backend  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 
-REL_BUDGET = 1.6e-2  # bf16 outputs (tests/tolerances.py GEMM_REL_ERR)
+
+def prepare_codes(qw):
+    """The weight prepared with ANYBIT_W4A8_CODES=1 (read when prepared)."""
+    saved = os.environ.get("ANYBIT_W4A8_CODES")
+    os.environ["ANYBIT_W4A8_CODES"] = "1"
+    try:
+        p = anybit.prepare(qw, backend="triton")
+    finally:
+        if saved is None:
+            del os.environ["ANYBIT_W4A8_CODES"]
+        else:
+            os.environ["ANYBIT_W4A8_CODES"] = saved
+    if not p.data.codes_a16:
+        raise ValueError(f"{qw.scheme} N={qw.n}: not laid out as codes (int4_codes_scheme, N < 8192)")
+    return p
 
 
 def main() -> int:
@@ -35,45 +46,36 @@ def main() -> int:
     ap.set_defaults(shapes="4096x4096,6144x4096,4096x14336", copies=2)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    act = Scheme.parse("w4a8").act
-    backend = get_backend("triton")
+    scheme = Scheme.parse(args.scheme)
     rows, errors = [], {}
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         ws = [torch.randn(n, k, device=dev) * 0.02 for _ in range(args.copies)]
-        p8 = [anybit.prepare(anybit.quantize(w, "w4a8")) for w in ws]
-        q16 = [anybit.quantize(w, "w4a16") for w in ws]
-        p16 = [anybit.prepare(q) for q in q16]
+        q8 = [anybit.quantize(w, scheme) for w in ws]
+        p8 = [anybit.prepare(q, backend="triton") for q in q8]
+        pc = [prepare_codes(q) for q in q8]
+        p16 = [anybit.prepare(anybit.quantize(w, "w4a16"), backend="triton") for w in ws]
         humm = None
         if "humming" in args.peers:
             try:
                 from anybit.bench.peers import humming
 
-                humm = [humming(w, Scheme.parse("w4a8")) for w in ws]
+                humm = [humming(w, scheme) for w in ws]
             except Exception as ex:  # reported, not hidden
                 errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
         del ws
+        rounded = dataclasses.replace(q8[0], scales=q8[0].scales.to(torch.bfloat16).to(q8[0].scales.dtype))
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()
-            cells = {
-                "w4a8 route": [lambda p=p, x=x: anybit.gemm(x, p) for p in p8],
-                "w4a16 route": [lambda p=p, x=x: anybit.gemm(x, p) for p in p16],
-            }
-
-            def codes(p, x=x, m=m):
-                xq, xs = quantize_act(x, act, codes_dtype=x.dtype)
-                if m <= 64:  # the frag decode (its row-scale epilogue left out)
-                    return anybit.gemm(xq, p)
-                tw = p.data
-                return backend.dequant_matmul(xq, tw, None, xs, backend._ws_tile(xq, tw))
-
-            if m > 64:
-                xq, xs = quantize_act(x, act, codes_dtype=x.dtype)
-                ref = (xq.double() * xs.double()) @ q16[0].dequantize().double().T
-                err = float((codes(p16[0]).double() - ref).norm() / ref.norm())
-                if err > REL_BUDGET:
-                    errors[f"codes {shape} M={m}"] = f"relative error {err:.3g} > {REL_BUDGET}"
-            cells["codes route (estimate)"] = [lambda p=p: codes(p) for p in p16]
+            xq, xs = quantize_act(x[:64], scheme.act)
+            ref = (xq.double() * xs.double()) @ rounded.dequantize().double().T
+            cells = {"w4a8 route": [lambda p=p, x=x: anybit.gemm(x, p) for p in p8]}
+            why = relaunch_check(lambda x=x, p=pc[0]: anybit.gemm(x, p), ref)
+            if why is None:
+                cells["w4a8 as codes"] = [lambda p=p, x=x: anybit.gemm(x, p) for p in pc]
+            else:
+                errors[f"codes {shape} M={m}"] = why
+            cells["w4a16 route"] = [lambda p=p, x=x: anybit.gemm(x, p) for p in p16]
             if humm:
                 cells["humming w4a8"] = [lambda h=h, x=x: h(x) for h in humm]
             rows += time_cells(cells, n, k, m, args.graph)
