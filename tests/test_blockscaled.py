@@ -48,6 +48,21 @@ def test_explain_names_the_block_scaled_route_or_why_not():
     assert "not used" not in triton_plan(Scheme.parse("w4a8"), 64, 4096, 4096, torch.device("cpu"), torch.bfloat16)
 
 
+def test_explain_names_the_int4_codes_route(monkeypatch):
+    """ANYBIT_W4A8_CODES=1: int4 W4A8 with N < 8192 explained as the A16 path it takes (the same tile as W4A16's),
+    the FP8 route from N = 8192 on; off, the FP8 route."""
+    from anybit.tools.explain import triton_plan
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert "A16 kernels" not in triton_plan(Scheme.parse("w4a8"), 16, 4096, 4096, cpu, bf16)
+    monkeypatch.setenv("ANYBIT_W4A8_CODES", "1")
+    plan = triton_plan(Scheme.parse("w4a8"), 16, 4096, 4096, cpu, bf16)
+    assert plan.startswith("int4 W4A8 laid out for the A16 kernels")
+    assert plan.endswith(triton_plan(Scheme.parse("w4a16"), 16, 4096, 4096, cpu, bf16))
+    assert "A16 kernels" not in triton_plan(Scheme.parse("w4a8"), 16, 8192, 4096, cpu, bf16)
+    assert "A16 kernels" not in triton_plan(Scheme.parse("w4a8-nvfp4"), 16, 4096, 4096, cpu, bf16)
+
+
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
 def test_w4a8_codes_dequantize_exactly_to_e4m3(interpret, text):
     """`dequantize_frag` of an FP8-MMA-packed weight: q - bias - z unscaled, in e4m3 (exact for 4 bits)."""
