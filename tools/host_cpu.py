@@ -142,7 +142,33 @@ def _check_cases(tw) -> dict:
             torch.randn(256, 2048, dtype=torch.bfloat16), a8, out=torch.empty(256, 8192, dtype=torch.bfloat16)
         ),  # fmt: skip
         "dequantize_frag": lambda: dequantize_frag(tw, dtype=torch.bfloat16),
+        **_moe_cases(),
         "quantize_act": lambda: quantize_act(x, Scheme.parse("w4a8").act),
+    }
+
+
+def _moe_cases() -> dict:
+    """`moe_gemm` on fragment-layout experts (W4A16 gate_up with SiLU-and-mul; the down GEMM with routed weights)."""
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.moe_gemm import moe_gemm
+    from anybit.moe.align import moe_align
+
+    e, t, top = 8, 5, 2
+    gate_up = stack_experts(quantize(torch.randn(e, 512, 1024) * 0.05, "w4a16"))
+    down = stack_experts(quantize(torch.randn(e, 1024, 256) * 0.05, "w4a16"))
+    ids = torch.randint(0, e, (t, top), generator=torch.Generator().manual_seed(0)).int()
+    sorted_ids, expert_ids, total = moe_align(ids, e, 16, impl="torch")
+    x = torch.randn(t, 1024, dtype=torch.bfloat16)
+    h = torch.empty(t * top, 256, dtype=torch.bfloat16)
+    y = torch.empty(t * top, 1024, dtype=torch.bfloat16)
+    routed = torch.rand(t * top)
+    return {
+        "moe_gemm gate_up": lambda: moe_gemm(
+            x, gate_up, sorted_ids, expert_ids, total, block_m=16, num_rows=t * top, top_k=top, out=h, silu_mul=True
+        ),  # fmt: skip
+        "moe_gemm down": lambda: moe_gemm(
+            h, down, sorted_ids, expert_ids, total, block_m=16, num_rows=t * top, top_k=1, out=y, routed_weights=routed
+        ),  # fmt: skip
     }
 
 

@@ -19,6 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
+from anybit.kernels import frag as frag_switches
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, next_pow2, plane_args
 from anybit.kernels.frag import (
     frag_constexprs,
@@ -35,6 +36,7 @@ from anybit.kernels.frag import (
 )
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
+from anybit.kernels.launch import Launcher
 
 
 # fmt: off
@@ -478,6 +480,29 @@ def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
     return block_k
 
 
+# the arguments of `_moe_frag_kernel` a call changes: x, its scales and block sums, y, the alignment (sorted ids,
+# expert ids, total), routed weights, workspace, counters, rows, slots, x's and y's row strides
+_MOE_FRAG_LIVE = (0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 20)
+
+
+def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
+    """The `Launcher` of `moe_gemm`'s fragment-layout calls with this key (tile, flags, settings), its constexprs
+    worked out once per stacked weight (an eager call's host time)."""
+    _, block_m, block_n, split_k, num_warps, num_stages, maxnreg, top_k, silu_mul, no_routed, fp8_x, _, pdl, \
+        scale_w, tail_half, ptx, settle, fold, *_ = key  # fmt: skip
+    pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
+    consts = dict(
+        SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=not no_routed, **frag_constexprs(tw),
+        GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, NW=num_warps, STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL,
+        PTX=ptx, FOLD=fold, PDL=pdl, SETTLE=settle,
+        SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
+        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), num_warps=num_warps,
+        maxnreg=maxnreg, launch_pdl=pdl,
+    )  # fmt: skip
+    return Launcher(_moe_frag_kernel, consts, _MOE_FRAG_LIVE)
+
+
 def moe_gemm(
     x,
     tw,
@@ -553,26 +578,43 @@ def moe_gemm(
         if x_sums is not None and (x_sums.shape != (cdiv(k, 128), rows_x) or not x_sums.is_contiguous()):
             want = f"contiguous fp32 [{cdiv(k, 128)}, {rows_x}] (quantize_act of x's {rows_x} rows)"
             raise ValueError(f"x_sums must be {want}, got {tuple(x_sums.shape)}")
+        key = (
+            "moe",
+            block_m,
+            block_n,
+            split_k,
+            num_warps,
+            num_stages,
+            maxnreg,
+            top_k,
+            silu_mul,
+            routed_weights is None,
+            fp8_x,
+            x.dtype,
+            pdl,
+            scale_w,
+            tail_half,
+            frag_ptx(),
+            frag_settle(),
+            frag_fold(tw, x.dtype),
+            frag_switches.FRAG_PAIRS,
+            frag_switches.A8_MMA_ACC,
+        )  # every setting and switch it reads
+        launch = tw.launches.get(key)
+        if launch is None:
+            launch = tw.launches[key] = _moe_frag_launch(tw, x.dtype, key)
         rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 on the FP8 MMA: its scales are row-relative codes
-        pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
-        num_stages = pair_stages(num_stages) if pairs else num_stages
         # fmt: off
-        _moe_frag_kernel[(grid_m, cdiv(n, block_n), split_k)](
-            x, x_scales if fp8_x else dummy, x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
+        launch(
+            (grid_m, cdiv(n, block_n), split_k), x, x_scales if fp8_x else dummy,
+            x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
             rows if rows is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
             workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
             k, x.stride(0), y.stride(0),
             tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
-            frag_mask(tw.fmt["W_BITS"]), SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul,
-            MUL_ROUTED=routed_weights is not None, **frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps),
-            GROUP_N=tw.group_n,
-            HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n, NW=num_warps, STAGES=num_stages,
-            PANEL=FRAG_PANEL, PTX=frag_ptx(), FOLD=frag_fold(tw, x.dtype), PDL=pdl, SETTLE=frag_settle(),
-            SCALE_W=frag_scale_w(tw, x.dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-            HAS_XS=fp8_x, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), num_warps=num_warps,
-            maxnreg=maxnreg, launch_pdl=pdl,
+            frag_mask(tw.fmt["W_BITS"]),
         )
         # fmt: on
         return y
