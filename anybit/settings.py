@@ -92,7 +92,10 @@ class Settings:
     """ANYBIT_FAST_LAUNCH (default 1; 0 turns it off): the GEMM launchers call a compiled kernel's launcher straight
     once they have launched it with the same specialisation (`anybit.kernels.launch.Launcher`), instead of Triton's
     `JITFunction.run` binding and specialising every argument each call (30-60 µs of host time an eager call on the
-    H200's host). ANYBIT_LAUNCH_CHECK=1 (read at import) checks each fast call against Triton's specialisation."""
+    H200's host)."""
+    launch_check: bool
+    """ANYBIT_LAUNCH_CHECK=1 (default 0; read when `anybit.kernels.launch` is imported — the tests): each fast launch
+    specialises every argument as Triton does and raises where one differs from the compiling call's."""
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -197,6 +200,11 @@ def fast_launch() -> bool:
     return _env("ANYBIT_FAST_LAUNCH") != "0"
 
 
+def launch_check() -> bool:
+    """ANYBIT_LAUNCH_CHECK alone (see `Settings.launch_check`)."""
+    return _level("ANYBIT_LAUNCH_CHECK", 0, (0, 1)) == 1
+
+
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
@@ -219,4 +227,5 @@ def load() -> Settings:
         e2m1_a8=e2m1_a8(),
         w4a8_codes=w4a8_codes(),
         fast_launch=fast_launch(),
+        launch_check=launch_check(),
     )

@@ -45,6 +45,20 @@ def probe_parser(doc: str, scheme: str, m: str, tiles: str, peers: str, peers_he
     return ap
 
 
+def humming_peers(ws: list, scheme, peers: str, errors: dict, shape: str) -> list | None:
+    """Humming layers of the float weights `ws` for `scheme` where `peers` names humming, else None; a failure is
+    written to `errors` (reported, not hidden) and the other cells still run."""
+    if "humming" not in peers:
+        return None
+    try:
+        from anybit.bench.peers import humming
+
+        return [humming(w, scheme) for w in ws]
+    except Exception as ex:
+        errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        return None
+
+
 def tile_overrides(text: str) -> dict:
     """ "block_m=128:stages=6" -> {"block_m": 128, "stages": 6} (empty text: {})."""
     return {a: int(b) for a, b in (kv.split("=") for kv in filter(None, text.split(":")))}

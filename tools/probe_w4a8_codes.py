@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import probe_parser, relaunch_check, time_cells, write_probe  # noqa: E402
+from probe_out import humming_peers, probe_parser, relaunch_check, time_cells, write_probe  # noqa: E402
 
 import anybit  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
@@ -55,14 +55,7 @@ def main() -> int:
         p8 = [anybit.prepare(q, backend="triton") for q in q8]
         pc = [prepare_codes(q) for q in q8]
         p16 = [anybit.prepare(anybit.quantize(w, "w4a16"), backend="triton") for w in ws]
-        humm = None
-        if "humming" in args.peers:
-            try:
-                from anybit.bench.peers import humming
-
-                humm = [humming(w, scheme) for w in ws]
-            except Exception as ex:  # reported, not hidden
-                errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        humm = humming_peers(ws, scheme, args.peers, errors, shape)
         del ws
         rounded = dataclasses.replace(q8[0], scales=q8[0].scales.to(torch.bfloat16).to(q8[0].scales.dtype))
         for m in (int(v) for v in args.m.split(",")):

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
+from probe_out import humming_peers, probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -59,13 +59,7 @@ def main() -> int:
         if ws_why:  # the other cells still run
             errors[shape] = ws_why
         wdeq = [dequantize_frag(tw, dtype=torch.bfloat16) for tw in tws]
-        if "humming" in args.peers:
-            try:
-                from anybit.bench.peers import humming
-
-                humm = [humming(w, scheme) for w in ws_list]
-            except Exception as ex:  # reported, not hidden
-                errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        humm = humming_peers(ws_list, scheme, args.peers, errors, shape)
         del ws_list
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
+from probe_out import humming_peers, probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
 
 from anybit import prepare, quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -50,13 +50,9 @@ def main() -> int:
             errors[shape] = why
             continue
         peers = {}
-        if "humming" in args.peers:
-            try:
-                from anybit.bench.peers import humming
-
-                peers["humming"] = [humming(w, scheme) for w in ws]
-            except Exception as ex:  # reported, not hidden
-                errors[f"humming {shape}"] = f"{type(ex).__name__}: {ex}"
+        humm = humming_peers(ws, scheme, args.peers, errors, shape)
+        if humm:
+            peers["humming"] = humm
         if "scaled_mm" in args.peers:
             peers["scaled_mm row-wise (x quantized once)"] = [torch_fp8(w, quantize_x=False) for w in ws]
         del ws

@@ -349,44 +349,47 @@ class TritonBackend:
             # fp32 activations (e.g. a model left in fp32): the kernels' tensor cores would round them to
             # TF32 or bf16, so the exact path answers instead
             return TorchBackend().gemm(x, prepared, bias)
-        lead = x.shape[:-1]
         x2 = x if x.dim() == 2 else x.reshape(-1, tw.k)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        m = x2.shape[0]
-        flat = x.dim() == 2  # y needs no reshape
+        y = self._gemm2d(x2 if x2.stride(-1) == 1 else x2.contiguous(), prepared, bias, config)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], tw.n)
+
+    def _gemm2d(
+        self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None, config: GemmConfig | None
+    ) -> torch.Tensor:
+        """`_gemm` of a bf16/fp16 x [M, K] (last dim contiguous) -> y [M, N]: the route and the launch."""
+        tw: TritonWeight = prepared.data
+        m = x.shape[0]
         act = tw.scheme.act
         a8 = tw.mma_a8
         x_scales = None
         rowwise_min = ROWWISE_MIN_M_A8 if tw.e2m1_a8 else ROWWISE_MIN_M
         if config is None and m > rowwise_min and rowwise_why_not(tw, x.device, x.dtype) is None:
-            return rowwise_gemm(x2, tw, bias).reshape(*lead, tw.n)
+            return rowwise_gemm(x, tw, bias)
         if config is None and tw.a16 is not None and m > settings.frag_ws_max_m() and self._blockscaled(tw, x):
-            return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)  # int4 W4A8 as codes: above the A16 kernels
+            return blockscaled_gemm(x, tw, bias)  # int4 W4A8 as codes: above the A16 kernels
         if tw.codes_a16:  # x's FP8 codes in x's dtype for the A16 kernels, its scales after the MMA
             static = self._static_scale(tw, prepared) if act.mode is ActMode.STATIC else None
-            x2, x_scales = quantize_act(x2, act, static, pdl=quant_early(m, x2.device), codes_dtype=x2.dtype)
+            x, x_scales = quantize_act(x, act, static, pdl=quant_early(m, x.device), codes_dtype=x.dtype)
         large = (tw.frag and m > FRAG_MAX_M) or (x.is_cuda and m > DEQUANT_MATMUL_MIN_M)
-        tile = self._ws_tile(x2, tw) if tw.frag and RS_SMALL_MIN_M < m and x.is_cuda else None  # (once a call)
+        tile = self._ws_tile(x, tw) if tw.frag and RS_SMALL_MIN_M < m and x.is_cuda else None  # (once a call)
         # 33-64 rows of some weights: the register-operand kernel (`rs_tile`), through the large-M path's launcher
         large = large or (tile is not None and "rs" in tile)
-        if config is None and large and not a8 and not (tw.frag and self._mid(tw, x2, tile)):
-            y = self.dequant_matmul(x2, tw, bias, x_scales, tile)
-            return y if flat else y.reshape(*lead, tw.n)
+        if config is None and large and not a8 and not (tw.frag and self._mid(tw, x, tile)):
+            return self.dequant_matmul(x, tw, bias, x_scales, tile)
         if config is None and a8 and tw.frag and m > FRAG_MAX_M and x.is_cuda:
-            y = self._ws_a8(x2, tw, bias)
+            y = self._ws_a8(x, tw, bias)
             if y is not None:
-                return y.reshape(*lead, tw.n)
-        if config is None and m > BLOCKSCALED_MIN_M and blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None:
-            return blockscaled_gemm(x2, tw, bias).reshape(*lead, tw.n)
+                return y
+        if config is None and m > BLOCKSCALED_MIN_M and self._blockscaled(tw, x):
+            return blockscaled_gemm(x, tw, bias)
         planned = config is None
         if planned:
             config = tw.configs.get(m)
             if config is None:
-                config = tw.configs[m] = self._tuned_config(x2, tw, bias)
+                config = tw.configs[m] = self._tuned_config(x, tw, bias)
         while True:
             try:
-                return self._launch(x2, tw, prepared, bias, config, x_scales).reshape(*lead, tw.n)
+                return self._launch(x, tw, prepared, bias, config, x_scales)
             except OutOfResources as e:
                 config = fewer_stages(e, config)
                 if planned:  # this GPU's tile from now on (sm_86/89: 99 KB of shared memory per block)
@@ -394,6 +397,7 @@ class TritonBackend:
 
     @staticmethod
     def _blockscaled(tw: TritonWeight, x: torch.Tensor) -> bool:
+        """Whether cuBLAS's block-scaled FP8 GEMM runs this weight for x (asked only where a route would take it)."""
         return blockscaled_why_not(tw.blockscaled, x.device, x.dtype) is None
 
     @staticmethod

@@ -19,7 +19,6 @@ call and raises where one differs from the remembered kernel's.
 from __future__ import annotations
 
 import operator
-import os
 
 import torch
 from triton import knobs
@@ -95,7 +94,7 @@ class Launcher:
             )
 
 
-_CHECK = os.environ.get("ANYBIT_LAUNCH_CHECK", "0") == "1"
+_CHECK = settings.launch_check()
 
 
 def _hooked(hook) -> bool:
@@ -107,10 +106,8 @@ def _spec(arg) -> object:
     """What Triton specialises a live argument on: a tensor's dtype and 16-byte alignment, an int's being 1, a
     multiple of 16, or beyond 32 bits; anything else (None, descriptors of a fixed layout) not at all."""
     kind = type(arg)
-    if kind is int:
-        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
-    if kind is torch.Tensor or isinstance(arg, torch.Tensor):
+    if kind is not int and (kind is torch.Tensor or isinstance(arg, torch.Tensor)):
         return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, int):  # bool, numpy-like ints
+    if isinstance(arg, int):  # (bools too)
         return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
     return None
