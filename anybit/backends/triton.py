@@ -522,7 +522,8 @@ class TritonBackend:
         if tw.frag:  # (`codes_a16` weights, the only ones with x_scales, are frag weights)
             if tile is not None:
                 try:
-                    xc = x if x.is_contiguous() else x.contiguous()  # TMA reads whole rows
+                    aligned = x.is_contiguous() and x.data_ptr() % 16 == 0  # TMA reads whole rows from 16 bytes on
+                    xc = x if aligned else x.clone(memory_format=torch.contiguous_format)
                     if tile.get("rs"):  # `rs_tile`: the register-operand kernel
                         rs = {a: v for a, v in tile.items() if a != "rs"}
                         return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, **rs)

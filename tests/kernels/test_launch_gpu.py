@@ -40,3 +40,14 @@ def test_fast_launches_give_the_jit_launches_bits(text, n, k, monkeypatch):
     for m, y in zip(MS, fast, strict=True):
         want = ref[:m] + (b.double() if m % 2 else 0)
         assert rel_err(y, want) < GEMM_REL_ERR[torch.bfloat16], f"M={m}"
+
+
+def test_an_x_off_16_bytes_is_copied_for_the_tma_kernels():
+    """x viewed 2 bytes into a buffer (a serving engine's slice) still runs the register-operand / warp-specialised
+    route — copied aligned — and gives the aligned x's bits."""
+    x, qw = random_case("w4a16", 256, 4096, 4096, seed=3)
+    p = anybit.prepare(qw, backend="triton")
+    buf = torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)
+    off = buf[1:].view(x.shape)
+    off.copy_(x)
+    assert off.data_ptr() % 16 and torch.equal(anybit.gemm(off, p), anybit.gemm(x, p))
