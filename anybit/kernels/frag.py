@@ -687,22 +687,28 @@ def frag_scale_w(tw, x_dtype: torch.dtype, block_m: int) -> bool:
     )
 
 
-def scaled_int4_why_not(scheme, x_dtype: torch.dtype) -> str | None:
-    """None for the weights whose decode is one multiply by the scale in x's dtype (the kernels that scale
-    the decoded weights: `frag_ws`, and the frag kernel's 128-token tiles): 4-bit integers without zero
-    point or global scale, bf16/fp16 x, scales in x's dtype per channel or per whole 128-K blocks; else
-    why not."""
+def scaled_int_why_not(scheme, x_dtype: torch.dtype, bits: int = 4) -> str | None:
+    """None for the weights whose decode is one multiply by the scale in x's dtype (the kernels that scale the
+    decoded weights: `frag_ws` — 4 and 8 bits —, and the frag kernel's 128-token tiles — 4 bits): `bits`-bit
+    integers without zero point or global scale, bf16/fp16 x, scales in x's dtype per channel or per whole blocks
+    of the layout (`frag_block_k`: 128 K for 4 bits, 64 for 8); else why not."""
     w, g = scheme.weight, scheme.granularity
-    if not isinstance(w, IntType) or w.bits != 4 or scheme.act.quantized:
-        return "4-bit integer weights with bf16/fp16 activations only"
+    if not isinstance(w, IntType) or w.bits != bits or scheme.act.quantized:
+        return f"{bits}-bit integer weights with bf16/fp16 activations only"
     if scheme.zero_point is not ZeroPoint.NONE or scheme.global_scale:
         return "no zero points or global scale yet"
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
     if x_dtype not in (torch.bfloat16, torch.float16) or dt != x_dtype:
         return f"scales in x's dtype only (scales {scheme.scale_dtype.name}, x {x_dtype}): the decoder multiplies in it"
-    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % 128 == 0)):
-        return f"scales per channel or per whole 128-K blocks only ({g.token()})"
+    block = frag_block_k(bits)
+    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % block == 0)):
+        return f"scales per channel or per whole {block}-K blocks only ({g.token()})"
     return None
+
+
+def scaled_int4_why_not(scheme, x_dtype: torch.dtype) -> str | None:
+    """`scaled_int_why_not` of 4-bit integers."""
+    return scaled_int_why_not(scheme, x_dtype, 4)
 
 
 FRAG_WIDE_MIN_N = 8192  # A16, 64 < M <= 128: 128 tokens x 256 weight rows from this N on, else 64 x 128 (H200 sweep)

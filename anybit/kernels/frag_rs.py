@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from anybit.formats.dtypes import IntType
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import (
@@ -24,10 +25,19 @@ from anybit.kernels.frag_ws import (
 from anybit.kernels.launch import Launcher
 
 
+def rs_scheme_why_not(scheme) -> str | None:
+    """Why this kernel does not decode a scheme the warp-specialised kernel takes, or None: 8-bit integers (their
+    byte decode is written for the warp-specialised kernel's shared-memory slices only)."""
+    w = scheme.weight
+    if isinstance(w, IntType) and w.bits == 8:
+        return "8-bit integer codes: the warp-specialised kernel's decode only"
+    return None
+
+
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: the weights and GPUs of
-    the warp-specialised kernel (`frag_ws_weight_why_not`); else why not."""
-    return frag_ws_weight_why_not(tw, x_dtype, device)
+    the warp-specialised kernel (`frag_ws_weight_why_not`) but 8-bit ones (`rs_scheme_why_not`); else why not."""
+    return frag_ws_weight_why_not(tw, x_dtype, device) or rs_scheme_why_not(tw.kernel_scheme)
 
 
 RS_MAX_STAGES = 6

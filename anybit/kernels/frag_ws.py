@@ -4,11 +4,11 @@ slice of the weight tile into shared memory as x's dtype while two MMA warpgroup
 (wgmma, both operands in shared memory). It replaces dequantize-then-cuBLAS, which writes and reads the
 whole bf16 weight once per call (N*K*2 bytes: 40 µs of a 200 µs M=1024 call at 8192^2 on the H200).
 
-Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales in x's dtype
-per channel or per whole 128-K blocks, and e2m1 codes with e4m3 or ue8m0 scales every 16 or 32 K (NVFP4 with
-its global scale, MXFP4) whose scales the frag decode may build from their bits (`TritonWeight.fold_bits`);
-bf16 or fp16 activations; sm_90 with Gluon's Hopper API (Triton 3.6). `frag_ws_weight_why_not` names what is
-missing otherwise, and the caller keeps dequantize-then-cuBLAS.
+Which weights: 4- and 8-bit integer codes (int4 / uint4 / int8 / uint8, no zero point, no global scale) with
+scales in x's dtype per channel or per whole blocks of the layout (128 K; 64 for 8 bits), and e2m1 codes with e4m3
+or ue8m0 scales every 16 or 32 K (NVFP4 with its global scale, MXFP4) whose scales the frag decode may build from
+their bits (`TritonWeight.fold_bits`); bf16 or fp16 activations; sm_90 with Gluon's Hopper API (Triton 3.6).
+`frag_ws_weight_why_not` names what is missing otherwise, and the caller keeps dequantize-then-cuBLAS.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from anybit.backends.triton_layout import codes_a16
 from anybit.formats.dtypes import FloatType
 from anybit.formats.scheme import ScaleKind
 from anybit.kernels.dequant import cdiv
-from anybit.kernels.frag import scaled_int4_why_not
-from anybit.kernels.frag_layout import FRAG_K, FRAG_PANEL
+from anybit.kernels.frag import scaled_int_why_not
+from anybit.kernels.frag_layout import FRAG_K, FRAG_PANEL, frag_block_k
 from anybit.kernels.launch import Launcher
 
 WS_BK = 64  # K per step (half a frag block)
@@ -132,13 +132,15 @@ def gluon_hopper_why_not(device: torch.device) -> str | None:
     return _gluon() if isinstance(_gluon(), str) else None
 
 
-def frag_ws_why_not(scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None) -> str | None:
-    """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on
-    `device`, else why not."""
+def frag_ws_why_not(
+    scheme, k: int, x_dtype: torch.dtype, device: torch.device, n: int | None = None, bits: int = 4
+) -> str | None:
+    """None when `gemm_frag_ws` runs integer weights of `scheme` (K = k, N = n where known; `bits`: 4, or 8 for the
+    dense kernels — the grouped MoE kernel decodes 4) with x of `x_dtype` on `device`, else why not."""
     why = gluon_hopper_why_not(device)
     if why is not None:
         return why
-    why = scaled_int4_why_not(scheme, x_dtype)
+    why = scaled_int_why_not(scheme, x_dtype, bits)
     if why is not None:
         return why
     if k % 8:
@@ -168,7 +170,7 @@ def frag_ws_scheme_why_not(
     """None when `gemm_frag_ws` runs weights of `scheme` (K = k, N = n where known) with x of `x_dtype` on `device`
     (e2m1 weights: where their scales fold exactly, `frag_ws_weight_why_not`), else why not."""
     if not isinstance(scheme.weight, FloatType):
-        return frag_ws_why_not(scheme, k, x_dtype, device, n)
+        return frag_ws_why_not(scheme, k, x_dtype, device, n, 8 if scheme.weight.bits == 8 else 4)
     why = gluon_hopper_why_not(device) or e2m1_ws_why_not(scheme, x_dtype)
     if why is None and k % 8:
         why = f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
@@ -336,7 +338,8 @@ def _ws_launch(tw, key: tuple) -> Launcher:
         raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
     consts = dict(
         BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
-        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(tw.fmt["W_BITS"])),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), W8=tw.fmt["W_BITS"] == 8,
         HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, DEPTH=depth, E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0,
         HAS_GS=tw.global_scale is not None, ROW_SCALES=not no_xs, NDEC=ndec, num_warps=warps, **extra,
     )  # fmt: skip

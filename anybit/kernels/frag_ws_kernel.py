@@ -110,6 +110,50 @@ def _pow2(e2m1):
     return 256.0 if e2m1 else 1.0
 
 
+# 8-bit codes (a 64-K block of the layout: k = 16c + 8j + 2t + e in word 4t + c at byte e + 2j) -> the word's two
+# pairs (j = 0, 1) in x's dtype times the scale $3, exactly (code - bias) * s rounded once. bf16 (7 mantissa bits):
+# each byte under fp32's 2**23 by one PRMT (as vLLM's Marlin), one fp32 subtraction of 2**23 + bias, a packed
+# convert, a packed multiply; fp16: a byte under 1024 is a half by itself, so one PRMT a pair.
+_BYTES_BF16 = """{
+.reg .b32 a, b, s;
+mov.b32 s, {$3, $3};
+prmt.b32 a, $2, 0x4B000000, 0x7650;
+prmt.b32 b, $2, 0x4B000000, 0x7651;
+sub.f32 a, a, OFF;
+sub.f32 b, b, OFF;
+cvt.rn.bf16x2.f32 $0, b, a;
+mul.rn.bf16x2 $0, $0, s;
+prmt.b32 a, $2, 0x4B000000, 0x7652;
+prmt.b32 b, $2, 0x4B000000, 0x7653;
+sub.f32 a, a, OFF;
+sub.f32 b, b, OFF;
+cvt.rn.bf16x2.f32 $1, b, a;
+mul.rn.bf16x2 $1, $1, s;
+}"""
+_BYTES_FP16 = """{
+.reg .b32 c, s;
+mov.b32 s, {$3, $3};
+mov.b32 c, OFF;
+prmt.b32 $0, $2, 0x64646464, 0x5140;
+prmt.b32 $1, $2, 0x64646464, 0x5342;
+sub.rn.f16x2 $0, $0, c;
+sub.rn.f16x2 $1, $1, c;
+mul.rn.f16x2 $0, $0, s;
+mul.rn.f16x2 $1, $1, s;
+}"""
+_BYTES_ASM = {  # (x is bf16, codes are signed int8 stored biased by 128)
+    (True, True): _BYTES_BF16.replace("OFF", "0f4B000080"),
+    (True, False): _BYTES_BF16.replace("OFF", "0f4B000000"),
+    (False, True): _BYTES_FP16.replace("OFF", "0x64806480"),
+    (False, False): _BYTES_FP16.replace("OFF", "0x64006400"),
+}
+
+
+@gluon.constexpr_function
+def _bytes_asm(dtype, signed):
+    return _BYTES_ASM[(dtype == gl.bfloat16, bool(signed))]
+
+
 # fmt: off
 @gluon.jit
 def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, k_off=0):
@@ -227,7 +271,7 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
                x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
                PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr, E2M1: gl.constexpr = 0, part=0,
-               NDEC: gl.constexpr = 1):
+               NDEC: gl.constexpr = 1, W8: gl.constexpr = False):
     """Decodes 128-K blocks part, part + NDEC, ... of the weight tile, each as two 64-K slices into the w ring, its
     words and scales arriving by TMA into this partition's slots of a ring of their own (`_w_fetch`, depth - 1
     blocks ahead; slots part * depth on). NDEC partitions overlap one another's chain of latencies per block (the
@@ -235,7 +279,9 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
     1): also copies each step's x rows — row i of the block is x row rows_ptr[off_m + i] // TOP_K, masked past
     n_rows and where the entry is padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight
     slice. E2M1 (1: e4m3 scales, 2: ue8m0; 0: 4-bit integers): e2m1 words with a scale code a group
-    (`_e2m1_block`)."""
+    (`_e2m1_block`). W8: 8-bit integer codes, whose 64-K blocks (the same 16 words a row) are one K step each
+    (`_decode_bytes`; not with GATHER)."""
+    gl.static_assert(not (W8 and GATHER), "8-bit codes in the dense kernels only")
     BN: gl.constexpr = w_bufs.type.shape[1]
     D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
@@ -263,33 +309,39 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
                  (i + D - 1) * NDEC + part, num_blocks, GB, SCALE_PER_BLOCK)
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)
-        k0 = 2 * (i * NDEC + part)  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
-        if E2M1:
-            h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(q), sq.index(q), E2M1, w_bufs.dtype)
-        else:
+        if W8:  # one K step: the block's 64 K
             cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
             sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
-            sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
-            h0, h1 = _halves(cur)
-            s0, s1 = _halves(sc)
-            t0, t1 = s0, s1
-        if GATHER:  # each step's x goes out STAGES - 2 steps ahead of its weight; each slice is handed over alone
-            _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 2, 2 * num_blocks,
-                     STAGES)
-            _put(_decode(h0, s0, t0, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0, STAGES)
-            _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 1, 2 * num_blocks,
-                     STAGES)
-            _put(_decode(h1, s1, t1, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0 + 1, STAGES)
+            sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)
+            _put(_decode_bytes(cur, sc, SIGNED), w_bufs, w_ready, w_empty, i * NDEC + part, STAGES)
         else:
-            v = _decode(h0, s0, t0, SIGNED, E2M1)
-            mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
-            w_bufs.index(k0 % STAGES).store(v)
-            v = _decode(h1, s1, t1, SIGNED, E2M1)
-            mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
-            w_bufs.index((k0 + 1) % STAGES).store(v)
-            fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
-            mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
-            mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
+            k0 = 2 * (i * NDEC + part)  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
+            if E2M1:
+                h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(q), sq.index(q), E2M1, w_bufs.dtype)
+            else:
+                cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
+                sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
+                sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
+                h0, h1 = _halves(cur)
+                s0, s1 = _halves(sc)
+                t0, t1 = s0, s1
+            if GATHER:  # each step's x goes out STAGES - 2 steps ahead of its weight; each slice handed over alone
+                _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 2, 2 * num_blocks,
+                         STAGES)
+                _put(_decode(h0, s0, t0, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0, STAGES)
+                _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, k0 + STAGES - 1, 2 * num_blocks,
+                         STAGES)
+                _put(_decode(h1, s1, t1, SIGNED, E2M1), w_bufs, w_ready, w_empty, k0 + 1, STAGES)
+            else:
+                v = _decode(h0, s0, t0, SIGNED, E2M1)
+                mbarrier.wait(w_empty.index(k0 % STAGES), ((k0 // STAGES) & 1) ^ 1)
+                w_bufs.index(k0 % STAGES).store(v)
+                v = _decode(h1, s1, t1, SIGNED, E2M1)
+                mbarrier.wait(w_empty.index((k0 + 1) % STAGES), (((k0 + 1) // STAGES) & 1) ^ 1)
+                w_bufs.index((k0 + 1) % STAGES).store(v)
+                fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+                mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
+                mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
 
 
 @gluon.jit
@@ -321,6 +373,20 @@ def _decode(h, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
     """A half block's words [BN, 4 (t), 2 (cl)] -> [BN, 64] in x's dtype, natural K order (`_pairs`)."""
     r0, r1, r2, r3 = _pairs(h, s, t, SIGNED, E2M1)
     return _half_from_pairs(r0, r1, r2, r3, s.dtype)
+
+
+@gluon.jit
+def _decode_bytes(words, s, SIGNED: gl.constexpr):
+    """A 64-K block of 8-bit words [BN, 16] (word 4t + c) and each word's scale beside it -> [BN, 64] in x's dtype,
+    natural K order (pair j of word 4t + c holds k = 16c + 8j + 2t + e, e = 0 in its low half: `_bytes_asm`)."""
+    BN: gl.constexpr = words.shape[0]
+    r0, r1 = gl.inline_asm_elementwise(_bytes_asm(s.dtype, SIGNED), "=r,=r,r,h", [words, s],
+                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)  # fmt: skip
+    rr = gl.join(r0, r1)  # [BN, 16, 2 (j)]
+    lo = rr.to(gl.int16).to(s.dtype, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(gl.int16).to(s.dtype, bitcast=True)  # e = 1
+    v = gl.reshape(gl.join(lo, hi), [BN, 4, 4, 2, 2])  # (t, c, j, e)
+    return gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, 64])  # (c, j, t, e)
 
 
 @gluon.jit
@@ -450,10 +516,11 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
 @gluon.jit
 def _dense_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
                    SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-                   PANEL: gl.constexpr, E2M1: gl.constexpr, part, NDEC: gl.constexpr):
+                   PANEL: gl.constexpr, E2M1: gl.constexpr, part, NDEC: gl.constexpr, W8: gl.constexpr):
     """`_w_decoder` of one weight (no x gather): decoder `part` of NDEC."""
     _w_decoder(w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, w_bufs, w_bufs,
-               w_ready, w_bufs, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1, E2M1, part, NDEC)
+               w_ready, w_bufs, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1, E2M1, part, NDEC,
+               W8)
 
 
 @gluon.jit
@@ -461,18 +528,23 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
-                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, NDEC: gl.constexpr):
+                   E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, NDEC: gl.constexpr,
+                   W8: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
+    gl.static_assert(BK == 64, "a K step is half a 128-K frag block (an 8-bit one: W8)")
     dtype: gl.constexpr = x_desc.dtype
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
 
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
                                                                        STAGES, NDEC * DEPTH, 1)  # x by one TMA copy
-    num_blocks = gl.cdiv(K, 2 * BK)
-    num_k = 2 * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
+    if W8:  # 8-bit codes: a block of the layout is 64 K, one step
+        STEPS: gl.constexpr = 1
+    else:
+        STEPS: gl.constexpr = 2
+    num_blocks = gl.cdiv(K, STEPS * BK)
+    num_k = STEPS * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     # The partitions' argument tuples are written out in each branch: bound to a variable, a tuple loses its
     # constexprs (STAGES became an int32), and warp_specialize takes no function passed as a constexpr (Triton 3.6).
     if NDEC == 1:
@@ -480,16 +552,16 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
             (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                 off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8)),
         ], [DQ_WARPS], [DQ_REGS])
     else:  # two decoders: even and odd blocks
         gl.warp_specialize([
             (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                 off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8)),
         ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on
 
@@ -570,14 +642,14 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
                         DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                         SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
                         E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                        TWO: gl.constexpr, NDEC: gl.constexpr):
+                        TWO: gl.constexpr, NDEC: gl.constexpr, W8: gl.constexpr = False):
     """`frag_ws_kernel` with the weight tile as the wgmma's A operand and x as its B (`_mma_loop_swap`): BN weight
     rows (64 a warpgroup of the default partition) by BM1 (+ BM2, TWO) tokens, x's TMA blocks — 192 tokens in one
     tile (128 + 64) where the row-major tiles take 256, and 64-row weight tiles for twice the CTAs."""
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "a K step is half a 128-K frag block")
+    gl.static_assert(BK == 64, "a K step is half a 128-K frag block (an 8-bit one: W8)")
     dtype: gl.constexpr = x_desc.dtype
     if TWO:
         BM: gl.constexpr = BM1 + BM2
@@ -592,23 +664,27 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
         x2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM2, BK], x2_layout)
     else:
         x2_bufs = x_bufs
-    num_blocks = gl.cdiv(K, 2 * BK)
+    if W8:  # as in `frag_ws_kernel`
+        STEPS: gl.constexpr = 1
+    else:
+        STEPS: gl.constexpr = 2
+    num_blocks = gl.cdiv(K, STEPS * BK)
     if NDEC == 1:  # the argument tuples written out in each branch, as in `frag_ws_kernel`
         gl.warp_specialize([
             (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
-                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
+                     y_ptr, M, N, stride_ym, off_m, off_n, STEPS * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8)),
         ], [DQ_WARPS], [DQ_REGS])
     else:  # two decoders: even and odd blocks
         gl.warp_specialize([
             (_mma_swap, (x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr,
-                     y_ptr, M, N, stride_ym, off_m, off_n, 2 * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
+                     y_ptr, M, N, stride_ym, off_m, off_n, STEPS * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8)),
         ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on

@@ -41,7 +41,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         int4_codes_scheme,
     )
     from anybit.kernels.frag import two_parts
-    from anybit.kernels.frag_rs import RS_SMALL_MIN_M
+    from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_scheme_why_not
     from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
@@ -66,7 +66,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
     via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
            if codes else "")  # fmt: skip
-    small_rs = frag and cuda and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
+    rs = rs_scheme_why_not(scheme) is None  # the register-operand kernel decodes these codes
+    small_rs = frag and cuda and rs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
         t = ws_route_tile(m, n, k, _sm_count(device))  # at these rows a register-operand tile or None
         if t is not None:
@@ -74,7 +75,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        t = ws_route_tile(m, n, k, _sm_count(device)) if why is None else None
+        t = ws_route_tile(m, n, k, _sm_count(device), rs) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip

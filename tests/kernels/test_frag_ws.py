@@ -9,6 +9,7 @@ import torch
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
+from anybit.kernels.frag import scaled_int_why_not
 from anybit.kernels.frag_layout import FRAG_PANEL, e2m1_pair_terms, from_panels, pack_frag
 from anybit.kernels.frag_ws import (
     _gluon,
@@ -95,6 +96,34 @@ def test_e2m1_decoder_gives_the_weights_times_a_power_of_two(text, dtype):
             got = _e2m1_half_like_the_kernel(words[:, 16 * b : 16 * (b + 1)], codes[:, g * b : g * (b + 1)], h,
                                              tw.fmt["SCALE_KIND"], dtype)  # fmt: skip
             assert torch.equal(got, ref[:, 128 * b + 64 * h : 128 * b + 64 * (h + 1)])
+
+
+def _bytes_like_the_kernel(words: torch.Tensor, scales: torch.Tensor, signed: bool, dtype) -> torch.Tensor:
+    """words int64 [R, 16] (one 64-K block of 8-bit codes a row), scales [R] in x's dtype -> the block [R, 64] in
+    x's dtype, by the steps of `_decode_bytes` / `_bytes_asm`: byte e + 2j of word 4t + c is pair j's half e, the
+    code less its bias exact, times the scale rounded once (the packed multiply)."""
+    r = words.shape[0]
+    s = scales.float()[:, None]
+    half = [(((words >> (8 * i)) & 0xFF) - (128 if signed else 0)).float() * s for i in range(4)]  # byte i, exact
+    pairs = [torch.stack([half[2 * j], half[2 * j + 1]], -1).to(dtype) for j in range(2)]  # [R, 16 (t, c), 2 (e)]
+    v = torch.stack(pairs, -2).reshape(r, 4, 4, 2, 2)  # (t, c, j, e)
+    return v.permute(0, 2, 3, 1, 4).reshape(r, 64)  # (c, j, t, e)
+
+
+@pytest.mark.parametrize("text", ["w8a16", "w8a16:int8:g128:bf16", "w8a16:uint8:g64:fp16"])
+def test_byte_decoder_gives_the_dequantized_weights(text):
+    qw = quantize(torch.randn(FRAG_PANEL, 384) * 0.05, text)
+    tw = to_triton_layout(qw)
+    dtype = tw.scales.dtype
+    assert frag_ws_weight_why_not(tw, dtype, torch.device("cpu")) == "a Gluon kernel: a CUDA GPU, not the interpreter"
+    assert scaled_int_why_not(tw.scheme, dtype, 8) is None
+    words = from_panels(tw.planes[0], FRAG_PANEL, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    ref = qw.dequantize().to(dtype)
+    per = max(1, tw.group_k // 64)  # 64-K blocks a scale row
+    for b in range(6):
+        got = _bytes_like_the_kernel(words[:, 16 * b : 16 * (b + 1)], tw.scales[min(b // per, len(tw.scales) - 1)],
+                                     bool(tw.fmt["W_SIGNED"]), dtype)  # fmt: skip
+        assert torch.equal(got, ref[:, 64 * b : 64 * (b + 1)])
 
 
 @pytest.mark.parametrize(

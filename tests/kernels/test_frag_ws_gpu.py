@@ -47,6 +47,42 @@ def test_matches_the_exact_product(text, dtype, m, n, k):
     assert torch.equal(y, gemm_frag_ws(x, tw))  # relaunch: the same bits
 
 
+@pytest.mark.parametrize("text, dtype", [("w8a16", torch.bfloat16), ("w8a16:int8:g128:fp16", torch.float16),
+                                         ("w8a16:uint8:g64:bf16", torch.bfloat16),
+                                         ("w8a16:int8:ch:fp16", torch.float16)])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1472), (1024, 2048, 4224)])
+@pytest.mark.parametrize("swap", [False, True])
+def test_bytes_match_the_exact_product(text, dtype, m, n, k, swap):
+    """8-bit integer codes (W8A16: a 64-K block of the layout is one K step, `_decode_bytes`), row-major and swapped
+    tiles: K off the 128-K block (1472 = 23 blocks of 64), N off the tile, bias, NaN-poisoned output, relaunch."""
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_ws_weight_why_not(tw, dtype, x.device) is None
+    tile = dict(swap=True, block_m=96, block_n=64, stages=5) if swap else dict(block_m=128, stages=6)
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_ws(x, tw, b, out=out, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_ws(x, tw, b, **tile))  # relaunch: the same bits
+    assert torch.equal(y, gemm_frag_ws(x, tw, b, ndec=2, **tile))  # two decoders: alternate blocks, the same bits
+
+
+@pytest.mark.parametrize("m", [200, 256, 1024])
+def test_bytes_are_the_route_above_128_rows(m):
+    """anybit.gemm of a W8A16 weight above the frag kernel's 128-token tiles takes this kernel where `ws_tile` has a
+    tile (28672 rows: every M here; not the register-operand kernel, which decodes no bytes): a direct launch's bits."""
+    from anybit.backends import get_backend
+    from anybit.backends.base import Prepared
+    from anybit.kernels.frag_rs import frag_rs_why_not
+    from anybit.kernels.frag_ws import ws_tile
+
+    x, qw = random_case("w8a16", m, 28672, 1024, seed=m)
+    tw = to_triton_layout(qw)
+    assert "8-bit" in frag_rs_why_not(tw, torch.bfloat16, x.device)
+    route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
+    assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(m, 28672, 132, 1024)))
+    assert rel_err(route, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
+
+
 @pytest.mark.parametrize("text", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2880), (1024, 2048, 4224)])
