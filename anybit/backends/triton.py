@@ -23,7 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_rs import RS_SMALL_MIN_M, gemm_frag_rs, rs_scheme_why_not, rs_tile
+from anybit.kernels.frag_rs import RS_BITS, RS_SMALL_MIN_M, gemm_frag_rs, rs_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -193,17 +193,17 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
     return kind in WS_OVER_MID and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
-def ws_route_tile(m: int, n: int, k: int, num_sms: int, rs: bool = True) -> dict | None:
+def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
     register-operand kernel's where it is faster (`rs_tile`: 65-256 rows, also where the warp-specialised kernel
     would not run — its CTAs would not fill a wave on 4096- and 6144-row weights; ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None. rs: whether the register-operand kernel decodes these
-    weights (`rs_scheme_why_not`)."""
-    tile = rs_tile(m, n, k, num_sms) if rs and settings.frag_rs() else None
+    weights whose 64-row tiles fill one wave), else None. bits: the weight's codes (8: no register-operand kernel,
+    `frag_rs.RS_BITS`; the warp-specialised kernel's byte rule, `ws_tile`)."""
+    tile = rs_tile(m, n, k, num_sms) if bits in RS_BITS and settings.frag_rs() else None
     if tile is not None or m <= FRAG_MAX_M:
         return tile
-    return ws_tile(m, n, num_sms, k)
+    return ws_tile(m, n, num_sms, k, bits)
 
 
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
@@ -217,7 +217,7 @@ def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device:
     if device is None or not ws_over_mid(kind, m):
         return True
     return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or not ws_takes(
-        ws_route_tile(m, n, k, _sm_count(device), rs_scheme_why_not(scheme) is None), m
+        ws_route_tile(m, n, k, _sm_count(device), scheme.weight.bits), m
     )
 
 
@@ -486,8 +486,7 @@ class TritonBackend:
             return None
         key = ("tile", m)
         if key not in tw.ws_ok:
-            rs = rs_scheme_why_not(tw.kernel_scheme) is None
-            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), rs)
+            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"])
         return tw.ws_ok[key]
 
     @staticmethod

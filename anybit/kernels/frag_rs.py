@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from anybit.formats.dtypes import IntType
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
 from anybit.kernels.frag_ws import (
@@ -24,13 +23,14 @@ from anybit.kernels.frag_ws import (
 )
 from anybit.kernels.launch import Launcher
 
+RS_BITS = (4,)  # code widths this kernel decodes (8-bit ints: the warp-specialised kernel's byte decode only)
+
 
 def rs_scheme_why_not(scheme) -> str | None:
     """Why this kernel does not decode a scheme the warp-specialised kernel takes, or None: 8-bit integers (their
     byte decode is written for the warp-specialised kernel's shared-memory slices only)."""
-    w = scheme.weight
-    if isinstance(w, IntType) and w.bits == 8:
-        return "8-bit integer codes: the warp-specialised kernel's decode only"
+    if scheme.weight.bits not in RS_BITS:
+        return f"{scheme.weight.bits}-bit integer codes: the warp-specialised kernel's decode only"
     return None
 
 

@@ -227,7 +227,14 @@ def ws_takes(tile: dict | None, m: int) -> bool:
     return tile is not None and (m > 128 or bool(tile.get("swap") or tile.get("rs")))
 
 
-def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict | None:
+# 8-bit codes (W8A16): the byte decode is ~1.75x the 4-bit one's instructions a K step, and dequantize + cuBLAS
+# reads / writes 2x the 4-bit pass. H200, eager µs (tools/probe_ws.py, session 26), dequantize + cuBLAS -> this
+# kernel's 256x128 tile (Humming): 28672x4096 M=256 204.4 -> 141.4 (120.9), M=1024 458.6 -> 461.7 (392.0); 4096x14336
+# M=1024 206.8 -> 217.9 (220.6). So up to this many rows
+WS_BYTES_MAX_M = 256
+
+
+def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None, bits: int = 4) -> dict | None:
     """The kernel's tile (`swap_tile` first), or None where dequantize + cuBLAS is faster (H200 sweeps,
     `tools/probe_ws.py`, BENCHMARKS.md): 256 x-rows x 128 weight rows, 64-K steps, 4 stages, 4 decode warps
     (8192^2 M=1024 212 µs, 196 under graphs since the decoder's words come by TMA; 128 x 256 decodes each weight tile
@@ -238,7 +245,9 @@ def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None) -> dict | 
     6144x4096 M=1024 (192 CTAs, 1.45 waves) took 108 µs against 84 for dequantize + cuBLAS, 4096x4096 M=1024
     (128 CTAs) 54 against 56 — or, in a single partial wave, where N >= 8192: the dequantize pass grows with
     N x K, one CTA's walk only with K (graphs: 8192^2 M=128, 64 CTAs, 67 vs 89 µs; 8192x28672 M=128 219 vs 317;
-    4096^2 M=128, 32 CTAs, 35 vs 26)."""
+    4096^2 M=128, 32 CTAs, 35 vs 26). 8-bit codes (`bits`) up to WS_BYTES_MAX_M rows."""
+    if bits == 8 and m > WS_BYTES_MAX_M:
+        return None
     swapped = swap_tile(m, n, num_sms, k)
     if swapped is not None:
         return swapped

@@ -66,6 +66,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
     via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
            if codes else "")  # fmt: skip
+    bits = scheme.weight.bits
     rs = rs_scheme_why_not(scheme) is None  # the register-operand kernel decodes these codes
     small_rs = frag and cuda and rs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
@@ -75,7 +76,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        t = ws_route_tile(m, n, k, _sm_count(device), rs) if why is None else None
+        t = ws_route_tile(m, n, k, _sm_count(device), bits) if why is None else None
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip

@@ -150,14 +150,14 @@ def test_split_k_leaves_every_split_some_blocks():
 
 @pytest.mark.parametrize(
     "m, n, k, plan",
-    [(256, 28672, 4096, "warp-specialised"), (1024, 4096, 14336, "warp-specialised"), (256, 4096, 14336, "dequantize"),
-     (192, 8192, 8192, "warp-specialised")],
+    [(256, 28672, 4096, "warp-specialised"), (1024, 4096, 14336, "dequantize"), (256, 4096, 14336, "dequantize"),
+     (192, 8192, 8192, "warp-specialised"), (1024, 28672, 4096, "dequantize")],
 )  # fmt: skip
 def test_bytes_take_the_warp_specialised_kernel_not_this_one(monkeypatch, m, n, k, plan):
     """W8A16 (8-bit codes) on a faked Hopper: never the register-operand kernel (it decodes no bytes; the reason
-    named), the warp-specialised kernel's tile where `ws_tile` has one above the frag kernel's 128-token tiles,
-    else dequantize + cuBLAS as before; `anybit explain` says which. At 33-64 rows no tile (the frag kernel's decode
-    path), where 4-bit weights take the register-operand kernel's."""
+    named), the warp-specialised kernel's tile where `ws_tile` has one above the frag kernel's 128-token tiles up
+    to 256 rows (`WS_BYTES_MAX_M`), else dequantize + cuBLAS as before; `anybit explain` says which. At 33-64 rows
+    no tile (the frag kernel's decode path), where 4-bit weights take the register-operand kernel's."""
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
@@ -168,9 +168,9 @@ def test_bytes_take_the_warp_specialised_kernel_not_this_one(monkeypatch, m, n, 
     tw = to_triton_layout(quantize(torch.randn(64, 256) * 0.05, "w8a16"))
     assert "8-bit" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda"))
     assert frag_ws.frag_ws_weight_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
-    tile = triton_backend.ws_route_tile(m, n, k, 132, rs=False)
+    tile = triton_backend.ws_route_tile(m, n, k, 132, bits=8)
     assert not (tile or {}).get("rs")
     assert triton_backend.ws_route_tile(40, 7168, 7168, 132)["rs"]  # 4-bit codes
-    assert triton_backend.ws_route_tile(40, 7168, 7168, 132, rs=False) is None
+    assert triton_backend.ws_route_tile(40, 7168, 7168, 132, bits=8) is None
     got = triton_plan(Scheme.parse("w8a16"), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert "register-operand" not in got and plan in got, got
