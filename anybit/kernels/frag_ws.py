@@ -230,8 +230,11 @@ def ws_takes(tile: dict | None, m: int) -> bool:
 # 8-bit codes (W8A16): the byte decode is ~1.75x the 4-bit one's instructions a K step, and dequantize + cuBLAS
 # reads / writes 2x the 4-bit pass. H200, eager µs (tools/probe_ws.py, session 26), dequantize + cuBLAS -> this
 # kernel's 256x128 tile (Humming): 28672x4096 M=256 204.4 -> 141.4 (120.9), M=1024 458.6 -> 461.7 (392.0); 4096x14336
-# M=1024 206.8 -> 217.9 (220.6). So up to this many rows
-WS_BYTES_MAX_M = 256
+# M=1024 206.8 -> 217.9 (220.6); two decoder partitions on the 256-row tile (`WS_BYTES_TILE`), graphs, route ->
+# that tile: 28672x4096 M=256 127.5 -> 123.9 (118.7), M=512 (dequantize + cuBLAS) 274.9 -> 244.6 (201.1);
+# 28672x8192 M=512 539.2 -> 491.9 (392.4); 8192^2 M=512 153.3 -> 115.2 (127.8). So up to this many rows
+WS_BYTES_MAX_M = 1024
+WS_BYTES_TILE = dict(ndec=2, stages=3, depth=2, dq_regs=80)  # 8-bit codes on 256-row tiles: two decoders
 
 
 def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None, bits: int = 4) -> dict | None:
@@ -259,7 +262,8 @@ def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None, bits: int 
     bm = (filled or one_wave or [None])[0]
     if bm is None:
         return None
-    return dict(block_m=bm, block_n=128, stages=4 if bm == 256 else 6, group_m=8, dq_warps=4, dq_regs=160)
+    tile = dict(block_m=bm, block_n=128, stages=4 if bm == 256 else 6, group_m=8, dq_warps=4, dq_regs=160)
+    return tile | WS_BYTES_TILE if bits == 8 and bm == 256 else tile
 
 
 def swap_parts(block_m: int) -> tuple[int, int]:
