@@ -232,8 +232,10 @@ def ws_takes(tile: dict | None, m: int) -> bool:
 # kernel's 256x128 tile (Humming): 28672x4096 M=256 204.4 -> 141.4 (120.9), M=1024 458.6 -> 461.7 (392.0); 4096x14336
 # M=1024 206.8 -> 217.9 (220.6); two decoder partitions on the 256-row tile (`WS_BYTES_TILE`), graphs, route ->
 # that tile: 28672x4096 M=256 127.5 -> 123.9 (118.7), M=512 (dequantize + cuBLAS) 274.9 -> 244.6 (201.1);
-# 28672x8192 M=512 539.2 -> 491.9 (392.4); 8192^2 M=512 153.3 -> 115.2 (127.8). So up to this many rows
-WS_BYTES_MAX_M = 1024
+# 28672x8192 M=512 539.2 -> 491.9 (392.4); 8192^2 M=512 153.3 -> 115.2 (127.8); at M=1024 (graphs, dequantize +
+# cuBLAS -> that tile) a draw: 28672x4096 437.9 -> 446.2, 28672x8192 836.4 -> 840.3, 8192^2 244.6 -> 253.8, 4096^2
+# 60.6 -> 63.3, 4096x14336 210.6 -> 202.6 (Humming 401.0 / 748.4 / 248.9 / 61.5 / 216.7). So up to this many rows
+WS_BYTES_MAX_M = 512
 WS_BYTES_TILE = dict(ndec=2, stages=3, depth=2, dq_regs=80)  # 8-bit codes on 256-row tiles: two decoders
 
 
