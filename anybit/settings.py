@@ -32,7 +32,8 @@ class Settings:
     (6144x4096 M=1 11.2 -> 10.1)."""
     frag_ws_max_m: int
     """ANYBIT_FRAG_WS_MAX_M (default 1024; 0 turns it off), Hopper: 4-bit integer and e2m1 (NVFP4, MXFP4; also under
-    FP8 x as its codes) A16 weights with M from 65 to this many rows run the warp-specialised Gluon kernel
+    FP8 x as its codes) A16 weights — 8-bit integers up to `frag_ws.WS_BYTES_MAX_M` rows — with M from 65 to this many
+    rows run the warp-specialised Gluon kernel
     (`anybit.kernels.frag_ws`) instead of dequantize + cuBLAS — and instead of the frag kernel's mid-M tiles where
     `frag_ws.ws_takes` says so (above 128 rows; at 65-128 its swapped tiles). H200, same run: W4A16 28672x8192 M=256
     342 -> 214 µs, M=1024 775 -> 722; MXFP4 M=1024 822 -> 710, 8192^2 M=256 70.5 -> 54.4 (swapped); from ~2048 rows
