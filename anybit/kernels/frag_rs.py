@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from anybit.kernels.dequant import cdiv
-from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k
 from anybit.kernels.frag_ws import (
-    WS_BK,
     WS_MIN_WAVE_FILL,
     call_output,
     frag_ws_weight_why_not,
@@ -23,21 +22,23 @@ from anybit.kernels.frag_ws import (
 )
 from anybit.kernels.launch import Launcher
 
-RS_BITS = (4,)  # code widths this kernel decodes (8-bit ints: the warp-specialised kernel's byte decode only)
+# The code widths the route sends to this kernel. It also decodes 8-bit integers (`W8`: a 64-K block of their layout
+# is one x slice and one wgmma; session 26, sm_90a compiled, HAZARD 0, not yet run on a GPU): 8 joins once measured
+RS_BITS = (4,)
 
 
 def rs_scheme_why_not(scheme) -> str | None:
-    """Why this kernel does not decode a scheme the warp-specialised kernel takes, or None: 8-bit integers (their
-    byte decode is written for the warp-specialised kernel's shared-memory slices only)."""
+    """Why the route does not send a scheme the warp-specialised kernel takes to this kernel (`RS_BITS`), or None."""
     if scheme.weight.bits not in RS_BITS:
-        return f"{scheme.weight.bits}-bit integer codes: the warp-specialised kernel's decode only"
+        return f"{scheme.weight.bits}-bit integer codes: the warp-specialised kernel's route (RS_BITS: unmeasured)"
     return None
 
 
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: the weights and GPUs of
-    the warp-specialised kernel (`frag_ws_weight_why_not`) but 8-bit ones (`rs_scheme_why_not`); else why not."""
-    return frag_ws_weight_why_not(tw, x_dtype, device) or rs_scheme_why_not(tw.kernel_scheme)
+    the warp-specialised kernel (`frag_ws_weight_why_not`); else why not. (Which of them the route sends here:
+    `rs_scheme_why_not`.)"""
+    return frag_ws_weight_why_not(tw, x_dtype, device)
 
 
 RS_MAX_STAGES = 6
@@ -146,10 +147,11 @@ def _rs_launch(tw, key: tuple) -> Launcher:
     bm1, bm2 = swap_parts(block_m)
     if bm1 < 16:
         raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
-    blocks = cdiv(tw.k, 2 * WS_BK)
+    block_k = frag_block_k(tw.fmt["W_BITS"])
+    blocks = cdiv(tw.k, block_k)
     if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
         most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
-        raise ValueError(f"split_k={split_k}: K={tw.k} has {blocks} blocks of 128, so split_k must leave each "
+        raise ValueError(f"split_k={split_k}: K={tw.k} has {blocks} blocks of {block_k}, so split_k must leave each "
                          f"split some (1 to {most})")  # fmt: skip
     stages = stages or rs_stages(block_m)
     if stages < RS_MIN_STAGES:
@@ -159,9 +161,9 @@ def _rs_launch(tw, key: tuple) -> Launcher:
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
     consts = dict(
-        STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128),
+        STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // block_k),
         SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None,
-        ROW_SCALES=not no_xs, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, num_warps=4,
+        ROW_SCALES=not no_xs, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, W8=tw.fmt["W_BITS"] == 8, num_warps=4,
     )  # fmt: skip
     return Launcher(frag_rs_kernel, consts, _RS_LIVE)

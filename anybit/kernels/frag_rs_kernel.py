@@ -24,7 +24,16 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from anybit.kernels.frag_ws_kernel import _e2m1_scales, _pairs, _pow2, _store_tile, _tile_origin, _w_fetch, _x_issue2
+from anybit.kernels.frag_ws_kernel import (
+    _bytes_asm,
+    _e2m1_scales,
+    _pairs,
+    _pow2,
+    _store_tile,
+    _tile_origin,
+    _w_fetch,
+    _x_issue2,
+)
 
 
 @gluon.constexpr_function
@@ -55,6 +64,20 @@ def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
+def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
+    """A 64-K block of 8-bit words [64, 4 (t), 4 (c)] (byte e + 2j of word 4t + c: k = 16 c + 8 j + 2 t + e) and the
+    row's scale beside each word -> the block [64, 64] in x's dtype as the wgmma's register operand (`a_layout`):
+    the warp-specialised kernel's byte decode (`_bytes_asm`), then a register renaming."""
+    r0, r1 = gl.inline_asm_elementwise(_bytes_asm(s.dtype, SIGNED), "=r,=r,r,h", [words, s],
+                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)  # fmt: skip
+    rr = gl.join(r0, r1)  # [64, 4 (t), 4 (c), 2 (j)]
+    lo = rr.to(gl.int16).to(s.dtype, bitcast=True)  # e = 0
+    hi = (rr >> 16).to(gl.int16).to(s.dtype, bitcast=True)  # e = 1
+    v = gl.permute(gl.join(lo, hi), [0, 2, 3, 1, 4])  # (row, c, j, t, e)
+    return gl.convert_layout(gl.reshape(v, [64, 64]), a_layout)
+
+
+@gluon.jit
 def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
     """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
     and c), from its slot of the word ring once the slot has landed."""
@@ -76,24 +99,30 @@ def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
 
 @gluon.jit
 def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-            num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr):
+            num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr,
+            W8: gl.constexpr = False):
     """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
     (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
-    slot."""
+    slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot 2b."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
         _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, k0 + b, k0 + num_blocks, GB,
                  SCALE_PER_BLOCK)
-        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO, 2 * k0)
-        _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES, TWO,
-                  2 * k0)
+        if W8:  # slot 2b, x's K step k0 + b
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO,
+                      k0 - b)
+        else:
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO,
+                      2 * k0)
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b + 1, 2 * num_blocks, 2 * STAGES, TWO,
+                      2 * k0)
 
 
 @gluon.jit
 def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
-                   E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
+                   E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr = False):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
     tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
     Humming's mainloop does; up to 192 tokens), waited for. Returns the fp32 [64, BM1] and [64, BM2]
@@ -120,30 +149,47 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
         b = 2 * i + me
         if not AHEAD:
             w, lo, hi = _block_words(wq, sq, ready, b, DTYPE, E2M1)
-        if DIAG:  # timing only: the words themselves as the operand, no decode (wrong results)
-            a0, a1 = _a_operand(w, w, w, w, DTYPE, a1_layout)
-        else:
+        if W8:  # one 64-K block of bytes, one x slice (slot 2b), one wgmma per token tile
             s_lo, _ = gl.broadcast(lo, w)
-            s_hi, _ = gl.broadcast(hi, w)
-            r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1)
-            a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
-        x0 = (2 * b) % (2 * STAGES)
-        mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
-        mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
-        acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
-        if TWO:  # the same registers as the other N's operand (a renaming)
-            b0 = gl.convert_layout(a0, a2_layout)
-            b1 = gl.convert_layout(a1, a2_layout)
-            acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
-            acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
-        if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
-            w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
-        if TWO:
-            acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
+            a0 = _a_operand_bytes(w, s_lo, SIGNED, a1_layout)
+            x0 = (2 * b) % (2 * STAGES)
+            mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
+            acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
+            if TWO:
+                b0 = gl.convert_layout(a0, a2_layout)
+                acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
+            if AHEAD:
+                w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+            if TWO:
+                acc, acc2, a0, b0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, b0))
+            else:
+                acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0))
+            mbarrier.arrive(empty.index(b % STAGES), count=1)
         else:
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-        mbarrier.arrive(empty.index(b % STAGES), count=1)
+            if DIAG:  # timing only: the words themselves as the operand, no decode (wrong results)
+                a0, a1 = _a_operand(w, w, w, w, DTYPE, a1_layout)
+            else:
+                s_lo, _ = gl.broadcast(lo, w)
+                s_hi, _ = gl.broadcast(hi, w)
+                r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1)
+                a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
+            x0 = (2 * b) % (2 * STAGES)
+            mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
+            mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
+            acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
+            if TWO:  # the same registers as the other N's operand (a renaming)
+                b0 = gl.convert_layout(a0, a2_layout)
+                b1 = gl.convert_layout(a1, a2_layout)
+                acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
+                acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+            if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
+                w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+            if TWO:
+                acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
+            else:
+                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+            mbarrier.arrive(empty.index(b % STAGES), count=1)
     return acc, acc2
 
 
@@ -181,13 +227,14 @@ def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPL
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
            M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-           DIAG: gl.constexpr, SPLIT: gl.constexpr):
+           DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr):
     """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
     tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
     that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
     adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG)
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
+                               W8)
     mbarrier.wait(red_bar.index(0), 0)
     acc = acc + _partial(x_bufs, num_blocks).load(acc.type.layout)
     if TWO:
@@ -216,9 +263,10 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
 
 @gluon.jit
 def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
-            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr):
+            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr):
     """The odd blocks; their partial products into shared memory for `_first`."""
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG)
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG,
+                               W8)
     _partial(x_bufs, num_blocks).store(acc)
     if TWO:
         _partial(x2_bufs, num_blocks).store(acc2)
@@ -230,11 +278,12 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
                    stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                    GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                    MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1):
+                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
+    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block (W8: a whole 64-K one)")
+    gl.static_assert(not (W8 and (E2M1 or DIAG)), "8-bit integer codes: no e2m1 scales, no diag")
     if TWO:
         BM: gl.constexpr = BM1 + BM2
     else:
@@ -257,7 +306,11 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
         mbarrier.init(x_ready.index(2 * i + 1), count=1)
     red_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(red_bar.index(0), count=1)
-    num_blocks = gl.cdiv(K, 2 * BK)  # x past K is zero-filled by TMA, the frag codes there are 0
+    if W8:  # 8-bit codes: 64-K blocks
+        BLOCK_K: gl.constexpr = BK
+    else:
+        BLOCK_K: gl.constexpr = 2 * BK
+    num_blocks = gl.cdiv(K, BLOCK_K)  # x past K is zero-filled by TMA, the frag codes there are 0
     k0 = 0
     if SPLIT > 1:  # this CTA's share of the K blocks (the host keeps every split's share non-empty)
         per = gl.cdiv(num_blocks, SPLIT)
@@ -266,9 +319,9 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     gl.warp_specialize([
         (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO,
-                  DIAG, SPLIT)),
-        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG)),
+                  DIAG, SPLIT, W8)),
+        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG, W8)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO)),
+                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO, W8)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on

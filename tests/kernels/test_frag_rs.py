@@ -154,10 +154,11 @@ def test_split_k_leaves_every_split_some_blocks():
      (192, 8192, 8192, "warp-specialised"), (1024, 28672, 4096, "dequantize")],
 )  # fmt: skip
 def test_bytes_take_the_warp_specialised_kernel_not_this_one(monkeypatch, m, n, k, plan):
-    """W8A16 (8-bit codes) on a faked Hopper: never the register-operand kernel (it decodes no bytes; the reason
-    named), the warp-specialised kernel's tile where `ws_tile` has one above the frag kernel's 128-token tiles up
-    to 256 rows (`WS_BYTES_MAX_M`), else dequantize + cuBLAS as before; `anybit explain` says which. At 33-64 rows
-    no tile (the frag kernel's decode path), where 4-bit weights take the register-operand kernel's."""
+    """W8A16 (8-bit codes) on a faked Hopper: never the register-operand kernel (its byte decode is unmeasured,
+    `RS_BITS`; the reason named), the warp-specialised kernel's tile where `ws_tile` has one above the frag kernel's
+    128-token tiles up to 512 rows (`WS_BYTES_MAX_M`), else dequantize + cuBLAS as before; `anybit explain` says
+    which. At 33-64 rows no tile (the frag kernel's decode path), where 4-bit weights take the register-operand
+    kernel's."""
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
@@ -166,7 +167,10 @@ def test_bytes_take_the_warp_specialised_kernel_not_this_one(monkeypatch, m, n, 
     monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
     monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     tw = to_triton_layout(quantize(torch.randn(64, 256) * 0.05, "w8a16"))
-    assert "8-bit" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda"))
+    from anybit.kernels.frag_rs import rs_scheme_why_not
+
+    assert "8-bit" in rs_scheme_why_not(tw.kernel_scheme)  # the route's reason; the kernel itself decodes bytes
+    assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
     assert frag_ws.frag_ws_weight_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
     tile = triton_backend.ws_route_tile(m, n, k, 132, bits=8)
     assert not (tile or {}).get("rs")

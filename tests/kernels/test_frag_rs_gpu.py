@@ -5,6 +5,7 @@ bias, a NaN-poisoned output, bit-equal relaunches; NVFP4 with FP8 x as its codes
 import pytest
 import torch
 
+from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
 from anybit.kernels.frag_ws import swap_block_m
 from tests.kernels.test_frag_ws_gpu import SM90_GPU, _case, random_case
@@ -52,6 +53,30 @@ def test_split_k(text, m, k, split):
                                  counters=cnt))  # fmt: skip
     assert rel_err(outs[0], ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(outs[0], outs[1]) and not cnt.any()
+
+
+@pytest.mark.parametrize("text, dtype", [("w8a16", torch.bfloat16), ("w8a16:int8:g128:fp16", torch.float16),
+                                         ("w8a16:uint8:g64:bf16", torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 1472), (96, 1040, 64)])
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=96), dict(block_m=128), dict(block_m=256),
+                                  dict(block_m=96, split_k=2)], ids=lambda t: str(t.values()))  # fmt: skip
+def test_bytes_match_the_exact_product(text, dtype, m, n, k, tile):
+    """8-bit integer codes (`W8`: a 64-K block of their layout is one x slice and one wgmma): K off the 128-K block
+    (1472 = 23 blocks of 64; g128 1408) and a single block (the second warpgroup has none), every token tile, split
+    K, bias, NaN-poisoned output, bit-equal relaunch."""
+    if k == 1472 and "g128" in text:
+        k = 1408
+    if k == 64 and "g128" in text:
+        k = 128
+    if tile.get("split_k", 1) > cdiv(k, 64):
+        pytest.skip("more splits than blocks")
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_rs_why_not(tw, dtype, x.device) is None
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rs(x, tw, b, out=out, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
 
 
 def test_fp8_codes_on_nvfp4_weights():
