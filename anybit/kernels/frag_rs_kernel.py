@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from anybit.kernels.frag_ws_kernel import (
-    _bytes_asm,
+    _byte_values,
     _e2m1_scales,
     _pairs,
     _pow2,
@@ -67,13 +67,8 @@ def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
 def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
     """A 64-K block of 8-bit words [64, 4 (t), 4 (c)] (byte e + 2j of word 4t + c: k = 16 c + 8 j + 2 t + e) and the
     row's scale beside each word -> the block [64, 64] in x's dtype as the wgmma's register operand (`a_layout`):
-    the warp-specialised kernel's byte decode (`_bytes_asm`), then a register renaming."""
-    r0, r1 = gl.inline_asm_elementwise(_bytes_asm(s.dtype, SIGNED), "=r,=r,r,h", [words, s],
-                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)  # fmt: skip
-    rr = gl.join(r0, r1)  # [64, 4 (t), 4 (c), 2 (j)]
-    lo = rr.to(gl.int16).to(s.dtype, bitcast=True)  # e = 0
-    hi = (rr >> 16).to(gl.int16).to(s.dtype, bitcast=True)  # e = 1
-    v = gl.permute(gl.join(lo, hi), [0, 2, 3, 1, 4])  # (row, c, j, t, e)
+    the warp-specialised kernel's byte decode (`_byte_values`), then a register renaming."""
+    v = gl.permute(_byte_values(words, s, SIGNED), [0, 2, 3, 1, 4])  # (row, t, c, j, e) -> (row, c, j, t, e)
     return gl.convert_layout(gl.reshape(v, [64, 64]), a_layout)
 
 

@@ -376,16 +376,23 @@ def _decode(h, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
 
 
 @gluon.jit
-def _decode_bytes(words, s, SIGNED: gl.constexpr):
-    """A 64-K block of 8-bit words [BN, 16] (word 4t + c) and each word's scale beside it -> [BN, 64] in x's dtype,
-    natural K order (pair j of word 4t + c holds k = 16c + 8j + 2t + e, e = 0 in its low half: `_bytes_asm`)."""
-    BN: gl.constexpr = words.shape[0]
+def _byte_values(words, s, SIGNED: gl.constexpr):
+    """8-bit words (any shape) and each word's scale beside it -> their values [..., 2 (j), 2 (e)] in x's dtype: byte
+    e + 2j of each word less its bias, times the scale (`_bytes_asm`)."""
     r0, r1 = gl.inline_asm_elementwise(_bytes_asm(s.dtype, SIGNED), "=r,=r,r,h", [words, s],
                                        dtype=(gl.int32, gl.int32), is_pure=True, pack=1)  # fmt: skip
-    rr = gl.join(r0, r1)  # [BN, 16, 2 (j)]
+    rr = gl.join(r0, r1)  # [..., 2 (j)]
     lo = rr.to(gl.int16).to(s.dtype, bitcast=True)  # e = 0
     hi = (rr >> 16).to(gl.int16).to(s.dtype, bitcast=True)  # e = 1
-    v = gl.reshape(gl.join(lo, hi), [BN, 4, 4, 2, 2])  # (t, c, j, e)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _decode_bytes(words, s, SIGNED: gl.constexpr):
+    """A 64-K block of 8-bit words [BN, 16] (word 4t + c) and each word's scale beside it -> [BN, 64] in x's dtype,
+    natural K order (byte e + 2j of word 4t + c holds k = 16c + 8j + 2t + e: `_byte_values`)."""
+    BN: gl.constexpr = words.shape[0]
+    v = gl.reshape(_byte_values(words, s, SIGNED), [BN, 4, 4, 2, 2])  # (t, c, j, e)
     return gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, 64])  # (c, j, t, e)
 
 
