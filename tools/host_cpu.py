@@ -111,7 +111,8 @@ def main() -> int:
 
 
 def _check_cases(tw) -> dict:
-    """Every Launcher call site on CPU inputs (W4A16, NVFP4 and W4A8 weights; bias and split-K where they take them)."""
+    """Every Launcher call site on CPU inputs (W4A16, NVFP4, W8A16 and W4A8 weights; bias and split-K where they take
+    them)."""
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag import gemm_frag
     from anybit.kernels.frag_dequant import dequantize_frag
@@ -122,6 +123,7 @@ def _check_cases(tw) -> dict:
 
     nv = to_triton_layout(quantize(torch.randn(4096, 4096) * 0.05, "nvfp4"))
     a8 = to_triton_layout(quantize(torch.randn(8192, 2048) * 0.05, "w4a8"))
+    w8 = to_triton_layout(quantize(torch.randn(4096, 4096) * 0.05, "w8a16"))
     x = torch.randn(256, 4096, dtype=torch.bfloat16)
     b = torch.randn(4096, dtype=torch.bfloat16)
     y = torch.empty(256, 4096, dtype=torch.bfloat16)
@@ -134,6 +136,10 @@ def _check_cases(tw) -> dict:
         "gemm_frag_rs nvfp4 96": lambda: gemm_frag_rs(x[:96], nv, out=y[:96], block_m=96),
         "gemm_frag_ws": lambda: gemm_frag_ws(x, tw, b, out=y),
         "gemm_frag_ws swap": lambda: gemm_frag_ws(x, tw, out=y, swap=True, block_m=160, block_n=64),
+        "gemm_frag_ws w8a16 two decoders": lambda: gemm_frag_ws(x, w8, b, out=y, ndec=2, stages=3, depth=2),
+        "gemm_frag_rs w8a16 split": lambda: gemm_frag_rs(
+            x, w8, out=y, block_m=128, split_k=2, workspace=ws, counters=cnt
+        ),  # fmt: skip
         "gemm_frag": lambda: gemm_frag(x16, tw, b, out=y16, block_m=16, block_n=64),
         "gemm_frag split": lambda: gemm_frag(
             x16, tw, out=y16, block_m=16, block_n=64, split_k=2, workspace=ws, counters=cnt

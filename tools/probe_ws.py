@@ -32,17 +32,18 @@ from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_bl
 
 
 def _tiles(text: str) -> list[dict]:
+    """ "stages=4;default;rs=1" -> the tiles, "default" (or nothing at all) the kernel's own (`ws_tile`)."""
     out = []
     for part in filter(None, text.split(";")):
-        out.append(tile_overrides(part))
+        out.append({} if part == "default" else tile_overrides(part))
     return out or [{}]
 
 
 def main() -> int:
     ap = probe_parser(__doc__, "w4a16", "256,512,1024,2048,4096,8192", "stages=4;stages=3", "humming",
                       "humming, route (anybit's own path for the call), nocublas (no dequantize + cuBLAS cells), "
-                      "none; tiles swap=1:block_m=0 take the fewest tokens holding M, rs=1:block_m=128 the "
-                      "register-operand kernel (rs=1:diag=1: without decoding, timing only)")  # fmt: skip
+                      "none; tiles swap=1:block_m=0 take the fewest tokens holding M, default the kernel's own, "
+                      "rs=1:block_m=128 the register-operand kernel (rs=1:diag=1: no decode, timing)")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)
