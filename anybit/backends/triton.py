@@ -198,8 +198,8 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict |
     register-operand kernel's where it is faster (`rs_tile`: 65-256 rows, also where the warp-specialised kernel
     would not run — its CTAs would not fill a wave on 4096- and 6144-row weights; ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None. bits: the weight's codes (8: no register-operand kernel,
-    `frag_rs.RS_BITS`; the warp-specialised kernel's byte rule, `ws_tile`)."""
+    weights whose 64-row tiles fill one wave), else None. bits: the weight's code width (the register-operand kernel
+    only for `frag_rs.RS_BITS`; 8-bit codes have the warp-specialised kernel's own rule, `ws_tile`)."""
     tile = rs_tile(m, n, k, num_sms) if bits in RS_BITS and settings.frag_rs() else None
     if tile is not None or m <= FRAG_MAX_M:
         return tile
