@@ -67,7 +67,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
            if codes else "")  # fmt: skip
     bits = scheme.weight.bits
-    rs = rs_scheme_why_not(scheme) is None  # the register-operand kernel decodes these codes
+    rs = rs_scheme_why_not(scheme) is None  # the route sends these codes to the register-operand kernel
     small_rs = frag and cuda and rs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
         t = ws_route_tile(m, n, k, _sm_count(device))  # at these rows a register-operand tile or None
