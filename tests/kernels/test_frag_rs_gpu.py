@@ -55,11 +55,19 @@ def test_split_k(text, m, k, split):
     assert torch.equal(outs[0], outs[1]) and not cnt.any()
 
 
+BYTE_TILES = [
+    dict(block_m=64, stages=3),
+    dict(block_m=96),
+    dict(block_m=128),
+    dict(block_m=256),
+    dict(block_m=96, split_k=2),
+]
+
+
 @pytest.mark.parametrize("text, dtype", [("w8a16", torch.bfloat16), ("w8a16:int8:g128:fp16", torch.float16),
                                          ("w8a16:uint8:g64:bf16", torch.bfloat16)])  # fmt: skip
 @pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 1472), (96, 1040, 64)])
-@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=96), dict(block_m=128), dict(block_m=256),
-                                  dict(block_m=96, split_k=2)], ids=lambda t: str(t.values()))  # fmt: skip
+@pytest.mark.parametrize("tile", BYTE_TILES, ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))
 def test_bytes_match_the_exact_product(text, dtype, m, n, k, tile):
     """8-bit integer codes (`W8`: a 64-K block of their layout is one x slice and one wgmma): K off the 128-K block
     (1472 = 23 blocks of 64; g128 1408) and a single block (the second warpgroup has none), every token tile, split
