@@ -114,22 +114,15 @@ def _pow2(e2m1):
 # pairs (j = 0, 1) in x's dtype times the scale $3, exactly (code - bias) * s rounded once. bf16 (7 mantissa bits):
 # each byte under fp32's 2**23 by one PRMT (as vLLM's Marlin), one fp32 subtraction of 2**23 + bias, a packed
 # convert, a packed multiply; fp16: a byte under 1024 is a half by itself, so one PRMT a pair.
-_BYTES_BF16 = """{
-.reg .b32 a, b, s;
-mov.b32 s, {$3, $3};
-prmt.b32 a, $2, 0x4B000000, 0x7650;
-prmt.b32 b, $2, 0x4B000000, 0x7651;
-sub.f32 a, a, OFF;
-sub.f32 b, b, OFF;
-cvt.rn.bf16x2.f32 $0, b, a;
-mul.rn.bf16x2 $0, $0, s;
-prmt.b32 a, $2, 0x4B000000, 0x7652;
-prmt.b32 b, $2, 0x4B000000, 0x7653;
-sub.f32 a, a, OFF;
-sub.f32 b, b, OFF;
-cvt.rn.bf16x2.f32 $1, b, a;
-mul.rn.bf16x2 $1, $1, s;
-}"""
+_BYTES_BF16 = (
+    "{\n.reg .b32 a, b, s;\nmov.b32 s, {$3, $3};\n"
+    + "".join(
+        f"prmt.b32 a, $2, 0x4B000000, 0x765{2 * j};\nprmt.b32 b, $2, 0x4B000000, 0x765{2 * j + 1};\n"
+        f"sub.f32 a, a, OFF;\nsub.f32 b, b, OFF;\ncvt.rn.bf16x2.f32 ${j}, b, a;\nmul.rn.bf16x2 ${j}, ${j}, s;\n"
+        for j in range(2)  # pair j: bytes 2j (its low half) and 2j + 1
+    )
+    + "}"
+)
 _BYTES_FP16 = """{
 .reg .b32 c, s;
 mov.b32 s, {$3, $3};
@@ -282,11 +275,8 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
     (`_e2m1_block`). W8: 8-bit integer codes, whose 64-K blocks (the same 16 words a row) are one K step each
     (`_decode_bytes`; not with GATHER)."""
     gl.static_assert(not (W8 and GATHER), "8-bit codes in the dense kernels only")
-    BN: gl.constexpr = w_bufs.type.shape[1]
     D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
-    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     p0 = off_n // PANEL
     base = part * D
     if GATHER:
@@ -310,18 +300,14 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)
         if W8:  # one K step: the block's 64 K
-            cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
-            sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
-            sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)
+            cur, sc = _row_words(wq.index(q), sq.index(q), ld)
             _put(_decode_bytes(cur, sc, SIGNED), w_bufs, w_ready, w_empty, i * NDEC + part, STAGES)
         else:
             k0 = 2 * (i * NDEC + part)  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
             if E2M1:
                 h0, h1, s0, s1, t0, t1 = _e2m1_block(wq.index(q), sq.index(q), E2M1, w_bufs.dtype)
             else:
-                cur = wq.index(q)._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
-                sc = sq.index(q)._reinterpret(sq.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
-                sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)  # each row's scale beside each of its words
+                cur, sc = _row_words(wq.index(q), sq.index(q), ld)
                 h0, h1 = _halves(cur)
                 s0, s1 = _halves(sc)
                 t0, t1 = s0, s1
@@ -342,6 +328,19 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
                 fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
                 mbarrier.arrive(w_ready.index(k0 % STAGES), count=1)
                 mbarrier.arrive(w_ready.index((k0 + 1) % STAGES), count=1)
+
+
+@gluon.jit
+def _row_words(words, scales, ld: gl.constexpr):
+    """An integer block in the decoder's ring -> its words [BN, 16] in `ld` (a thread: 16 bytes of a row) and each
+    row's scale beside each of its words."""
+    BN: gl.constexpr = scales.type.shape[1]
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    cur = words._reinterpret(gl.int32, [BN, 16], flat2).load(ld)
+    sc = scales._reinterpret(scales.dtype, [BN], flat1).load(gl.SliceLayout(1, ld))
+    sc, _ = gl.broadcast(gl.expand_dims(sc, 1), cur)
+    return cur, sc
 
 
 @gluon.jit

@@ -14,6 +14,18 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 pytestmark = SM90_GPU
 
 
+def _check_exact_product(text, dtype, m, n, k, tile):
+    """A direct launch with bias into a NaN-poisoned output against the float64 product, then relaunched bit for
+    bit."""
+    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
+    assert frag_rs_why_not(tw, dtype, x.device) is None
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rs(x, tw, b, out=out, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
+
+
 @pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("w4a16:int4:g128:fp16", torch.float16),
                                          ("w4a16:uint4:g128:bf16", torch.bfloat16),
                                          ("w4a16:int4:ch:bf16", torch.bfloat16), ("mxfp4", torch.bfloat16),
@@ -25,13 +37,7 @@ pytestmark = SM90_GPU
 def test_matches_the_exact_product(text, dtype, m, n, k, tile):
     if k == 2880 and text.startswith("w4a16") and ":ch:" not in text:
         k = 2944  # K must be a multiple of the 128-K group; 23 blocks: the second warpgroup takes one fewer
-    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
-    assert frag_rs_why_not(tw, dtype, x.device) is None
-    b = torch.randn(n, device="cuda").to(dtype)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    y = gemm_frag_rs(x, tw, b, out=out, **tile)
-    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
-    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
+    _check_exact_product(text, dtype, m, n, k, tile)
 
 
 @pytest.mark.parametrize("text", ["w4a16", "w4a16:int4:ch:bf16", "mxfp4", "nvfp4"])
@@ -78,13 +84,7 @@ def test_bytes_match_the_exact_product(text, dtype, m, n, k, tile):
         k = 128
     if tile.get("split_k", 1) > cdiv(k, 64):
         pytest.skip("more splits than blocks")
-    x, tw, ref = _case(text, m, n, k, dtype, seed=m + n)
-    assert frag_rs_why_not(tw, dtype, x.device) is None
-    b = torch.randn(n, device="cuda").to(dtype)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    y = gemm_frag_rs(x, tw, b, out=out, **tile)
-    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
-    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))  # relaunch: the same bits
+    _check_exact_product(text, dtype, m, n, k, tile)
 
 
 def test_fp8_codes_on_nvfp4_weights():
