@@ -27,7 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
-from anybit.kernels.frag_rs import gemm_frag_rs  # noqa: E402
+from anybit.kernels.frag_rs import gemm_frag_rs, rs_block_m  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -87,8 +87,10 @@ def main() -> int:
                     fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
                 else:
                     fn, t = gemm_frag_ws, (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # even where auto says no
-                if (t.get("swap") or tile.get("rs")) and not t.get("block_m"):  # 0: the fewest tokens holding M
+                if t.get("swap") and not t.get("block_m"):  # 0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
+                if tile.get("rs") and not t.get("block_m"):  # 0: the kernel's token tile (`rs_block_m`)
+                    t["block_m"] = rs_block_m(m, n) or 128
                 try:
                     why = relaunch_check(lambda fn=fn, t=t, x=x, tw=tws[0]: fn(x, tw, **t), ref)
                     if why is not None and not t.get("diag"):  # diag variants time wrong results

@@ -197,26 +197,28 @@ def check_moe(
                    tiles["num_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_{fmt}_{per_expert}"))  # fmt: skip
 
 
-def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None) -> str:
+def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None,
+             dtype: torch.dtype = torch.bfloat16) -> str:  # fmt: skip
     """The warp-specialised large-M Gluon kernel (`anybit.kernels.frag_ws`) on a frag weight."""
     from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
 
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
     tile = (ws_tile(m, n) or ws_tile(1024, 8192)) | (tiles or {})
     _compiled.clear()
-    gemm_frag_ws(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
+    gemm_frag_ws(torch.randn(m, k, dtype=dtype), tw, **tile)
     return _report(f"ws {fmt:25s} M={m:<4d}", _compiled[-1], 64, tile["block_n"], tile["dq_warps"], cuobjdump,
                    sass_dir and (sass_dir, f"ws_{fmt}_{m}"))  # fmt: skip
 
 
-def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None) -> str:
+def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, tiles: dict | None = None,
+             dtype: torch.dtype = torch.bfloat16) -> str:  # fmt: skip
     """The experimental register-operand Gluon kernel (`anybit.kernels.frag_rs`) on a frag weight."""
     from anybit.kernels.frag_rs import gemm_frag_rs
 
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
     tile = dict(block_m=128) | (tiles or {})
     _compiled.clear()
-    gemm_frag_rs(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
+    gemm_frag_rs(torch.randn(m, k, dtype=dtype), tw, **tile)
     return _report(f"rs {fmt:25s} M={m:<4d}", _compiled[-1], 128, 64, 4, cuobjdump,
                    sass_dir and (sass_dir, f"rs_{fmt}_{m}"))  # fmt: skip
 
@@ -294,7 +296,7 @@ def main() -> int:
     ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
-    ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense kernels; default bf16)")
+    ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense, ws and rs kernels; default bf16)")
     args = ap.parse_args()
     _StandInDriver.arch = args.arch
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -305,14 +307,15 @@ def main() -> int:
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0
     tiles = tile_overrides(args.tiles)
+    dtype = torch.float16 if args.fp16 else torch.bfloat16
     run = (
-        functools.partial(check_rs, tiles=tiles)
+        functools.partial(check_rs, tiles=tiles, dtype=dtype)
         if args.rs
         else functools.partial(check_moe_ws, tiles=tiles)
         if args.ws and args.moe
         else functools.partial(check_ws_a8, tiles=tiles)
         if args.ws and "a8" in args.formats
-        else functools.partial(check_ws, tiles=tiles)
+        else functools.partial(check_ws, tiles=tiles, dtype=dtype)
         if args.ws
         else functools.partial(
             check_moe,
@@ -321,7 +324,7 @@ def main() -> int:
             tiles=tiles,
         )
         if args.moe
-        else functools.partial(check, pdl=args.pdl, tiles=tiles, dtype=torch.float16 if args.fp16 else torch.bfloat16)
+        else functools.partial(check, pdl=args.pdl, tiles=tiles, dtype=dtype)
     )
     for fmt in args.formats.split(","):
         for m in (int(v) for v in (args.moe or args.m).split(",")):

@@ -186,11 +186,16 @@ def frag_mid_rows(kind: str | None, m: int, n: int, k: int) -> bool:
 # 76.0 -> 54.4, 244.4 -> 195.3, 226.1 -> 181.0 (NVFP4 alike); 4-bit ints with K >= 2N (the 256-token tiles' shapes)
 # 8192x28672 M=192 254.9 -> 188.7, and at M=128 on 8192^2 52.8 -> 42.4 (`frag_ws.swap_tile`)
 WS_OVER_MID = ("e2m1", "int4")
+# ... and those that yield to the register-operand kernel only (`rs_tile` takes 8-bit codes at 65-256 rows; the
+# swapped warp-specialised tiles were no faster than the frag kernel's there, session 26)
+RS_OVER_MID = ("int8",)
 
 
 def ws_over_mid(kind: str | None, m: int) -> bool:
-    """Whether a `frag_mid` call of this kind and M may yield to the warp-specialised kernel (`ws_takes`)."""
-    return kind in WS_OVER_MID and FRAG_MAX_M < m <= settings.frag_ws_max_m()
+    """Whether a `frag_mid` call of this kind and M may yield to the warp-specialised kernel or the register-operand
+    kernel (`ws_takes` of `ws_route_tile`'s tile)."""
+    over = kind in WS_OVER_MID or (kind in RS_OVER_MID and settings.frag_rs())
+    return over and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
 def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict | None:
@@ -199,8 +204,8 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict |
     would not run — its CTAs would not fill a wave on 4096- and 6144-row weights; ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
     weights whose 64-row tiles fill one wave), else None. bits: the weight's code width (the register-operand kernel
-    only for `frag_rs.RS_BITS`; 8-bit codes have the warp-specialised kernel's own rule, `ws_tile`)."""
-    tile = rs_tile(m, n, k, num_sms) if bits in RS_BITS and settings.frag_rs() else None
+    only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`)."""
+    tile = rs_tile(m, n, k, num_sms, bits) if bits in RS_BITS and settings.frag_rs() else None
     if tile is not None or m <= FRAG_MAX_M:
         return tile
     return ws_tile(m, n, num_sms, k, bits)

@@ -22,15 +22,15 @@ from anybit.kernels.frag_ws import (
 )
 from anybit.kernels.launch import Launcher
 
-# The code widths the route sends to this kernel. It also decodes 8-bit integers (`W8`: a 64-K block of their layout
-# is one x slice and one wgmma; session 26, sm_90a compiled, HAZARD 0, not yet run on a GPU): 8 joins once measured
-RS_BITS = (4,)
+# The code widths the route sends to this kernel: 4-bit integers and e2m1, and 8-bit integers (`W8`: a 64-K block
+# of their layout is one x slice and one wgmma; `rs_tile` sends them 65-256 rows)
+RS_BITS = (4, 8)
 
 
 def rs_scheme_why_not(scheme) -> str | None:
     """Why the route does not send a scheme the warp-specialised kernel takes to this kernel (`RS_BITS`), or None."""
     if scheme.weight.bits not in RS_BITS:
-        return f"{scheme.weight.bits}-bit integer codes: the warp-specialised kernel's route (RS_BITS: unmeasured)"
+        return f"{scheme.weight.bits}-bit codes: the warp-specialised kernel's route (RS_BITS {RS_BITS})"
     return None
 
 
@@ -42,8 +42,15 @@ def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | Non
 
 
 RS_MAX_STAGES = 6
-# Each MMA warpgroup loads its next block's words (block b + 2) while block b's wgmma run and releases b's slot only
-# after them: with 2 slots b + 2 waits for b's own slot (a hang, seen on the H200); 3 slots hold b, b + 1, b + 2.
+# Two MMA warpgroups take alternate blocks from one ring, and each waits only for its own blocks. A slot's `ready`
+# barrier is waited by phase parity, and parity cannot tell block b's phase from block b - 2 * STAGES's: a wait for
+# block b passes at once while block b - STAGES (the previous occupant of b's slot) has not landed, and the
+# warpgroup reads that older block's words as b's. With 3 slots block b - 3 is the other warpgroup's, which nothing
+# orders before b's wait: the H200 lost whole 64-K blocks, their words those of b - 3, in 1-4 of 8 calls after
+# another kernel (W8A16 and W4A16, session 27; one launch failed). From 4 slots on, b - STAGES is a block the waiting
+# warpgroup itself waited for (0 wrong of 144); with 3, each wait for a block first waits for the release of the
+# slot's previous block (`frag_rs_kernel._block_words`). 2 slots hang (a warpgroup reads block b + 2 ahead while b
+# holds its slot).
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
@@ -51,16 +58,30 @@ _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers 
 
 
 def rs_stages(block_m: int) -> int:
-    """The most ring slots (RS_MIN_STAGES up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows
-    (at most 8 x 64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128
-    tokens: 6, 160: 5, 192: 4, 256: 3."""
-    return max(RS_MIN_STAGES, min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256)))
+    """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
+    64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
+    5, 192: 4, 256: 3."""
+    return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256))
 
 
-def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
-    """The kernel's tile for an M-row call of a weight [N, K] — the fewest tokens holding M (`frag_ws.swap_block_m`),
-    the most stages that fit — where it beats the warp-specialised and frag kernels, else None. H200 graphs
-    (tools/probe_ws.py, session 22), µs, W4A16 / MXFP4 / NVFP4, the route before -> this kernel (Humming):
+def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
+    """The token tile of an M-row call of an N-row weight: the fewest tokens holding M (`frag_ws.swap_block_m`), but
+    two 128-token tiles for 193-256 rows where their CTAs still fit one wave (H200 graphs, W4A16, one 256-token tile
+    (session 24) -> two of 128 (session 27), µs: 4096^2 M=256 26.7 -> 17.2, 4096x14336 (split in two) 64.4 -> 50.5;
+    where they would not, the 256-token tile stays: session 27, same run, 6144x4096 M=224 / 256 27.9 / 27.5 vs 34.5 /
+    31.5, 8192^2 62.6 / 54.6 vs 72.5 / 65.1); None above 256 rows."""
+    bm = swap_block_m(m)
+    return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
+
+
+def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
+    """The kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes — the token tile `rs_block_m`,
+    the most stages that fit — where it beats the warp-specialised and frag kernels, else None. 8-bit codes: the same
+    rule above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 /
+    50.1 -> 37.1 / 41.4 (35.4 / 40.3), 6144x4096 30.3 / 32.6 -> 20.0 / 21.8 (21.1 / 23.3), 4096^2 21.2 / 23.0 -> 17.9
+    / 19.9 (16.6 / 18.5), 4096x14336 split in two 47.2 / 49.4 -> 37.8 / 42.2 (32.0 / 36.6)); at 33-64 rows the frag
+    kernel's decode path stays (8192^2 M=48 / 64 31.0 / 32.5 -> 33.1 / 33.1, 6144x4096 15.6 / 17.0 -> 18.2 / 18.4).
+    H200 graphs (tools/probe_ws.py, session 22), µs, W4A16 / MXFP4 / NVFP4, the route before -> this kernel (Humming):
     8192^2 M=96 42.3 / 42.7 / 43.3 -> 30.5 / 30.6 / 33.2 (29.1 / 32.9 / 33.3), M=128 41.0 / 41.3 / 42.3 -> 32.6 / 33.1
     / 36.9 (34.7 / 36.5 / 38.2), M=192 48.9 / 50.5 / 49.7 -> 46.1 / 47.2 / 50.0, M=256 51.7 / 51.8 / 51.5 -> 51.0 /
     52.5 / 53.5; 8192x28672 M=96 134.8 / 131.0 / 134.0 -> 104.3 / 91.4 / 109.2, M=256 203.5 / 181.8 / 208.0 -> 179.5
@@ -81,8 +102,8 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132) -> dict | None:
     78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 / 65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session
     22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit one wave; else 65-128
     rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the warp-specialised kernel
-    would not run (`ws_route_tile`)."""
-    bm = swap_block_m(m) if RS_SMALL_MIN_M < m <= 256 else None
+    would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles, those (`rs_block_m`)."""
+    bm = rs_block_m(m, n, num_sms) if RS_SMALL_MIN_M < m <= 256 and (bits == 4 or m > 64) else None
     if bm is None:
         return None
     tiles = cdiv(n, 64)
@@ -102,11 +123,12 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
                  counters=None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
-    `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks.
-    stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only, wrong results): the words
-    as the operand without decoding. split_k: CTAs a tile, each a share of the 128-K blocks (every share non-empty),
-    summed by the last to finish through `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the
-    tiles; left zero for the next call) — the Triton backend's shared ones when not given. x: contiguous bf16/fp16
+    `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks
+    (8-bit codes: 64-K). stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only,
+    wrong results): the words as the operand without decoding.
+    split_k: CTAs a tile, each a share of the K blocks (every share non-empty), summed by the last to finish through
+    `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the tiles; left zero for the next call) —
+    the Triton backend's shared ones when not given. x: contiguous bf16/fp16
     [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
     key = ("rs", block_m, stages, group_m, mma_regs, diag, split_k, x.dtype, bias is None, x_scales is None)
     launch = tw.launches.get(key)
@@ -155,9 +177,9 @@ def _rs_launch(tw, key: tuple) -> Launcher:
                          f"split some (1 to {most})")  # fmt: skip
     stages = stages or rs_stages(block_m)
     if stages < RS_MIN_STAGES:
-        raise ValueError(
-            f"stages must be at least {RS_MIN_STAGES} (a warpgroup's next block takes a third slot), got {stages}"
-        )
+        raise ValueError(f"stages={stages} (block_m={block_m}): the ring needs at least {RS_MIN_STAGES} slots (a "
+                         "warpgroup reads its next block's words while its block holds a slot; 2 hang), and 3 slots "
+                         "of x fit up to 256 tokens")  # fmt: skip
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
     consts = dict(

@@ -73,13 +73,17 @@ def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _block_words(wq, sq, ready, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
+def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
     """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
-    and c), from its slot of the word ring once the slot has landed."""
+    and c), from its slot of the word ring once the slot has landed. With 3 slots, first the release of the slot's
+    previous block b - 3 (the other warpgroup's): the parity wait on `ready` cannot tell b's phase from b - 6's, so
+    it would pass at once while b - 3 is still in flight (`frag_rs.RS_MIN_STAGES`); b - 6 is this warpgroup's own."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
     flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     s = b % D
+    if D < 4:  # (a fresh barrier passes the parity-1 wait: blocks 0-2 have no predecessor)
+        mbarrier.wait(empty.index(s), ((b // D) & 1) ^ 1)
     mbarrier.wait(ready.index(s), (b // D) & 1)
     words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)
     if E2M1:  # each word's group scales (`frag_ws_kernel._e2m1_scales`, the same (n, t, c) view of the words)
@@ -139,11 +143,11 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     mine = gl.cdiv(num_blocks - me, 2)
     last = me + 2 * gl.maximum(mine - 1, 0)  # this warpgroup's last block
     if AHEAD:  # its first block's words (with no block of its own, block 0's: landed, read, never used)
-        w, lo, hi = _block_words(wq, sq, ready, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
+        w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
     for i in range(mine):
         b = 2 * i + me
         if not AHEAD:
-            w, lo, hi = _block_words(wq, sq, ready, b, DTYPE, E2M1)
+            w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1)
         if W8:  # one 64-K block of bytes, one x slice (slot 2b), one wgmma per token tile
             s_lo, _ = gl.broadcast(lo, w)
             a0 = _a_operand_bytes(w, s_lo, SIGNED, a1_layout)
@@ -154,7 +158,7 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 b0 = gl.convert_layout(a0, a2_layout)
                 acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
             if AHEAD:
-                w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+                w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(b + 2, last), DTYPE, E2M1)
             if TWO:
                 acc, acc2, a0, b0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, b0))
             else:
@@ -179,7 +183,7 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
                 acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
             if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
-                w, lo, hi = _block_words(wq, sq, ready, gl.minimum(b + 2, last), DTYPE, E2M1)
+                w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(b + 2, last), DTYPE, E2M1)
             if TWO:
                 acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
             else:

@@ -70,7 +70,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     rs = rs_scheme_why_not(scheme) is None  # the route sends these codes to the register-operand kernel
     small_rs = frag and cuda and rs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
-        t = ws_route_tile(m, n, k, _sm_count(device))  # at these rows a register-operand tile or None
+        t = ws_route_tile(m, n, k, _sm_count(device), bits)  # at these rows a register-operand tile or None
         if t is not None:
             return _rs_plan(via, scheme, t)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
@@ -145,11 +145,12 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
 def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`)."""
+    block_k = 64 if scheme.weight_bits == 8 else 128  # a block of 8-bit codes is 64 K (`frag_layout.frag_block_k`)
     return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
-            "kernel (each MMA warpgroup decodes its 128-K blocks straight into the wgmma's registers, two warpgroups "
-            f"on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x128, {t['stages']} "
-            "stages" + (f", K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)"
-                        if t.get("split_k", 1) > 1 else ""))  # fmt: skip
+            f"kernel (each MMA warpgroup decodes its {block_k}-K blocks straight into the wgmma's registers, two "
+            f"warpgroups on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x{block_k}, "
+            f"{t['stages']} stages" + (f", K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)"
+                                       if t.get("split_k", 1) > 1 else ""))  # fmt: skip
 
 
 def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, dtype: str) -> list[str]:

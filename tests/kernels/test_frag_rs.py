@@ -59,16 +59,22 @@ def test_refuses_what_it_does_not_run():
     assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="block_m must be a power of two or the sum of two"):
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=112)
-    with pytest.raises(ValueError, match="stages must be at least 3"):  # 2 slots hang: block b + 2 waits for b's
+    with pytest.raises(ValueError, match="stages=2 .block_m=64.: the ring needs at least 3 slots"):  # 2 slots hang
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=64, stages=2)
 
 
 def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     """`rs_stages`: the most slots that fit (sm_90a compiles, the limit 227 KB: 96 tokens x 6 stages 172 KB, 128 x 6
-    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB), never fewer than 3."""
-    from anybit.kernels.frag_rs import rs_stages, rs_tile
+    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB); `rs_block_m`: 193-256 rows as two 128-token tiles where
+    their CTAs fit one wave (4096-row weights), else one of 256."""
+    from anybit.kernels.frag_rs import RS_MIN_STAGES, rs_block_m, rs_stages, rs_tile
 
-    assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 3]
+    assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 1]
+    assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, None]
+    assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
+    assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))
+    assert rs_tile(256, 8192, 8192) == dict(rs=True, block_m=256, stages=3)
+    assert rs_tile(256, 4096, 4096) == dict(rs=True, block_m=128, stages=6)
     assert rs_tile(32, 8192, 8192) is None and rs_tile(257, 8192, 28672) is None
     assert rs_tile(40, 8192, 8192) == dict(rs=True, block_m=48, stages=6)  # 32 + 16 tokens
     assert rs_tile(64, 8192, 8192) == dict(rs=True, block_m=64, stages=6)
@@ -93,13 +99,28 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
     assert (rs_tile(m, n, k, 132) is not None) == takes
 
 
+@pytest.mark.parametrize("m, n, k, takes", [
+    (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
+    (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
+    (160, 28672, 8192, False),  # the warp-specialised kernel's
+])  # fmt: skip
+def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
+    """8-bit codes: `rs_tile`'s rule above 64 rows (session 27's H200 probe: faster than the route at 96 and 128
+    rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster)."""
+    from anybit.kernels.frag_rs import rs_tile
+
+    assert (rs_tile(m, n, k, 132, bits=8) is not None) == takes
+
+
 @pytest.mark.parametrize("m, n, k, split", [(96, 4096, 14336, 2), (128, 4096, 14336, 2), (65, 2048, 8192, 2),
-                                            (160, 4096, 14336, 2), (256, 4096, 14336, 2), (96, 8192, 28672, None),
+                                            (160, 4096, 14336, 2), (192, 4096, 14336, 2), (256, 4096, 14336, None),
+                                            (96, 8192, 28672, None),
                                             (96, 4096, 4096, None), (256, 4096, 4096, None),
                                             (128, 28672, 8192, None)])  # fmt: skip
 def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
     """Sessions 23 and 24's H200 probes: 65-256 rows, K >= 2N, two CTAs a 64-row tile within one wave: split in two
-    (4096x14336 M=160 / 256 61.8 / 74.8 -> 44.8 / 64.4 µs); K < 2N unsplit (4096^2 M=256 26.7 vs 36.5)."""
+    (4096x14336 M=160 / 256 61.8 / 74.8 -> 44.8 / 64.4 µs); K < 2N unsplit (4096^2 M=256 26.7 vs 36.5). 193-256 rows
+    are two 128-token tiles where they fit one wave (`rs_block_m`): 128 CTAs, unsplit."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132) or {}).get("split_k") == split
@@ -119,6 +140,7 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag_rs import rs_block_m
     from anybit.tools.explain import triton_plan
 
     monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
@@ -129,13 +151,13 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
     assert not (before or {}).get("rs")
     monkeypatch.delenv("ANYBIT_FRAG_RS")
     tile = triton_backend.ws_route_tile(m, n, k, 132)
-    assert tile["rs"] and tile["block_m"] >= m
+    assert tile["rs"] and tile["block_m"] == rs_block_m(m, n)
     assert not triton_backend.frag_mid(Scheme.parse("w4a16"), m, n, k, torch.bfloat16, cuda)
     for text in ("mxfp4", "w4a16", "w4a8-nvfp4"):
         plan = triton_plan(Scheme.parse(text), m, n, k, cuda, torch.bfloat16)
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
         assert ("K split 2 ways" in plan) == ("split_k" in tile), plan  # few 64-row tiles, K >= 2N: split in two
-    assert ("split_k" in tile) == (n == 4096 and k >= 2 * n)
+    assert ("split_k" in tile) == (n == 4096 and k >= 2 * n and m <= 192)  # 193-256 rows: 128 CTAs unsplit
 
 
 def test_split_k_leaves_every_split_some_blocks():
@@ -150,31 +172,32 @@ def test_split_k_leaves_every_split_some_blocks():
 
 @pytest.mark.parametrize(
     "m, n, k, plan",
-    [(256, 28672, 4096, "warp-specialised"), (1024, 4096, 14336, "dequantize"), (256, 4096, 14336, "dequantize"),
-     (192, 8192, 8192, "warp-specialised"), (1024, 28672, 4096, "dequantize")],
+    [(96, 8192, 8192, "register-operand"), (128, 6144, 4096, "register-operand"),
+     (128, 4096, 14336, "K split 2 ways"), (256, 28672, 4096, "warp-specialised"),
+     (1024, 4096, 14336, "dequantize"), (1024, 28672, 4096, "dequantize"), (48, 8192, 8192, None)],
 )  # fmt: skip
-def test_bytes_take_the_warp_specialised_kernel_not_this_one(monkeypatch, m, n, k, plan):
-    """W8A16 (8-bit codes) on a faked Hopper: never the register-operand kernel (its byte decode is unmeasured,
-    `RS_BITS`; the reason named), the warp-specialised kernel's tile where `ws_tile` has one above the frag kernel's
-    128-token tiles up to 512 rows (`WS_BYTES_MAX_M`), else dequantize + cuBLAS as before; `anybit explain` says
-    which. At 33-64 rows no tile (the frag kernel's decode path), where 4-bit weights take the register-operand
-    kernel's."""
+def test_bytes_route(monkeypatch, m, n, k, plan):
+    """W8A16 (8-bit codes) on a faked Hopper: the register-operand kernel where `rs_tile` takes 8-bit codes (65-256
+    rows), else the warp-specialised kernel's tile where `ws_tile` has one up to 512 rows (`WS_BYTES_MAX_M`), else
+    dequantize + cuBLAS; at 33-64 rows no tile (the frag kernel's decode path), where 4-bit weights of the same shape
+    take the register-operand kernel's. `anybit explain` says which, with the 64-K blocks of bytes."""
     import anybit.backends.triton as triton_backend
     import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag_rs import rs_scheme_why_not
     from anybit.tools.explain import triton_plan
 
     monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
     monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     tw = to_triton_layout(quantize(torch.randn(64, 256) * 0.05, "w8a16"))
-    from anybit.kernels.frag_rs import rs_scheme_why_not
-
-    assert "8-bit" in rs_scheme_why_not(tw.kernel_scheme)  # the route's reason; the kernel itself decodes bytes
+    assert rs_scheme_why_not(tw.kernel_scheme) is None
     assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
-    assert frag_ws.frag_ws_weight_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
     tile = triton_backend.ws_route_tile(m, n, k, 132, bits=8)
-    assert not (tile or {}).get("rs")
-    assert triton_backend.ws_route_tile(40, 7168, 7168, 132)["rs"]  # 4-bit codes
-    assert triton_backend.ws_route_tile(40, 7168, 7168, 132, bits=8) is None
+    if plan is None:  # (the frag kernel's plan reads the tuning cache of a real device)
+        assert tile is None and triton_backend.ws_route_tile(m, n, k, 132)["rs"]  # 4-bit codes: the kernel's
+        return
     got = triton_plan(Scheme.parse("w8a16"), m, n, k, torch.device("cuda"), torch.bfloat16)
-    assert "register-operand" not in got and plan in got, got
+    assert bool((tile or {}).get("rs")) == (plan in ("register-operand", "K split 2 ways"))
+    assert plan in got, got
+    if tile and tile.get("rs"):
+        assert "64-K blocks" in got and f"tile {tile['block_m']}x64x64" in got, got

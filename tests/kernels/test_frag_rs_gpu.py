@@ -101,7 +101,17 @@ def test_fp8_codes_on_nvfp4_weights():
 
 
 @pytest.mark.parametrize(
-    "text, m", [("w4a16", 96), ("mxfp4", 192), ("nvfp4", 130), ("w4a16", 64), ("nvfp4", 56), ("mxfp4", 40)]
+    "text, m",
+    [
+        ("w4a16", 96),
+        ("mxfp4", 192),
+        ("nvfp4", 130),
+        ("w4a16", 64),
+        ("nvfp4", 56),
+        ("mxfp4", 40),
+        ("w8a16", 96),
+        ("w8a16:int8:g128:bf16", 256),
+    ],
 )
 def test_is_the_route(text, m):
     """anybit.gemm of a 33-192-row call of a 8192-row weight (K < 2N) runs this kernel's `rs_tile`: the same bits as a
@@ -114,11 +124,11 @@ def test_is_the_route(text, m):
     x, qw = random_case(text, m, 8192, 1024, seed=m)
     tw = to_triton_layout(qw)
     route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
-    tile = rs_tile(m, 8192, 1024, torch.cuda.get_device_properties(0).multi_processor_count)
+    tile = rs_tile(m, 8192, 1024, torch.cuda.get_device_properties(0).multi_processor_count, qw.scheme.weight.bits)
     assert torch.equal(route, gemm_frag_rs(x, tw, block_m=tile["block_m"], stages=tile["stages"]))
 
 
-@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 256)])
+@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 192), ("w8a16", 128)])
 def test_split_k_is_the_route_where_tiles_are_few(text, m):
     """anybit.gemm of a 65-256-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows) runs this kernel split in
     two along K (`rs_tile`): a direct launch's bits, the exact product."""
@@ -128,7 +138,7 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
 
     x, qw = random_case(text, m, 4096, 14336, seed=m)
     p = prepare(qw, backend="triton")
-    tile = rs_tile(m, 4096, 14336, torch.cuda.get_device_properties(0).multi_processor_count)
+    tile = rs_tile(m, 4096, 14336, torch.cuda.get_device_properties(0).multi_processor_count, qw.scheme.weight.bits)
     assert tile["split_k"] == 2
     y = get_backend("triton").gemm(x, p)
     assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
@@ -152,3 +162,19 @@ def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
     assert torch.equal(y, gemm_frag_rs(x, p.data, block_m=tile["block_m"], stages=tile["stages"]))
     ref = x.double() @ qw.dequantize().double().T
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("text, dtype", [("w8a16:int8:ch:fp16", torch.float16), ("w4a16", torch.bfloat16)])
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=256), dict(block_m=128, stages=4)],
+                         ids=["bm64s3", "bm256s3", "bm128s4"])  # fmt: skip
+def test_first_calls_after_another_kernel(text, dtype, tile):
+    """The ring's phase-parity hazard (`frag_rs.RS_MIN_STAGES`): unguarded, a warpgroup's wait in a ring of 3 slots
+    passed on the previous occupant of its block's slot, and a whole 64-K block came out of the older block's words
+    in 1-4 of 8 first calls after another kernel (H200, session 27). Fresh weights, a cuBLAS GEMM between launches,
+    3 slots (guarded) and 4: every call the exact product."""
+    for seed in range(8):
+        x, tw, ref = _case(text, 13 + 29 * seed, 4160, 1024, dtype, seed=seed)
+        a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        (a @ a).sum().item()  # another kernel's data in shared memory and L2 before the launch
+        y = gemm_frag_rs(x, tw, **tile)
+        assert rel_err(y, ref) < GEMM_REL_ERR[dtype], seed

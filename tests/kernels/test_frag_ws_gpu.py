@@ -73,16 +73,16 @@ def test_bytes_match_the_exact_product(text, dtype, m, n, k, swap):
 @pytest.mark.parametrize("m", [160, 200, 256])
 def test_bytes_are_the_route_above_128_rows(m):
     """anybit.gemm of a W8A16 weight above the frag kernel's 128-token tiles takes this kernel where `ws_tile` has a
-    tile (28672 rows: every M here, 160 a swapped tile of two decoders; not the register-operand kernel, whose
-    byte decode the route does not take yet, `RS_BITS`): a direct launch's bits."""
+    tile (28672 rows: every M here, 160 a swapped tile of two decoders; not the register-operand kernel, which
+    `rs_tile` gives no more than 128 rows of a weight this tall): a direct launch's bits."""
     from anybit.backends import get_backend
     from anybit.backends.base import Prepared
-    from anybit.kernels.frag_rs import rs_scheme_why_not
+    from anybit.kernels.frag_rs import rs_tile
     from anybit.kernels.frag_ws import ws_tile
 
     x, qw = random_case("w8a16", m, 28672, 1024, seed=m)
     tw = to_triton_layout(qw)
-    assert "8-bit" in rs_scheme_why_not(tw.kernel_scheme)
+    assert rs_tile(m, 28672, 1024, 132, bits=8) is None
     route = get_backend("triton").gemm(x, Prepared("triton", qw, tw))
     assert torch.equal(route, gemm_frag_ws(x, tw, **ws_tile(m, 28672, 132, 1024, bits=8)))
     assert rel_err(route, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
