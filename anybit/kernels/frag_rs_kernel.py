@@ -1,5 +1,5 @@
-"""The Gluon kernel of `anybit.kernels.frag_rs` (sm_90a, experimental): y = x @ dequantize(W)^T for 4-bit integer
-or e2m1 (NVFP4, MXFP4) weights in the fragment layout with the decoded weight as the wgmma's register operand — no
+"""The Gluon kernel of `anybit.kernels.frag_rs` (sm_90a): y = x @ dequantize(W)^T for 4-bit integer, e2m1 (NVFP4,
+MXFP4) or 8-bit integer weights in the fragment layout with the decoded weight as the wgmma's register operand — no
 shared-memory round trip of the decoded tile (the warp-specialised `frag_ws_kernel` stores it and its SS wgmma reads
 it back: ~44 KB of shared traffic a 64-K step at 96 tokens, session 21).
 
@@ -12,7 +12,9 @@ Per CTA: 64 weight rows (the wgmma's M) by BM tokens (its N), three partitions:
   block, which hold its A fragments of all eight k16 slabs — `anybit.kernels.frag_layout`), decodes them in
   registers as the warp-specialised kernel's decoder does (`_pairs`), runs two wgmma (one a 64-K half) and waits
   for them: no register operand is rewritten while a wgmma reads it, and the other warpgroup's block keeps the
-  tensor cores busy meanwhile;
+  tensor cores busy meanwhile (8-bit codes, `W8`: a block is 64 K, one x slice, one wgmma). Each waits only for its
+  own blocks, so with 3 slots it first waits for the release of the slot's previous block (`_block_words`,
+  `frag_rs.RS_MIN_STAGES`);
 * at the end the second warpgroup's fp32 tile goes through shared memory (the x slots of its last block,
   `_partial`) to the first, which stores y (times
   the e2m1 power of two, NVFP4's global scale, x's per-row scales of FP8 codes: `_store_tile`).
