@@ -45,12 +45,13 @@ RS_MAX_STAGES = 6
 # Two MMA warpgroups take alternate blocks from one ring, and each waits only for its own blocks. A slot's `ready`
 # barrier is waited by phase parity, and parity cannot tell block b's phase from block b - 2 * STAGES's: a wait for
 # block b passes at once while block b - STAGES (the previous occupant of b's slot) has not landed, and the
-# warpgroup reads that older block's words as b's. With 3 slots block b - 3 is the other warpgroup's, which nothing
-# orders before b's wait: the H200 lost whole 64-K blocks, their words those of b - 3, in 1-4 of 8 calls after
-# another kernel (W8A16 and W4A16, session 27; one launch failed). From 4 slots on, b - STAGES is a block the waiting
-# warpgroup itself waited for (0 wrong of 144); with 3, each wait for a block first waits for the release of the
-# slot's previous block (`frag_rs_kernel._block_words`). 2 slots hang (a warpgroup reads block b + 2 ahead while b
-# holds its slot).
+# warpgroup reads that older block's words as b's. With an even number of slots b - STAGES is a block the waiting
+# warpgroup itself waited for; with an odd number it is the other warpgroup's, which nothing orders before b's wait:
+# the H200 lost whole 64-K blocks, their words those of b - 3, in 1-4 of 8 calls after another kernel with 3 slots
+# (W8A16 and W4A16, session 27; one launch failed), 0 of 144 with 4 or 6; 5 (160 tokens) was found by the CPU model
+# (tests/kernels/test_frag_rs_ring.py). So with an odd number each wait for a block first waits for the release of
+# the slot's previous block (`frag_rs_kernel._block_words`). 2 slots hang (a warpgroup reads block b + 2 ahead while
+# b holds its slot).
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)

@@ -13,8 +13,8 @@ Per CTA: 64 weight rows (the wgmma's M) by BM tokens (its N), three partitions:
   registers as the warp-specialised kernel's decoder does (`_pairs`), runs two wgmma (one a 64-K half) and waits
   for them: no register operand is rewritten while a wgmma reads it, and the other warpgroup's block keeps the
   tensor cores busy meanwhile (8-bit codes, `W8`: a block is 64 K, one x slice, one wgmma). Each waits only for its
-  own blocks, so with 3 slots it first waits for the release of the slot's previous block (`_block_words`,
-  `frag_rs.RS_MIN_STAGES`);
+  own blocks, so with an odd number of slots it first waits for the release of the slot's previous block
+  (`_block_words`, `frag_rs.RS_MIN_STAGES`);
 * at the end the second warpgroup's fp32 tile goes through shared memory (the x slots of its last block,
   `_partial`) to the first, which stores y (times
   the e2m1 power of two, NVFP4's global scale, x's per-row scales of FP8 codes: `_store_tile`).
@@ -77,14 +77,15 @@ def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
 @gluon.jit
 def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
     """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
-    and c), from its slot of the word ring once the slot has landed. With 3 slots, first the release of the slot's
-    previous block b - 3 (the other warpgroup's): the parity wait on `ready` cannot tell b's phase from b - 6's, so
-    it would pass at once while b - 3 is still in flight (`frag_rs.RS_MIN_STAGES`); b - 6 is this warpgroup's own."""
+    and c), from its slot of the word ring once the slot has landed. With an odd number D of slots, first the
+    release of the slot's previous block b - D (the other warpgroup's): the parity wait on `ready` cannot tell b's
+    phase from b - 2D's, so it would pass at once while b - D is still in flight (`frag_rs.RS_MIN_STAGES`); b - 2D
+    is this warpgroup's own, so this wait is exact. With an even D, b - D is this warpgroup's own already."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
     flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     s = b % D
-    if D < 4:  # (a fresh barrier passes the parity-1 wait: blocks 0-2 have no predecessor)
+    if D % 2 == 1:  # (a fresh barrier passes the parity-1 wait: blocks 0 .. D - 1 have no predecessor)
         mbarrier.wait(empty.index(s), ((b // D) & 1) ^ 1)
     mbarrier.wait(ready.index(s), (b // D) & 1)
     words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)

@@ -32,7 +32,7 @@ def _check_exact_product(text, dtype, m, n, k, tile):
                                          ("nvfp4", torch.bfloat16), ("nvfp4", torch.float16)])  # fmt: skip
 @pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2880), (96, 1040, 128)])
 @pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=96), dict(block_m=128),
-                                  dict(block_m=192), dict(block_m=256)],
+                                  dict(block_m=160), dict(block_m=192), dict(block_m=256)],
                          ids=lambda t: f"bm{t['block_m']}")  # fmt: skip
 def test_matches_the_exact_product(text, dtype, m, n, k, tile):
     if k == 2880 and text.startswith("w4a16") and ":ch:" not in text:
@@ -165,13 +165,14 @@ def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
 
 
 @pytest.mark.parametrize("text, dtype", [("w8a16:int8:ch:fp16", torch.float16), ("w4a16", torch.bfloat16)])
-@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=256), dict(block_m=128, stages=4)],
-                         ids=["bm64s3", "bm256s3", "bm128s4"])  # fmt: skip
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=256), dict(block_m=128, stages=4),
+                                  dict(block_m=64, stages=5), dict(block_m=160)],
+                         ids=["bm64s3", "bm256s3", "bm128s4", "bm64s5", "bm160s5"])  # fmt: skip
 def test_first_calls_after_another_kernel(text, dtype, tile):
     """The ring's phase-parity hazard (`frag_rs.RS_MIN_STAGES`): unguarded, a warpgroup's wait in a ring of 3 slots
     passed on the previous occupant of its block's slot, and a whole 64-K block came out of the older block's words
     in 1-4 of 8 first calls after another kernel (H200, session 27). Fresh weights, a cuBLAS GEMM between launches,
-    3 slots (guarded) and 4: every call the exact product."""
+    odd numbers of slots (guarded) and even: every call the exact product."""
     for seed in range(8):
         x, tw, ref = _case(text, 13 + 29 * seed, 4160, 1024, dtype, seed=seed)
         a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
