@@ -18,3 +18,13 @@ def interpret():
     """Triton kernels on the CPU need TRITON_INTERPRET=1 set before triton is imported (CI sets it)."""
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch):
+    """The Triton backend's route decisions as on an H200: Gluon's Hopper kernels available, 132 SMs (no launch)."""
+    import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_ws as frag_ws
+
+    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
+    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)

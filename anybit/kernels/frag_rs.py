@@ -129,8 +129,8 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     wrong results): the words as the operand without decoding.
     split_k: CTAs a tile, each a share of the K blocks (every share non-empty), summed by the last to finish through
     `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the tiles; left zero for the next call) —
-    the Triton backend's shared ones when not given. x: contiguous bf16/fp16
-    [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
+    the Triton backend's shared ones when not given. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
+    accepts (the caller checks)."""
     key = ("rs", block_m, stages, group_m, mma_regs, diag, split_k, x.dtype, bias is None, x_scales is None)
     launch = tw.launches.get(key)
     if launch is None:

@@ -145,7 +145,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
 def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`)."""
-    block_k = 64 if scheme.weight_bits == 8 else 128  # a block of 8-bit codes is 64 K (`frag_layout.frag_block_k`)
+    from anybit.kernels.frag_layout import frag_block_k
+
+    block_k = frag_block_k(scheme.weight.bits)
     return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
             f"kernel (each MMA warpgroup decodes its {block_k}-K blocks straight into the wgmma's registers, two "
             f"warpgroups on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x{block_k}, "

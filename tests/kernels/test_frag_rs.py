@@ -131,20 +131,17 @@ def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
     [(96, 8192, 8192), (96, 28672, 8192), (192, 8192, 28672), (192, 8192, 8192), (64, 8192, 8192), (40, 7168, 7168),
      (96, 4096, 14336), (256, 4096, 14336), (192, 4096, 4096), (256, 6144, 4096)],
 )  # fmt: skip
-def test_frag_rs_takes_the_mid_calls(monkeypatch, m, n, k):
+def test_frag_rs_takes_the_mid_calls(monkeypatch, fake_hopper, m, n, k):
     """On a Hopper (faked: Gluon available, 132 SMs): A16 calls of 65-256 rows that the warp-specialised kernel would
     take, or the frag kernel's mid tiles or dequantize + cuBLAS would keep (4096- and 6144-row weights), and 33-64-row
     calls of weights one wave of 64-row tiles covers, go to the register-operand kernel where `rs_tile` says so, and
     `anybit explain` says so; ANYBIT_FRAG_RS=0 gives the warp-specialised tile back (or none; the decode path at 64
     rows)."""
     import anybit.backends.triton as triton_backend
-    import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_block_m
     from anybit.tools.explain import triton_plan
 
-    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
-    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     cuda = torch.device("cuda")
     monkeypatch.setenv("ANYBIT_FRAG_RS", "0")
     before = triton_backend.ws_route_tile(m, n, k, 132)
@@ -176,19 +173,16 @@ def test_split_k_leaves_every_split_some_blocks():
      (128, 4096, 14336, "K split 2 ways"), (256, 28672, 4096, "warp-specialised"),
      (1024, 4096, 14336, "dequantize"), (1024, 28672, 4096, "dequantize"), (48, 8192, 8192, None)],
 )  # fmt: skip
-def test_bytes_route(monkeypatch, m, n, k, plan):
+def test_bytes_route(fake_hopper, m, n, k, plan):
     """W8A16 (8-bit codes) on a faked Hopper: the register-operand kernel where `rs_tile` takes 8-bit codes (65-256
     rows), else the warp-specialised kernel's tile where `ws_tile` has one up to 512 rows (`WS_BYTES_MAX_M`), else
     dequantize + cuBLAS; at 33-64 rows no tile (the frag kernel's decode path), where 4-bit weights of the same shape
     take the register-operand kernel's. `anybit explain` says which, with the 64-K blocks of bytes."""
     import anybit.backends.triton as triton_backend
-    import anybit.kernels.frag_ws as frag_ws
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_scheme_why_not
     from anybit.tools.explain import triton_plan
 
-    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
-    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     tw = to_triton_layout(quantize(torch.randn(64, 256) * 0.05, "w8a16"))
     assert rs_scheme_why_not(tw.kernel_scheme) is None
     assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None

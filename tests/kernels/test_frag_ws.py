@@ -204,16 +204,12 @@ def test_swapped_tiles_split_into_power_of_two_token_tensors():
         ("w4a8-nvfp4", 1024, 8192, 8192, "as their codes in x's dtype, x's scales per row after the MMA"),
     ],
 )
-def test_explain_names_the_tile_the_route_takes(monkeypatch, text, m, n, k, says):
+def test_explain_names_the_tile_the_route_takes(monkeypatch, fake_hopper, text, m, n, k, says):
     """`anybit explain` on a Hopper (faked: Gluon available, 132 SMs) names the tile `ws_tile` gives (the
     register-operand kernel off: `frag_rs.rs_tile` takes some of these calls by default)."""
-    import anybit.backends.triton as triton_backend
-    import anybit.kernels.frag_ws as frag_ws
     from anybit.tools.explain import triton_plan
 
     monkeypatch.setenv("ANYBIT_FRAG_RS", "0")
-    monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
-    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
     plan = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert "warp-specialised" in plan and says in plan, plan
 
