@@ -81,7 +81,10 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     rule above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 /
     50.1 -> 37.1 / 41.4 (35.4 / 40.3), 6144x4096 30.3 / 32.6 -> 20.0 / 21.8 (21.1 / 23.3), 4096^2 21.2 / 23.0 -> 17.9
     / 19.9 (16.6 / 18.5), 4096x14336 split in two 47.2 / 49.4 -> 37.8 / 42.2 (32.0 / 36.6)); at 33-64 rows the frag
-    kernel's decode path stays (8192^2 M=48 / 64 31.0 / 32.5 -> 33.1 / 33.1, 6144x4096 15.6 / 17.0 -> 18.2 / 18.4).
+    kernel's decode path stays (8192^2 M=48 / 64 31.0 / 32.5 -> 33.1 / 33.1, 6144x4096 15.6 / 17.0 -> 18.2 / 18.4);
+    not at 65-128 rows of tall weights whose tiles overfill a wave (session 28, frag kernel -> this kernel, M=96 / 128:
+    28672x4096 66.7 / 72.6 -> 74.0 / 84.2, 28672x8192 136.7 / 143.6 -> 140.2 / 158.4; 8192x28672 133.6 / 142.8 ->
+    122.4 / 137.9).
     H200 graphs (tools/probe_ws.py, session 22), µs, W4A16 / MXFP4 / NVFP4, the route before -> this kernel (Humming):
     8192^2 M=96 42.3 / 42.7 / 43.3 -> 30.5 / 30.6 / 33.2 (29.1 / 32.9 / 33.3), M=128 41.0 / 41.3 / 42.3 -> 32.6 / 33.1
     / 36.9 (34.7 / 36.5 / 38.2), M=192 48.9 / 50.5 / 49.7 -> 46.1 / 47.2 / 50.0, M=256 51.7 / 51.8 / 51.5 -> 51.0 /
@@ -114,7 +117,7 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     elif k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:
         return tile | dict(split_k=RS_SPLIT)
     else:
-        takes = k >= 2 * n or m <= 128 or tiles <= num_sms
+        takes = k >= 2 * n or (m <= 128 and bits == 4) or tiles <= num_sms
     return tile if takes else None
 
 

@@ -103,10 +103,13 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
     (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
     (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
     (160, 28672, 8192, False),  # the warp-specialised kernel's
+    (96, 28672, 4096, False), (128, 28672, 8192, False), (96, 8192, 28672, True),  # tall: the frag kernel's
 ])  # fmt: skip
 def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
     """8-bit codes: `rs_tile`'s rule above 64 rows (session 27's H200 probe: faster than the route at 96 and 128
-    rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster)."""
+    rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster) nor
+    at 65-128 rows of tall weights whose 64-row tiles overfill a wave (session 28: 28672x4096 / 28672x8192 slower
+    than the frag kernel; 8192x28672, K >= 2N, faster)."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132, bits=8) is not None) == takes
