@@ -58,11 +58,12 @@ RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
-def rs_stages(block_m: int) -> int:
+def rs_stages(block_m: int, bits: int = 4) -> int:
     """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
     64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
-    5, 192: 4, 256: 3."""
-    return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * 256))
+    5, 192: 4, 256: 3. 8-bit codes: a 64-K block holds one x slice (block_m x 64 x 2 bytes; the reduction reuses x
+    slots 0 and 1), so 6 slots at every tile up to 256 tokens."""
+    return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * (128 if bits == 8 else 256)))
 
 
 def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
@@ -111,7 +112,7 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     if bm is None:
         return None
     tiles = cdiv(n, 64)
-    tile = dict(rs=True, block_m=bm, stages=rs_stages(bm))
+    tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
     if m <= 64:
         takes = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
     elif k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:
@@ -179,7 +180,7 @@ def _rs_launch(tw, key: tuple) -> Launcher:
         most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
         raise ValueError(f"split_k={split_k}: K={tw.k} has {blocks} blocks of {block_k}, so split_k must leave each "
                          f"split some (1 to {most})")  # fmt: skip
-    stages = stages or rs_stages(block_m)
+    stages = stages or rs_stages(block_m, tw.fmt["W_BITS"])
     if stages < RS_MIN_STAGES:
         raise ValueError(f"stages={stages} (block_m={block_m}): the ring needs at least {RS_MIN_STAGES} slots (a "
                          "warpgroup reads its next block's words while its block holds a slot; 2 hang), and 3 slots "

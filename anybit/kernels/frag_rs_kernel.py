@@ -15,9 +15,9 @@ Per CTA: 64 weight rows (the wgmma's M) by BM tokens (its N), three partitions:
   tensor cores busy meanwhile (8-bit codes, `W8`: a block is 64 K, one x slice, one wgmma). Each waits only for its
   own blocks, so with an odd number of slots it first waits for the release of the slot's previous block
   (`_block_words`, `frag_rs.RS_MIN_STAGES`);
-* at the end the second warpgroup's fp32 tile goes through shared memory (the x slots of its last block,
-  `_partial`) to the first, which stores y (times
-  the e2m1 power of two, NVFP4's global scale, x's per-row scales of FP8 codes: `_store_tile`).
+* at the end the second warpgroup's fp32 tile goes through shared memory (the x slots of its last block; W8, whose
+  x ring has one slot a block: slots 0 and 1 once the first's loop is done — `_partial`) to the first, which stores
+  y (times the e2m1 power of two, NVFP4's global scale, x's per-row scales of FP8 codes: `_store_tile`).
 """
 
 from __future__ import annotations
@@ -105,16 +105,15 @@ def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_r
             W8: gl.constexpr = False):
     """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
     (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
-    slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot 2b."""
+    slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot b of x rings of STAGES slots."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
         _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, k0 + b, k0 + num_blocks, GB,
                  SCALE_PER_BLOCK)
-        if W8:  # slot 2b, x's K step k0 + b
-            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO,
-                      k0 - b)
+        if W8:  # slot b, x's K step k0 + b
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, b, num_blocks, STAGES, TWO, k0)
         else:
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * b, 2 * num_blocks, 2 * STAGES, TWO,
                       2 * k0)
@@ -151,10 +150,10 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
         b = 2 * i + me
         if not AHEAD:
             w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1)
-        if W8:  # one 64-K block of bytes, one x slice (slot 2b), one wgmma per token tile
+        if W8:  # one 64-K block of bytes, one x slice (slot b), one wgmma per token tile
             s_lo, _ = gl.broadcast(lo, w)
             a0 = _a_operand_bytes(w, s_lo, SIGNED, a1_layout)
-            x0 = (2 * b) % (2 * STAGES)
+            x0 = b % STAGES
             mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
             acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
             if TWO:
@@ -196,17 +195,23 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
 
 
 @gluon.jit
-def _partial(x_bufs, num_blocks):
+def _partial(x_bufs, num_blocks, W8: gl.constexpr):
     """Where the second warpgroup leaves its fp32 [64, BM] partial product: the two x slots of its last block (or of
     block 1, unused, when it has none) — the same bytes, free once that block's wgmma retired (no later block takes
-    them), so the reduction costs no shared memory of its own."""
-    STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
+    them), so the reduction costs no shared memory of its own. W8 (a block holds one x slot): x slots 0 and 1, free
+    once both warpgroups' loops are done (`_first` says so on `red_bar[1]`)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
     BK: gl.constexpr = x_bufs.type.shape[2]
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    last = 1 + 2 * gl.maximum(gl.cdiv(num_blocks - 1, 2) - 1, 0)
-    pairs = x_bufs._reinterpret(x_bufs.dtype, [STAGES, 2 * BM, BK], flat)
-    return pairs.index(last % STAGES)._reinterpret(gl.float32, [64, BM], flat)
+    if W8:
+        SLOTS: gl.constexpr = x_bufs.type.shape[0]
+        pairs = x_bufs._reinterpret(x_bufs.dtype, [SLOTS // 2, 2 * BM, BK], flat)  # (an odd last slot left out)
+        return pairs.index(0)._reinterpret(gl.float32, [64, BM], flat)
+    else:
+        STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
+        last = 1 + 2 * gl.maximum(gl.cdiv(num_blocks - 1, 2) - 1, 0)
+        pairs = x_bufs._reinterpret(x_bufs.dtype, [STAGES, 2 * BM, BK], flat)
+        return pairs.index(last % STAGES)._reinterpret(gl.float32, [64, BM], flat)
 
 
 @gluon.jit
@@ -237,10 +242,12 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
     BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
                                W8)
+    if W8:  # this warpgroup's wgmma no longer read x: the second may take slots 0 and 1 (`_partial`)
+        mbarrier.arrive(red_bar.index(1), count=1)
     mbarrier.wait(red_bar.index(0), 0)
-    acc = acc + _partial(x_bufs, num_blocks).load(acc.type.layout)
+    acc = acc + _partial(x_bufs, num_blocks, W8).load(acc.type.layout)
     if TWO:
-        acc2 = acc2 + _partial(x2_bufs, num_blocks).load(acc2.type.layout)
+        acc2 = acc2 + _partial(x2_bufs, num_blocks, W8).load(acc2.type.layout)
     if SPLIT == 1:
         _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                     _pow2(E2M1), HAS_GS, True)
@@ -269,9 +276,11 @@ def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
     """The odd blocks; their partial products into shared memory for `_first`."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG,
                                W8)
-    _partial(x_bufs, num_blocks).store(acc)
+    if W8:
+        mbarrier.wait(red_bar.index(1), 0)
+    _partial(x_bufs, num_blocks, W8).store(acc)
     if TWO:
-        _partial(x2_bufs, num_blocks).store(acc2)
+        _partial(x2_bufs, num_blocks, W8).store(acc2)
     mbarrier.arrive(red_bar.index(0), count=1)
 
 
@@ -291,23 +300,28 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     else:
         BM: gl.constexpr = BM1
     off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)
+    if W8:  # a block's x is one slice
+        XS: gl.constexpr = STAGES
+    else:
+        XS: gl.constexpr = 2 * STAGES
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BM1, BK], x_desc.layout)
     if TWO:
-        x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM2, BK], x2_desc.layout)
+        x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BM2, BK], x2_desc.layout)
     else:
         x2_bufs = x_bufs
     wq = gl.allocate_shared_memory(gl.int32, [STAGES, 4, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    x_ready = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-        mbarrier.init(x_ready.index(2 * i), count=1)
-        mbarrier.init(x_ready.index(2 * i + 1), count=1)
-    red_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(XS):
+        mbarrier.init(x_ready.index(i), count=1)
+    red_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # partial landed; (W8) x free
     mbarrier.init(red_bar.index(0), count=1)
+    mbarrier.init(red_bar.index(1), count=1)
     if W8:  # 8-bit codes: 64-K blocks
         BLOCK_K: gl.constexpr = BK
     else:

@@ -65,11 +65,14 @@ def test_refuses_what_it_does_not_run():
 
 def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     """`rs_stages`: the most slots that fit (sm_90a compiles, the limit 227 KB: 96 tokens x 6 stages 172 KB, 128 x 6
-    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB); `rs_block_m`: 193-256 rows as two 128-token tiles where
-    their CTAs fit one wave (4096-row weights), else one of 256."""
+    221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB; 8-bit codes, one x slice a slot: 256 x 6 217 KB);
+    `rs_block_m`: 193-256 rows as two 128-token tiles where their CTAs fit one wave (4096-row weights), else one of
+    256."""
     from anybit.kernels.frag_rs import RS_MIN_STAGES, rs_block_m, rs_stages, rs_tile
 
     assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 1]
+    assert [rs_stages(bm, bits=8) for bm in (64, 128, 160, 192, 256, 512)] == [6, 6, 6, 6, 6, 3]
+    assert rs_tile(256, 8192, 8192, bits=8) == dict(rs=True, block_m=256, stages=6)
     assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, None]
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))

@@ -65,7 +65,9 @@ BYTE_TILES = [
     dict(block_m=64, stages=3),
     dict(block_m=96),
     dict(block_m=128),
+    dict(block_m=192),
     dict(block_m=256),
+    dict(block_m=256, stages=5),  # odd: guarded (the default is 6 — one x slice a slot)
     dict(block_m=96, split_k=2),
 ]
 
@@ -165,9 +167,9 @@ def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
 
 
 @pytest.mark.parametrize("text, dtype", [("w8a16:int8:ch:fp16", torch.float16), ("w4a16", torch.bfloat16)])
-@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=256), dict(block_m=128, stages=4),
-                                  dict(block_m=64, stages=5), dict(block_m=160)],
-                         ids=["bm64s3", "bm256s3", "bm128s4", "bm64s5", "bm160s5"])  # fmt: skip
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=256, stages=3), dict(block_m=128, stages=4),
+                                  dict(block_m=64, stages=5), dict(block_m=160, stages=5), dict(block_m=256)],
+                         ids=["bm64s3", "bm256s3", "bm128s4", "bm64s5", "bm160s5", "bm256"])  # fmt: skip
 def test_first_calls_after_another_kernel(text, dtype, tile):
     """The ring's phase-parity hazard (`frag_rs.RS_MIN_STAGES`): unguarded, a warpgroup's wait in a ring of 3 slots
     passed on the previous occupant of its block's slot, and a whole 64-K block came out of the older block's words

@@ -1,10 +1,10 @@
 """A model of the register-operand kernel's ring (`frag_rs_kernel`: one TMA loader, two MMA warpgroups taking
 alternate blocks, mbarriers waited by phase parity, the second warpgroup's partial product left in the x slots of
-its last block) run under random schedules, the copies landing in any order: which block's words and x a
-warpgroup reads for each of its blocks, and whether a copy lands in an x slot a wgmma is reading or the partial
-product occupies. Unguarded with an odd number of slots a warpgroup reads a slot's previous block (what the H200
-showed with 3, `frag_rs.RS_MIN_STAGES`); with the kernel's guard, or an even number, never. Keep it in step with
-`_consumer_loop`, `_loader` and `_partial`."""
+its last block — 8-bit codes: in x slots 0 and 1 once the first warpgroup's loop is done) run under random
+schedules, the copies landing in any order: which block's words and x a warpgroup reads for each of its blocks, and
+whether a copy lands in an x slot a wgmma is reading or the partial product occupies. Unguarded with an odd number
+of slots a warpgroup reads a slot's previous block (what the H200 showed with 3, `frag_rs.RS_MIN_STAGES`); with the
+kernel's guard, or an even number, never. Keep it in step with `_consumer_loop`, `_loader` and `_partial`."""
 
 import random
 
@@ -36,7 +36,7 @@ class _Ring:
         self.words, self.x = [None] * stages, [None] * stages
         self.reading = [None] * stages
         self.in_flight: list[tuple[str, int]] = []
-        self.partial_done = False
+        self.partial_done = self.first_done = False
         self.wrong: list[str] = []
 
     def land(self, kind: str, b: int):
@@ -60,9 +60,10 @@ def _loader(ring: _Ring, blocks: int):
         ring.in_flight += [("words", b), ("x", b)]
 
 
-def _warpgroup(ring: _Ring, me: int, blocks: int, guard: bool, ahead: bool):
+def _warpgroup(ring: _Ring, me: int, blocks: int, guard: bool, ahead: bool, w8: bool = False):
     """`_consumer_loop`'s order: the first block's words read ahead, then per block: (the block's words), its x and
-    the wgmma, the next block's words read ahead, the wgmma's wait, the release; then `_second` / `_first`."""
+    the wgmma, the next block's words read ahead, the wgmma's wait, the release; then `_second` / `_first` (w8: a
+    block's x is one slot, the kernel's x ring has STAGES of them, and the partial product takes slots 0 and 1)."""
     stages = ring.stages
 
     def read(b):
@@ -90,22 +91,30 @@ def _warpgroup(ring: _Ring, me: int, blocks: int, guard: bool, ahead: bool):
         yield lambda: True  # the wgmma's wait: the others move meanwhile
         ring.reading[s] = None
         ring.empty[s].completed += 1
-    p = last % stages
-    if me == 1:  # `_second`: the partial product into the x slots of its last block
-        if ring.reading[p] is not None or any(k == "x" and j % stages == p for k, j in ring.in_flight):
-            ring.wrong.append("the partial product written where x is still read or landing")
-        ring.x[p] = "partial"
+    slots = [0, 1] if w8 else [last % stages]
+    if me == 1:  # `_second`: the partial product into the x slots of its last block (w8: once the first is done)
+        if w8:
+            yield lambda: ring.first_done
+        for p in slots:
+            if ring.reading[p] is not None or any(k == "x" and j % stages == p for k, j in ring.in_flight):
+                ring.wrong.append("the partial product written where x is still read or landing")
+            ring.x[p] = "partial"
         ring.partial_done = True
     else:  # `_first`: once it is there, read it
+        ring.first_done = True
         yield lambda: ring.partial_done
-        if ring.x[p] != "partial":
+        if any(ring.x[p] != "partial" for p in slots):
             ring.wrong.append("the partial product overwritten before it was read")
 
 
-def _run(stages: int, blocks: int, guard: bool, ahead: bool, seed: int) -> list[str]:
+def _run(
+    stages: int, blocks: int, guard: bool, ahead: bool, seed: int, w8: bool = False, unordered: bool = False
+) -> list[str]:
+    """unordered (w8): the second warpgroup takes slots 0 and 1 without waiting for the first's loop to end."""
     rng = random.Random(seed)
     ring = _Ring(stages)
-    actors = [_loader(ring, blocks)] + [_warpgroup(ring, me, blocks, guard, ahead) for me in (0, 1)]
+    ring.first_done = unordered
+    actors = [_loader(ring, blocks)] + [_warpgroup(ring, me, blocks, guard, ahead, w8) for me in (0, 1)]
     waits = {id(a): (lambda: True) for a in actors}
     while actors or ring.in_flight:
         runnable = [a for a in actors if waits[id(a)]()]
@@ -141,9 +150,21 @@ def test_an_odd_number_of_unguarded_slots_reads_a_previous_block(stages, ahead):
 @pytest.mark.parametrize("stages, guard", [(3, True), (4, False), (5, True), (6, False)])
 @pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "not-ahead"])
 @pytest.mark.parametrize("blocks", [1, 2, 3, 5, 13])
-def test_the_kernel_reads_only_its_own_blocks(stages, guard, ahead, blocks):
+@pytest.mark.parametrize("w8", [False, True], ids=["4-bit", "8-bit"])
+def test_the_kernel_reads_only_its_own_blocks(stages, guard, ahead, blocks, w8):
     """The kernel as built: the guard with an odd number of slots (`frag_rs_kernel._block_words`), none with an even
     number — every words and x read is the block waited for, no copy lands under a wgmma or on the partial product,
     no schedule hangs (a single block: the second warpgroup has none)."""
     for seed in range(300):
-        assert _run(stages, blocks, guard, ahead, seed) == [], seed
+        assert _run(stages, blocks, guard, ahead, seed, w8) == [], seed
+
+
+@pytest.mark.parametrize("blocks", [2, 3, 5, 13])
+def test_8_bit_partial_product_needs_the_first_warpgroup_done(blocks):
+    """8-bit codes leave the partial product in x slots 0 and 1, which the first warpgroup's last blocks may still
+    be reading: without the wait for its loop's end (`_second`'s wait on `red_bar[1]`) some schedule overwrites x
+    under its wgmma."""
+    wrong = []
+    for seed in range(300):
+        wrong += _run(4, blocks, False, True, seed, w8=True, unordered=True)
+    assert wrong
