@@ -54,6 +54,7 @@ RS_MAX_STAGES = 6
 # b holds its slot).
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
+RS_MAX_M = 512  # 4-bit codes at 257-512 rows where 256-token tiles fit one wave (`rs_block_m`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
@@ -71,7 +72,12 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     two 128-token tiles for 193-256 rows where their CTAs still fit one wave (H200 graphs, W4A16, one 256-token tile
     (session 24) -> two of 128 (session 27), µs: 4096^2 M=256 26.7 -> 17.2, 4096x14336 (split in two) 64.4 -> 50.5;
     where they would not, the 256-token tile stays: session 27, same run, 6144x4096 M=224 / 256 27.9 / 27.5 vs 34.5 /
-    31.5, 8192^2 62.6 / 54.6 vs 72.5 / 65.1); None above 256 rows."""
+    31.5, 8192^2 62.6 / 54.6 vs 72.5 / 65.1). 257-RS_MAX_M rows where 256-token tiles fit one wave (4096-row weights):
+    256-token tiles above 384 rows, else 128-token ones (session 28, W4A16 graphs, the route — dequantize + cuBLAS —
+    -> 256 / 128-token tiles (Humming), µs: 4096^2 M=384 36.1 -> 46.1 / 32.8 (27.7), M=512 37.3 -> 29.5 / 35.0 (33.9);
+    4096x14336 M=384 111.0 -> 144.0 / 95.6 (78.9), M=512 124.8 -> 91.4 / 113.4 (99.4)); else None."""
+    if m > 256:
+        return (256 if m > 384 else 128) if m <= RS_MAX_M and cdiv(m, 256) * cdiv(n, 64) <= num_sms else None
     bm = swap_block_m(m)
     return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
 
@@ -108,14 +114,18 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit one wave; else 65-128
     rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the warp-specialised kernel
     would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles, those (`rs_block_m`)."""
-    bm = rs_block_m(m, n, num_sms) if RS_SMALL_MIN_M < m <= 256 and (bits == 4 or m > 64) else None
+    bm = (
+        rs_block_m(m, n, num_sms)
+        if RS_SMALL_MIN_M < m <= (256 if bits == 8 else RS_MAX_M) and (bits == 4 or m > 64)
+        else None
+    )
     if bm is None:
         return None
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
     if m <= 64:
         takes = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
-    elif k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:
+    elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)
     else:
         takes = k >= 2 * n or (m <= 128 and bits == 4) or tiles <= num_sms

@@ -73,7 +73,9 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 1]
     assert [rs_stages(bm, bits=8) for bm in (64, 128, 160, 192, 256, 512)] == [6, 6, 6, 6, 6, 3]
     assert rs_tile(256, 8192, 8192, bits=8) == dict(rs=True, block_m=256, stages=6)
-    assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, None]
+    assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 128]
+    assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [128, 256, 256, None]
+    assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))
     assert rs_tile(256, 8192, 8192) == dict(rs=True, block_m=256, stages=3)
@@ -93,6 +95,7 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     (256, 8192, 28672, True), (160, 4096, 14336, True),  # K >= 2N: to 256
     (64, 8192, 8192, True), (33, 7168, 7168, True), (32, 8192, 8192, False),  # 33-64 rows: one filled wave, K < 2N
     (64, 28672, 8192, False), (64, 8192, 28672, False), (64, 4096, 4096, False),
+    (384, 4096, 4096, True), (512, 4096, 14336, True), (512, 6144, 4096, False), (513, 4096, 4096, False),  # session 28
 ])  # fmt: skip
 def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
     """`rs_tile`'s rule against the session-22 and -24 H200 probes: where the kernel was faster than the route before
@@ -104,6 +107,7 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
 
 @pytest.mark.parametrize("m, n, k, takes", [
     (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
+    (512, 4096, 4096, False),  # 257-512 rows: 4-bit codes only (bytes not measured there)
     (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
     (160, 28672, 8192, False),  # the warp-specialised kernel's
     (96, 28672, 4096, False), (128, 28672, 8192, False), (96, 8192, 28672, True),  # tall: the frag kernel's

@@ -148,10 +148,12 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("text, m, n", [("w4a16", 160, 6144), ("mxfp4", 256, 6144), ("nvfp4", 192, 4096)])
+@pytest.mark.parametrize("text, m, n", [("w4a16", 160, 6144), ("mxfp4", 256, 6144), ("nvfp4", 192, 4096),
+                                         ("w4a16", 300, 4096), ("mxfp4", 512, 4096), ("nvfp4", 449, 4000)])  # fmt: skip
 def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
-    """anybit.gemm of a 129-256-row call of a weight whose 64-row tiles fit one wave (Llama-3-8B's qkv / o, K < 2N:
-    the warp-specialised kernel would not run) runs this kernel unsplit: a direct launch's bits, the exact product."""
+    """anybit.gemm of a 129-512-row call of a weight whose 64-row tiles fit one wave (Llama-3-8B's qkv / o, K < 2N:
+    the warp-specialised kernel would not run; above 256 rows where 256-token tiles fit one wave) runs this kernel
+    unsplit: a direct launch's bits, the exact product."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_rs import rs_tile
