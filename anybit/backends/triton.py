@@ -198,14 +198,15 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
     return over and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
-def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict | None:
+def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, two_level: bool = False) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
     register-operand kernel's where it is faster (`rs_tile`: 65-256 rows, also where the warp-specialised kernel
     would not run — its CTAs would not fill a wave on 4096- and 6144-row weights; ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
     weights whose 64-row tiles fill one wave), else None. bits: the weight's code width (the register-operand kernel
-    only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`)."""
-    tile = rs_tile(m, n, k, num_sms, bits) if bits in RS_BITS and settings.frag_rs() else None
+    only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`). two_level: the
+    weight has a global scale (NVFP4: `rs_tile` keeps it off 128-token tiles above 256 rows)."""
+    tile = rs_tile(m, n, k, num_sms, bits, two_level) if bits in RS_BITS and settings.frag_rs() else None
     if tile is not None or m <= FRAG_MAX_M:
         return tile
     return ws_tile(m, n, num_sms, k, bits)
@@ -222,7 +223,7 @@ def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device:
     if device is None or not ws_over_mid(kind, m):
         return True
     return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or not ws_takes(
-        ws_route_tile(m, n, k, _sm_count(device), scheme.weight.bits), m
+        ws_route_tile(m, n, k, _sm_count(device), scheme.weight.bits, scheme.global_scale), m
     )
 
 
@@ -491,7 +492,9 @@ class TritonBackend:
             return None
         key = ("tile", m)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"])
+            tw.ws_ok[key] = ws_route_tile(
+                m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"], tw.global_scale is not None
+            )
         return tw.ws_ok[key]
 
     @staticmethod

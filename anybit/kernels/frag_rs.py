@@ -82,7 +82,7 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
 
 
-def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
+def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level: bool = False) -> dict | None:
     """The kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes — the token tile `rs_block_m`,
     the most stages that fit — where it beats the warp-specialised and frag kernels, else None. 8-bit codes: the same
     rule above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 /
@@ -113,13 +113,17 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 / 65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session
     22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit one wave; else 65-128
     rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the warp-specialised kernel
-    would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles, those (`rs_block_m`)."""
+    would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles, those (`rs_block_m`).
+    257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the route (dequantize + cuBLAS) -> this kernel, µs,
+    W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 ->
+    96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 ->
+    91.4 / 92.1 / 91.0. So NVFP4 (`two_level`: a global scale) not at 257-384 rows."""
     bm = (
         rs_block_m(m, n, num_sms)
         if RS_SMALL_MIN_M < m <= (256 if bits == 8 else RS_MAX_M) and (bits == 4 or m > 64)
         else None
     )
-    if bm is None:
+    if bm is None or (two_level and 256 < m and bm < 256):  # NVFP4's 128-token tiles at 257-384 rows: slower
         return None
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))

@@ -76,6 +76,8 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 128]
     assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [128, 256, 256, None]
     assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
+    assert rs_tile(300, 4096, 4096, two_level=True) is None  # NVFP4: 128-token tiles above 256 rows were slower
+    assert rs_tile(512, 4096, 4096, two_level=True) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))
     assert rs_tile(256, 8192, 8192) == dict(rs=True, block_m=256, stages=3)
