@@ -207,3 +207,17 @@ def test_bytes_route(fake_hopper, m, n, k, plan):
     assert plan in got, got
     if tile and tile.get("rs"):
         assert "64-K blocks" in got and f"tile {tile['block_m']}x64x64" in got, got
+
+
+@pytest.mark.parametrize("text, m, rs", [("w4a16", 512, True), ("mxfp4", 300, True), ("nvfp4", 300, False),
+                                         ("nvfp4", 449, True), ("w8a16", 512, False)])  # fmt: skip
+def test_explain_says_the_route_at_257_to_512_rows(fake_hopper, text, m, rs):
+    """`anybit explain` on a faked H200 at 257-512 rows of a 4096x4096 weight: the register-operand kernel where
+    `rs_tile` takes the call (4-bit codes; NVFP4 only on 256-token tiles, above 384 rows), else the route before."""
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    got = triton_plan(Scheme.parse(text), m, 4096, 4096, torch.device("cuda"), torch.bfloat16)
+    assert ("register-operand" in got) == rs, got
+    if rs:
+        assert f"{256 if m > 384 else 128}-token tile" in got, got
