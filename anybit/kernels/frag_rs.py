@@ -1,4 +1,4 @@
-"""A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls (65-256 rows)
+"""A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls (33-512 rows)
 where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most. The weights the
 warp-specialised kernel takes (4-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales). Routed by
 `rs_tile` (the Triton backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
@@ -77,7 +77,9 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     -> 256 / 128-token tiles (Humming), µs: 4096^2 M=384 36.1 -> 46.1 / 32.8 (27.7), M=512 37.3 -> 29.5 / 35.0 (33.9);
     4096x14336 M=384 111.0 -> 144.0 / 95.6 (78.9), M=512 124.8 -> 91.4 / 113.4 (99.4)); else None."""
     if m > 256:
-        return (256 if m > 384 else 128) if m <= RS_MAX_M and cdiv(m, 256) * cdiv(n, 64) <= num_sms else None
+        if m > RS_MAX_M or cdiv(m, 256) * cdiv(n, 64) > num_sms:
+            return None
+        return 256 if m > 384 else 128
     bm = swap_block_m(m)
     return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
 
@@ -118,11 +120,8 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
     W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 ->
     96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 ->
     91.4 / 92.1 / 91.0. So NVFP4 (`two_level`: a global scale) not at 257-384 rows."""
-    bm = (
-        rs_block_m(m, n, num_sms)
-        if RS_SMALL_MIN_M < m <= (256 if bits == 8 else RS_MAX_M) and (bits == 4 or m > 64)
-        else None
-    )
+    low, high = (RS_SMALL_MIN_M, RS_MAX_M) if bits == 4 else (64, 256)  # the rows measured faster per code width
+    bm = rs_block_m(m, n, num_sms) if low < m <= high else None
     if bm is None or (two_level and 256 < m and bm < 256):  # NVFP4's 128-token tiles at 257-384 rows: slower
         return None
     tiles = cdiv(n, 64)
