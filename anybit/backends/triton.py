@@ -200,13 +200,13 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
 
 def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, two_level: bool = False) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
-    register-operand kernel's where it is faster (`rs_tile`: 65-256 rows, 4-bit codes to 512; also where the
+    register-operand kernel's where it is faster (`rs_tile`: 65-512 rows, bytes not at 257-384; also where the
     warp-specialised kernel would not run — its CTAs would not fill a wave on 4096- and 6144-row weights;
     ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
     weights whose 64-row tiles fill one wave), else None. bits: the weight's code width (the register-operand kernel
     only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`). two_level: the
-    weight has a global scale (NVFP4: `rs_tile` keeps it off 128-token tiles above 256 rows)."""
+    weight has a global scale (NVFP4: `rs_tile` keeps it off 257-384 rows)."""
     tile = rs_tile(m, n, k, num_sms, bits, two_level) if bits in RS_BITS and settings.frag_rs() else None
     if tile is not None or m <= FRAG_MAX_M:
         return tile

@@ -54,7 +54,7 @@ RS_MAX_STAGES = 6
 # b holds its slot).
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
-RS_MAX_M = 512  # 4-bit codes at 257-512 rows where 256-token tiles fit one wave (`rs_block_m`)
+RS_MAX_M = 512  # 257-512 rows where two token tiles a 64-row tile fit one wave (`rs_block_m`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
@@ -72,14 +72,17 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     two 128-token tiles for 193-256 rows where their CTAs still fit one wave (H200 graphs, W4A16, one 256-token tile
     (session 24) -> two of 128 (session 27), µs: 4096^2 M=256 26.7 -> 17.2, 4096x14336 (split in two) 64.4 -> 50.5;
     where they would not, the 256-token tile stays: session 27, same run, 6144x4096 M=224 / 256 27.9 / 27.5 vs 34.5 /
-    31.5, 8192^2 62.6 / 54.6 vs 72.5 / 65.1). 257-RS_MAX_M rows where 256-token tiles fit one wave (4096-row weights):
-    256-token tiles above 384 rows, else 128-token ones (session 28, W4A16 graphs, the route — dequantize + cuBLAS —
-    -> 256 / 128-token tiles (Humming), µs: 4096^2 M=384 36.1 -> 46.1 / 32.8 (27.7), M=512 37.3 -> 29.5 / 35.0 (33.9);
-    4096x14336 M=384 111.0 -> 144.0 / 95.6 (78.9), M=512 124.8 -> 91.4 / 113.4 (99.4)); else None."""
+    31.5, 8192^2 62.6 / 54.6 vs 72.5 / 65.1). 257-RS_MAX_M rows where two token tiles a 64-row tile fit one wave
+    (4096-row weights): 256-token tiles above 384 rows, else 192-token ones (session 28, W4A16 graphs, the route —
+    dequantize + cuBLAS — -> 256 / 128-token tiles (Humming), µs: 4096^2 M=384 36.1 -> 46.1 / 32.8 (27.7), M=512 37.3
+    -> 29.5 / 35.0 (33.9); 4096x14336 M=384 111.0 -> 144.0 / 95.6 (78.9), M=512 124.8 -> 91.4 / 113.4 (99.4); session
+    29, same run, 128 -> 192-token tiles (Humming), M=320 / 384: 4096^2 35.5 / 31.8 -> 27.5 / 24.3 (25.1 / 27.4),
+    4096x14336 105.5 / 93.9 -> 90.5 / 78.6 (58.3 / 78.8); two K halves a tile (`split_k`) slower: 38.8-50.3, 90.6-116.2
+    µs); else None."""
     if m > 256:
         if m > RS_MAX_M or cdiv(m, 256) * cdiv(n, 64) > num_sms:
             return None
-        return 256 if m > 384 else 128
+        return 256 if m > 384 else 192
     bm = swap_block_m(m)
     return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
 
@@ -119,10 +122,12 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
     257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the route (dequantize + cuBLAS) -> this kernel, µs,
     W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 ->
     96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 ->
-    91.4 / 92.1 / 91.0. So NVFP4 (`two_level`: a global scale) not at 257-384 rows."""
-    low, high = (RS_SMALL_MIN_M, RS_MAX_M) if bits == 4 else (64, 256)  # the rows measured faster per code width
-    bm = rs_block_m(m, n, num_sms) if low < m <= high else None
-    if bm is None or (two_level and 256 < m and bm < 256):  # NVFP4's 128-token tiles at 257-384 rows: slower
+    91.4 / 92.1 / 91.0. So NVFP4 (`two_level`: a global scale) not at 257-384 rows. 8-bit codes at 385-512 rows
+    (session 29, W8A16 graphs, the route -> 256-token tiles (Humming), M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336
+    132.8 -> 100.5 (109.5)); not at 257-384 (128-token tiles, M=384: 37.6 / 111.7 vs the route's 37.7 / 117.8)."""
+    low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
+    bm = rs_block_m(m, n, num_sms) if low < m else None
+    if bm is None or ((two_level or bits == 8) and 256 < m <= 384):  # their 257-384-row tiles: not faster
         return None
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))

@@ -67,16 +67,17 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     """`rs_stages`: the most slots that fit (sm_90a compiles, the limit 227 KB: 96 tokens x 6 stages 172 KB, 128 x 6
     221 KB, 160 x 5 223 KB, 192 x 4 211 KB, 256 x 3 206 KB; 8-bit codes, one x slice a slot: 256 x 6 217 KB);
     `rs_block_m`: 193-256 rows as two 128-token tiles where their CTAs fit one wave (4096-row weights), else one of
-    256."""
+    256; 257-384 rows as two 192-token tiles, 385-512 as two of 256, where those fit one wave."""
     from anybit.kernels.frag_rs import RS_MIN_STAGES, rs_block_m, rs_stages, rs_tile
 
     assert [rs_stages(bm) for bm in (64, 96, 128, 160, 192, 256, 512)] == [6, 6, 6, 5, 4, 3, 1]
     assert [rs_stages(bm, bits=8) for bm in (64, 128, 160, 192, 256, 512)] == [6, 6, 6, 6, 6, 3]
     assert rs_tile(256, 8192, 8192, bits=8) == dict(rs=True, block_m=256, stages=6)
-    assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 128]
-    assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [128, 256, 256, None]
+    assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 192]
+    assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [192, 256, 256, None]
     assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
-    assert rs_tile(300, 4096, 4096, two_level=True) is None  # NVFP4: 128-token tiles above 256 rows were slower
+    assert rs_tile(300, 4096, 4096, two_level=True) is None  # NVFP4: 128-token tiles at 257-384 rows were slower
+    assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)
     assert rs_tile(512, 4096, 4096, two_level=True) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))
@@ -109,7 +110,7 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
 
 @pytest.mark.parametrize("m, n, k, takes", [
     (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
-    (512, 4096, 4096, False),  # 257-512 rows: 4-bit codes only (bytes not measured there)
+    (512, 4096, 4096, True), (385, 4096, 14336, True), (384, 4096, 4096, False), (512, 6144, 4096, False),  # s29
     (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
     (160, 28672, 8192, False),  # the warp-specialised kernel's
     (96, 28672, 4096, False), (128, 28672, 8192, False), (96, 8192, 28672, True),  # tall: the frag kernel's
@@ -118,7 +119,9 @@ def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
     """8-bit codes: `rs_tile`'s rule above 64 rows (session 27's H200 probe: faster than the route at 96 and 128
     rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster) nor
     at 65-128 rows of tall weights whose 64-row tiles overfill a wave (session 28: 28672x4096 / 28672x8192 slower
-    than the frag kernel; 8192x28672, K >= 2N, faster)."""
+    than the frag kernel; 8192x28672, K >= 2N, faster); at 385-512 rows where 256-token tiles fit one wave (session
+    29: 4096^2 and 4096x14336 faster than the route at M=512), not at 257-384 (128-token tiles as fast as the
+    route)."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132, bits=8) is not None) == takes
@@ -210,14 +213,16 @@ def test_bytes_route(fake_hopper, m, n, k, plan):
 
 
 @pytest.mark.parametrize("text, m, rs", [("w4a16", 512, True), ("mxfp4", 300, True), ("nvfp4", 300, False),
-                                         ("nvfp4", 449, True), ("w8a16", 512, False)])  # fmt: skip
+                                         ("nvfp4", 449, True), ("w8a16", 512, True),
+                                         ("w8a16", 300, False)])  # fmt: skip
 def test_explain_says_the_route_at_257_to_512_rows(fake_hopper, text, m, rs):
     """`anybit explain` on a faked H200 at 257-512 rows of a 4096x4096 weight: the register-operand kernel where
-    `rs_tile` takes the call (4-bit codes; NVFP4 only on 256-token tiles, above 384 rows), else the route before."""
+    `rs_tile` takes the call (4-bit codes: 192-token tiles to 384 rows, 256 above; NVFP4 and 8-bit codes only above
+    384 rows), else the route before."""
     from anybit.formats.scheme import Scheme
     from anybit.tools.explain import triton_plan
 
     got = triton_plan(Scheme.parse(text), m, 4096, 4096, torch.device("cuda"), torch.bfloat16)
     assert ("register-operand" in got) == rs, got
     if rs:
-        assert f"{256 if m > 384 else 128}-token tile" in got, got
+        assert f"{256 if m > 384 else 192}-token tile" in got, got

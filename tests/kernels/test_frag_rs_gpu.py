@@ -149,18 +149,21 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
 
 
 @pytest.mark.parametrize("text, m, n", [("w4a16", 160, 6144), ("mxfp4", 256, 6144), ("nvfp4", 192, 4096),
-                                         ("w4a16", 300, 4096), ("mxfp4", 512, 4096), ("nvfp4", 449, 4000)])  # fmt: skip
+                                         ("w4a16", 300, 4096), ("mxfp4", 384, 4096), ("mxfp4", 512, 4096),
+                                         ("nvfp4", 449, 4000), ("w8a16", 400, 4096), ("w8a16", 512, 4000)])  # fmt: skip
 def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
     """anybit.gemm of a 129-512-row call of a weight whose 64-row tiles fit one wave (Llama-3-8B's qkv / o, K < 2N:
-    the warp-specialised kernel would not run; above 256 rows where 256-token tiles fit one wave) runs this kernel
-    unsplit: a direct launch's bits, the exact product."""
+    the warp-specialised kernel would not run; above 256 rows where two token tiles a 64-row tile fit one wave: 4-bit
+    codes 192-token tiles to 384 rows, 256 above, 8-bit codes 256 above 384) runs this kernel unsplit: a direct
+    launch's bits, the exact product."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_rs import rs_tile
 
     x, qw = random_case(text, m, n, 4096, seed=m)
     p = prepare(qw, backend="triton")
-    tile = rs_tile(m, n, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tile = rs_tile(m, n, 4096, sms, qw.scheme.weight.bits, qw.scheme.global_scale)
     assert "split_k" not in tile
     y = get_backend("triton").gemm(x, p)
     assert torch.equal(y, gemm_frag_rs(x, p.data, block_m=tile["block_m"], stages=tile["stages"]))
