@@ -77,6 +77,9 @@ class Settings:
     registers) where `rs_tile`'s rule says it is faster than the warp-specialised kernel, the frag kernel or
     dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
     40.6 -> 21.9); read when a prepared weight first sees an M."""
+    frag_rs_parts: bool
+    """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-512-row call that the register-operand
+    kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
     token whose rows span at most 11 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
@@ -186,6 +189,11 @@ def frag_rs() -> bool:
     return _level("ANYBIT_FRAG_RS", 1, (0, 1)) == 1
 
 
+def frag_rs_parts() -> bool:
+    """ANYBIT_FRAG_RS_PARTS alone (see `Settings.frag_rs_parts`)."""
+    return _level("ANYBIT_FRAG_RS_PARTS", 1, (0, 1)) == 1
+
+
 def e2m1_a8() -> bool:
     """ANYBIT_E2M1_A8 alone (see `Settings.e2m1_a8`)."""
     return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
@@ -209,7 +217,8 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`, `fast_launch`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`, `frag_rs_parts`,
+    `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -225,6 +234,7 @@ def load() -> Settings:
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
+        frag_rs_parts=frag_rs_parts(),
         e2m1_a8=e2m1_a8(),
         w4a8_codes=w4a8_codes(),
         fast_launch=fast_launch(),

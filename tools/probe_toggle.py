@@ -20,6 +20,9 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
   rs          ANYBIT_FRAG_RS: A16 at 33-256 rows on the register-operand kernel where `rs_tile` takes them (`frag_rs`;
               off: the warp-specialised kernel's tiles or the frag kernel's); each variant prepares its own copies
+  rs-parts    ANYBIT_FRAG_RS_PARTS: 257-512 rows that the register-operand kernel's tiles would overfill as two of
+              its launches (`frag_rs.rs_parts`; off: the warp-specialised kernel's tile or dequantize + cuBLAS); each
+              variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -105,12 +108,17 @@ def _e2m1_a8(on: bool) -> None:
 
 
 # switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
-PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs"}
+def _rs_parts(on: bool) -> None:
+    os.environ["ANYBIT_FRAG_RS_PARTS"] = "1" if on else "0"  # read when a prepared weight first sees an M
+
+
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,
     "subs": _subs,
     "rs": _rs,
+    "rs-parts": _rs_parts,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
     "mid256-e2m1": _mid256_e2m1,

@@ -23,7 +23,7 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_rs import RS_BITS, RS_SMALL_MIN_M, gemm_frag_rs, rs_tile
+from anybit.kernels.frag_rs import RS_BITS, RS_SMALL_MIN_M, gemm_frag_rs, rs_parts, rs_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -204,13 +204,32 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, two_level
     warp-specialised kernel would not run — its CTAs would not fill a wave on 4096- and 6144-row weights;
     ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None. bits: the weight's code width (the register-operand kernel
+    weights whose 64-row tiles fill one wave), else None; 257-512 rows that its tiles would overfill as two of its
+    launches (`rs_parts`). bits: the weight's code width (the register-operand kernel
     only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`). two_level: the
     weight has a global scale (NVFP4: `rs_tile` keeps it off 257-384 rows)."""
-    tile = rs_tile(m, n, k, num_sms, bits, two_level) if bits in RS_BITS and settings.frag_rs() else None
+    rs = bits in RS_BITS and settings.frag_rs()
+    tile = rs_tile(m, n, k, num_sms, bits, two_level) if rs else None
+    if tile is None and rs and settings.frag_rs_parts():
+        tile = rs_parts(m, n, k, num_sms, bits, two_level)
     if tile is not None or m <= FRAG_MAX_M:
         return tile
     return ws_tile(m, n, num_sms, k, bits)
+
+
+def _rs_parts(
+    x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None, parts: tuple
+) -> torch.Tensor:
+    """y of an `rs_parts` call: each part's rows of x (and of its row scales) into the same rows of one output."""
+    y = torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype)
+    row = 0
+    for rows, tile in parts:
+        end = row + rows
+        xs = x_scales[row:end] if x_scales is not None else None
+        rs = {a: v for a, v in tile.items() if a != "rs"}
+        gemm_frag_rs(x[row:end], tw, bias, out=y[row:end], x_scales=xs, **rs)
+        row = end
+    return y
 
 
 def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
@@ -534,6 +553,8 @@ class TritonBackend:
                 try:
                     aligned = x.is_contiguous() and x.data_ptr() % 16 == 0  # TMA reads whole rows from 16 bytes on
                     xc = x if aligned else x.clone(memory_format=torch.contiguous_format)
+                    if tile.get("parts"):  # `rs_parts`: two launches of the register-operand kernel, row slices
+                        return _rs_parts(xc, tw, bias, x_scales, tile["parts"])
                     if tile.get("rs"):  # `rs_tile`: the register-operand kernel
                         rs = {a: v for a, v in tile.items() if a != "rs"}
                         return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, **rs)

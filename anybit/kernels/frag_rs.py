@@ -55,6 +55,7 @@ RS_MAX_STAGES = 6
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 RS_MAX_M = 512  # 257-512 rows where two token tiles a 64-row tile fit one wave (`rs_block_m`)
+RS_HEAD = 256  # the first part's rows of a call run as two (`rs_parts`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
@@ -122,12 +123,14 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
     257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the route (dequantize + cuBLAS) -> this kernel, µs,
     W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 ->
     96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 ->
-    91.4 / 92.1 / 91.0. So NVFP4 (`two_level`: a global scale) not at 257-384 rows. 8-bit codes at 385-512 rows
-    (session 29, W8A16 graphs, the route -> 256-token tiles (Humming), M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336
-    132.8 -> 100.5 (109.5)); not at 257-384 (128-token tiles, M=384: 37.6 / 111.7 vs the route's 37.7 / 117.8)."""
+    91.4 / 92.1 / 91.0; session 29, 192-token tiles at 257-384 rows (NVFP4 and 8-bit codes: the route -> these;
+    Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 / 30.9), 4096x14336 102.3 / 113.6 -> 93.0 /
+    88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6), 4096x14336 108.3 / 118.6 -> 97.0 / 92.9
+    (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the route -> 256-token tiles (Humming),
+    M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5))."""
     low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
     bm = rs_block_m(m, n, num_sms) if low < m else None
-    if bm is None or ((two_level or bits == 8) and 256 < m <= 384):  # their 257-384-row tiles: not faster
+    if bm is None:
         return None
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
@@ -138,6 +141,25 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
     else:
         takes = k >= 2 * n or (m <= 128 and bits == 4) or tiles <= num_sms
     return tile if takes else None
+
+
+def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level: bool = False) -> dict | None:
+    """Where a 257-512-row call that `rs_tile` does not take (weights whose 256-token tiles overfill a wave at these
+    rows: 6144- and 8192-row, the warp-specialised kernel's or dequantize + cuBLAS's) runs as two launches of this
+    kernel: its first RS_HEAD rows on `rs_tile(RS_HEAD)`'s tile (one wave of 256-token tiles on 8192-row weights,
+    674 TF/s W4A16 8192^2) and the rest on their own tile (`rs_tile`, else the fewest tokens holding them, at least
+    64) — so the last rows do not pay a whole tile's MMA work or a second wave (H200 graphs, W4A16 8192^2, session
+    29: the warp-specialised kernel at M=288 118.0 µs, at M=384 102.6; Humming 62.5 / 84.7): dict(rs=True,
+    parts=((rows, tile), (rows, tile))), else None. ANYBIT_FRAG_RS_PARTS=0 turns it off."""
+    if not (RS_HEAD < m <= 2 * RS_HEAD) or rs_tile(m, n, k, num_sms, bits, two_level) is not None:
+        return None
+    head = rs_tile(RS_HEAD, n, k, num_sms, bits, two_level)
+    if head is None:
+        return None
+    r = m - RS_HEAD
+    bm = max(64, swap_block_m(r))
+    tail = rs_tile(r, n, k, num_sms, bits, two_level) or dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
+    return dict(rs=True, parts=((RS_HEAD, head), (r, tail)))
 
 
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,

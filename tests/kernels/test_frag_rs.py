@@ -76,7 +76,7 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 192]
     assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [192, 256, 256, None]
     assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
-    assert rs_tile(300, 4096, 4096, two_level=True) is None  # NVFP4: 128-token tiles at 257-384 rows were slower
+    assert rs_tile(300, 4096, 4096, two_level=True) == dict(rs=True, block_m=192, stages=4)  # NVFP4 too (192)
     assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)
     assert rs_tile(512, 4096, 4096, two_level=True) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
@@ -110,7 +110,7 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
 
 @pytest.mark.parametrize("m, n, k, takes", [
     (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
-    (512, 4096, 4096, True), (385, 4096, 14336, True), (384, 4096, 4096, False), (512, 6144, 4096, False),  # s29
+    (512, 4096, 4096, True), (385, 4096, 14336, True), (384, 4096, 4096, True), (512, 6144, 4096, False),  # s29
     (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
     (160, 28672, 8192, False),  # the warp-specialised kernel's
     (96, 28672, 4096, False), (128, 28672, 8192, False), (96, 8192, 28672, True),  # tall: the frag kernel's
@@ -120,8 +120,8 @@ def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
     rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster) nor
     at 65-128 rows of tall weights whose 64-row tiles overfill a wave (session 28: 28672x4096 / 28672x8192 slower
     than the frag kernel; 8192x28672, K >= 2N, faster); at 385-512 rows where 256-token tiles fit one wave (session
-    29: 4096^2 and 4096x14336 faster than the route at M=512), not at 257-384 (128-token tiles as fast as the
-    route)."""
+    29: 4096^2 and 4096x14336 faster than the route at M=512) and on 192-token tiles at 257-384 (faster there
+    too)."""
     from anybit.kernels.frag_rs import rs_tile
 
     assert (rs_tile(m, n, k, 132, bits=8) is not None) == takes
@@ -212,17 +212,45 @@ def test_bytes_route(fake_hopper, m, n, k, plan):
         assert "64-K blocks" in got and f"tile {tile['block_m']}x64x64" in got, got
 
 
-@pytest.mark.parametrize("text, m, rs", [("w4a16", 512, True), ("mxfp4", 300, True), ("nvfp4", 300, False),
-                                         ("nvfp4", 449, True), ("w8a16", 512, True),
-                                         ("w8a16", 300, False)])  # fmt: skip
-def test_explain_says_the_route_at_257_to_512_rows(fake_hopper, text, m, rs):
-    """`anybit explain` on a faked H200 at 257-512 rows of a 4096x4096 weight: the register-operand kernel where
-    `rs_tile` takes the call (4-bit codes: 192-token tiles to 384 rows, 256 above; NVFP4 and 8-bit codes only above
-    384 rows), else the route before."""
+@pytest.mark.parametrize("text, m", [("w4a16", 512), ("mxfp4", 300), ("nvfp4", 300), ("nvfp4", 449), ("w8a16", 512),
+                                     ("w8a16", 300)])  # fmt: skip
+def test_explain_says_the_route_at_257_to_512_rows(fake_hopper, text, m):
+    """`anybit explain` on a faked H200 at 257-512 rows of a 4096x4096 weight: the register-operand kernel (`rs_tile`:
+    two 192-token tiles to 384 rows, 256 above) for 4-bit and 8-bit codes."""
     from anybit.formats.scheme import Scheme
     from anybit.tools.explain import triton_plan
 
     got = triton_plan(Scheme.parse(text), m, 4096, 4096, torch.device("cuda"), torch.bfloat16)
-    assert ("register-operand" in got) == rs, got
-    if rs:
-        assert f"{256 if m > 384 else 192}-token tile" in got, got
+    assert "register-operand" in got and f"{256 if m > 384 else 192}-token tile" in got, got
+
+
+def test_a_call_whose_tiles_would_overfill_a_wave_runs_as_two_launches():
+    """`rs_parts`: 257-512 rows of a weight whose 256-token tiles fit one wave only once (6144- and 8192-row, and K >=
+    2N): the first 256 rows on `rs_tile(256)`'s tile, the rest on their own (at least 64 tokens); none where
+    `rs_tile` takes the call (4096-row weights), on taller weights (`rs_tile(256)` does not run them) or past 512."""
+    from anybit.kernels.frag_rs import rs_parts, rs_tile
+
+    assert rs_parts(288, 8192, 8192) == dict(
+        rs=True, parts=((256, dict(rs=True, block_m=256, stages=3)), (32, dict(rs=True, block_m=64, stages=6)))
+    )
+    assert rs_parts(384, 6144, 4096, bits=8)["parts"][1] == (128, dict(rs=True, block_m=128, stages=6))
+    assert rs_parts(512, 8192, 28672)["parts"] == ((256, rs_tile(256, 8192, 28672)),) * 2
+    assert rs_parts(449, 8192, 8192, two_level=True)["parts"][1] == (193, dict(rs=True, block_m=256, stages=3))
+    for m, n, k in ((256, 8192, 8192), (513, 8192, 8192), (384, 4096, 4096), (300, 28672, 8192), (300, 28672, 4096)):
+        assert rs_parts(m, n, k) is None, (m, n, k)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_explain_says_two_launches(fake_hopper, monkeypatch, on):
+    """`anybit explain` on a faked H200, W4A16 8192^2 at 384 rows: the two launches (ANYBIT_FRAG_RS_PARTS=0: the
+    warp-specialised kernel's tile, as before)."""
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setenv("ANYBIT_FRAG_RS_PARTS", "1" if on else "0")
+    got = triton_plan(Scheme.parse("w4a16"), 384, 8192, 8192, torch.device("cuda"), torch.bfloat16)
+    assert ("two launches" in got) == on, got
+    if on:
+        assert "rows 0-255: 4-bit fragment layout, 256-token tile" in got and "the other 128: " in got, got
+    else:
+        assert "warp-specialised" in got, got

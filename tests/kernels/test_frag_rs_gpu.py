@@ -186,3 +186,27 @@ def test_first_calls_after_another_kernel(text, dtype, tile):
         (a @ a).sum().item()  # another kernel's data in shared memory and L2 before the launch
         y = gemm_frag_rs(x, tw, **tile)
         assert rel_err(y, ref) < GEMM_REL_ERR[dtype], seed
+
+
+@pytest.mark.parametrize("text, m, n, k", [("w4a16", 288, 8192, 1024), ("nvfp4", 384, 6144, 1024),
+                                           ("w8a16", 449, 8192, 1024), ("mxfp4", 512, 8200, 2048),
+                                           ("w4a16", 257, 8192, 4096)])  # fmt: skip
+def test_two_launches_where_the_tiles_would_overfill_a_wave(text, m, n, k):
+    """anybit.gemm of a 257-512-row call of a 6144/8192-row weight (`rs_parts`): the first 256 rows and the rest as
+    two launches into one output — each part's bits those of a direct launch on its rows, the exact product."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag_rs import rs_parts
+
+    x, qw = random_case(text, m, n, k, seed=m)
+    p = prepare(qw, backend="triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tile = rs_parts(m, n, k, sms, qw.scheme.weight.bits, qw.scheme.global_scale)
+    y = get_backend("triton").gemm(x, p)
+    row = 0
+    for rows, part in tile["parts"]:
+        direct = gemm_frag_rs(x[row : row + rows], p.data, **{a: v for a, v in part.items() if a != "rs"})
+        assert torch.equal(y[row : row + rows], direct), (row, rows, part)
+        row += rows
+    ref = x.double() @ qw.dequantize().double().T
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
