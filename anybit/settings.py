@@ -78,7 +78,7 @@ class Settings:
     dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
     40.6 -> 21.9); read when a prepared weight first sees an M."""
     frag_rs_parts: bool
-    """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-512-row call that the register-operand
+    """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per

@@ -20,7 +20,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               x's codes on the A16 kernels, `codes_a16`); each variant prepares its own copies
   rs          ANYBIT_FRAG_RS: A16 at 33-256 rows on the register-operand kernel where `rs_tile` takes them (`frag_rs`;
               off: the warp-specialised kernel's tiles or the frag kernel's); each variant prepares its own copies
-  rs-parts    ANYBIT_FRAG_RS_PARTS: 257-512 rows that the register-operand kernel's tiles would overfill as two of
+  rs-parts    ANYBIT_FRAG_RS_PARTS: 257-384 rows that the register-operand kernel's tiles would overfill as two of
               its launches (`frag_rs.rs_parts`; off: the warp-specialised kernel's tile or dequantize + cuBLAS); each
               variant prepares its own copies
 

@@ -204,10 +204,10 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, two_level
     warp-specialised kernel would not run — its CTAs would not fill a wave on 4096- and 6144-row weights;
     ANYBIT_FRAG_RS=0 turns it off). At
     most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None; 257-512 rows that its tiles would overfill as two of its
+    weights whose 64-row tiles fill one wave), else None; 257-384 rows that its tiles would overfill as two of its
     launches (`rs_parts`). bits: the weight's code width (the register-operand kernel
     only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`). two_level: the
-    weight has a global scale (NVFP4: `rs_tile` keeps it off 257-384 rows)."""
+    weight has a global scale (NVFP4)."""
     rs = bits in RS_BITS and settings.frag_rs()
     tile = rs_tile(m, n, k, num_sms, bits, two_level) if rs else None
     if tile is None and rs and settings.frag_rs_parts():

@@ -56,6 +56,7 @@ RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 RS_MAX_M = 512  # 257-512 rows where two token tiles a 64-row tile fit one wave (`rs_block_m`)
 RS_HEAD = 256  # the first part's rows of a call run as two (`rs_parts`)
+RS_PARTS_MAX_M = 384  # the most rows run as two launches (`rs_parts`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
@@ -144,14 +145,18 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
 
 
 def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level: bool = False) -> dict | None:
-    """Where a 257-512-row call that `rs_tile` does not take (weights whose 256-token tiles overfill a wave at these
-    rows: 6144- and 8192-row, the warp-specialised kernel's or dequantize + cuBLAS's) runs as two launches of this
-    kernel: its first RS_HEAD rows on `rs_tile(RS_HEAD)`'s tile (one wave of 256-token tiles on 8192-row weights,
-    674 TF/s W4A16 8192^2) and the rest on their own tile (`rs_tile`, else the fewest tokens holding them, at least
-    64) — so the last rows do not pay a whole tile's MMA work or a second wave (H200 graphs, W4A16 8192^2, session
-    29: the warp-specialised kernel at M=288 118.0 µs, at M=384 102.6; Humming 62.5 / 84.7): dict(rs=True,
-    parts=((rows, tile), (rows, tile))), else None. ANYBIT_FRAG_RS_PARTS=0 turns it off."""
-    if not (RS_HEAD < m <= 2 * RS_HEAD) or rs_tile(m, n, k, num_sms, bits, two_level) is not None:
+    """Where a 257-RS_PARTS_MAX_M-row call that `rs_tile` does not take (weights whose 256-token tiles overfill a wave
+    at these rows: 6144- and 8192-row, the warp-specialised kernel's or dequantize + cuBLAS's) runs as two launches of
+    this kernel: its first RS_HEAD rows on `rs_tile(RS_HEAD)`'s tile (one wave of 256-token tiles on 8192-row
+    weights) and the rest on their own tile (`rs_tile`, else the fewest tokens holding them, at least 64), so the last
+    rows do not pay a whole tile's MMA work or a second wave: dict(rs=True, parts=((rows, tile), (rows, tile))), else
+    None. H200 graphs, session 29 (`probe_toggle.py --switch rs-parts`), µs, the route -> two launches, M=288 / 384 /
+    512: W4A16 8192^2 117.1 / 102.6 / 108.5 -> 86.3 / 87.2 / 109.2, 8192x28672 394.6 / 354.8 / 373.8 -> 278.1 / 307.4 /
+    376.6, 6144x4096 48.4 / 48.2 / 55.8 -> 44.6 / 44.9 / 55.7; W8A16 8192^2 125.5 / 118.8 / 118.4 -> 95.5 / 103.9 /
+    126.6, 8192x28672 470.5 / 394.7 / 422.0 -> 327.8 / 342.2 / 426.0; NVFP4 8192^2 117.7 / 106.4 / 110.1 -> 87.7 /
+    95.5 / 110.4 — so up to 384 rows (at 512 the two halves are the same tiles the route's one launch runs).
+    ANYBIT_FRAG_RS_PARTS=0 turns it off."""
+    if not (RS_HEAD < m <= RS_PARTS_MAX_M) or rs_tile(m, n, k, num_sms, bits, two_level) is not None:
         return None
     head = rs_tile(RS_HEAD, n, k, num_sms, bits, two_level)
     if head is None:

@@ -225,18 +225,18 @@ def test_explain_says_the_route_at_257_to_512_rows(fake_hopper, text, m):
 
 
 def test_a_call_whose_tiles_would_overfill_a_wave_runs_as_two_launches():
-    """`rs_parts`: 257-512 rows of a weight whose 256-token tiles fit one wave only once (6144- and 8192-row, and K >=
+    """`rs_parts`: 257-384 rows of a weight whose 256-token tiles fit one wave only once (6144- and 8192-row, and K >=
     2N): the first 256 rows on `rs_tile(256)`'s tile, the rest on their own (at least 64 tokens); none where
-    `rs_tile` takes the call (4096-row weights), on taller weights (`rs_tile(256)` does not run them) or past 512."""
+    `rs_tile` takes the call (4096-row weights), on taller weights (`rs_tile(256)` does not run them) or past 384."""
     from anybit.kernels.frag_rs import rs_parts, rs_tile
 
     assert rs_parts(288, 8192, 8192) == dict(
         rs=True, parts=((256, dict(rs=True, block_m=256, stages=3)), (32, dict(rs=True, block_m=64, stages=6)))
     )
     assert rs_parts(384, 6144, 4096, bits=8)["parts"][1] == (128, dict(rs=True, block_m=128, stages=6))
-    assert rs_parts(512, 8192, 28672)["parts"] == ((256, rs_tile(256, 8192, 28672)),) * 2
-    assert rs_parts(449, 8192, 8192, two_level=True)["parts"][1] == (193, dict(rs=True, block_m=256, stages=3))
-    for m, n, k in ((256, 8192, 8192), (513, 8192, 8192), (384, 4096, 4096), (300, 28672, 8192), (300, 28672, 4096)):
+    assert rs_parts(384, 8192, 28672)["parts"] == ((256, rs_tile(256, 8192, 28672)), (128, rs_tile(128, 8192, 28672)))
+    assert rs_parts(321, 8192, 8192, two_level=True)["parts"][1] == (65, dict(rs=True, block_m=80, stages=6))
+    for m, n, k in ((256, 8192, 8192), (385, 8192, 8192), (384, 4096, 4096), (300, 28672, 8192), (300, 28672, 4096)):
         assert rs_parts(m, n, k) is None, (m, n, k)
 
 
