@@ -4,6 +4,8 @@ of the route's own quantized x) and a relaunch bit for bit, then CUDA-graph µs 
 beyond L2 (the two variants timed alternately, twice each, so drift lands on both). Switches:
   settle      ANYBIT_FRAG_SETTLE: each frag K block waits for its wgmma (`settled`)
   quant-wide  the activation quantizer reads a decode row in one step (`quant_act.WIDE_MAX_M`; off: 0)
+  quant-group-block  per-group activation scales on rows past the decode: 4096 columns a step (off: 1024,
+              `quant_act.GROUP_BLOCK`)
   quant-split several programs share a decode row, SPLIT_CHUNK columns each (`split_chunk`; off: SPLIT_MAX_M 0)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
@@ -58,6 +60,10 @@ def _settle(on: bool) -> None:
 
 def _quant_wide(on: bool, wide=quant_act.WIDE_MAX_M) -> None:
     quant_act.WIDE_MAX_M = wide if on else 0  # read per call
+
+
+def _quant_group_block(on: bool) -> None:
+    quant_act.GROUP_BLOCK = 4096 if on else 1024  # read per call
 
 
 def _quant_split(on: bool, rows=quant_act.SPLIT_MAX_M or 64) -> None:
@@ -126,6 +132,7 @@ SWITCHES = {
     "rowwise": _rowwise,
     "settle": _settle,
     "quant-wide": _quant_wide,
+    "quant-group-block": _quant_group_block,
     "quant-split": _quant_split,
     "quant-early": _quant_early,
     "pdl": _pdl,

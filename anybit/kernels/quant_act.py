@@ -28,6 +28,12 @@ from anybit.quant.activations import act_qmax, act_storage_dtype, min_act_scale
 
 WIDE_MAX_M = 128  # up to this many rows, a row is read in one step (`quantize_act`)
 WIDE_MAX_K = 32768  # ... when it is at most this long (64 fp32 values a thread at 16 warps)
+# Longer rows per group of columns: this many columns a step. A program has one step's loads in flight and a step
+# waits for them, so the bytes in flight per SM — what an M=4096 call's bandwidth rests on (H200: 34-56 µs at
+# K=4096-14336, 1.4-3.1 TB/s) — grow with it. sm_90a (8 warps, groups of 128): 1024 columns one LDG.E.64 a thread,
+# 30 registers (8 CTAs an SM: 16 KB in flight); 4096 two LDG.E.128, 40 registers (6 CTAs: 48 KB) — that is
+# `tools/probe_toggle.py --switch quant-group-block`'s "on", not yet measured on the GPU.
+GROUP_BLOCK = 1024
 # Up to this many rows (and K > SPLIT_CHUNK) several programs share a row, each casting SPLIT_CHUNK columns
 # (`split_chunk`): a decode row is one CTA's chain of loads otherwise (H200: 3.3 µs at K=8192, 7.7 at 28672, which
 # the FP8 decode GEMM waits for). Per token each program reads the whole row for its amax (from L2): no split when
@@ -163,7 +169,7 @@ def quantize_act(
     if spec.mode is ActMode.GROUP:
         if block_sums:
             raise ValueError(f"block sums come with per-token or static activation scales, not {spec}")
-        block = max(next_pow2(k) if wide else min(next_pow2(k), 1024), spec.group)
+        block = max(next_pow2(k) if wide else min(next_pow2(k), GROUP_BLOCK), spec.group)
         group, cols = spec.group, k // spec.group
     else:  # rows up to 4096 (decode: WIDE_MAX_K) are held in registers (one read), longer rows are read twice
         block = max(next_pow2(k) if wide else min(next_pow2(k), 4096), 128 if block_sums else 1)

@@ -292,6 +292,23 @@ def test_quantizer_with_a_row_over_several_programs_writes_the_same(interpret, m
     assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, split, strict=True))
 
 
+@pytest.mark.parametrize("text, blockwise", [("fp8-block", False), ("fp8-block", True),
+                                             ("w8a8:e4m3:ch:bf16:e5m2-g32", False)])  # fmt: skip
+def test_quantizer_per_group_steps_of_4096_columns_write_the_same(interpret, monkeypatch, text, blockwise):
+    """`GROUP_BLOCK`: rows past the decode (here WIDE_MAX_M = 0) cast 4096 instead of 1024 columns a step — bit for
+    bit the same codes and scales (K = 7168: the last step part masked; groups of 128 and of 32; cuBLAS's M-major
+    1x128 scales)."""
+    from anybit.kernels import quant_act
+
+    spec = Scheme.parse(text).act
+    monkeypatch.setattr(quant_act, "WIDE_MAX_M", 0)
+    x = torch.randn(5, 7168).half() * 3
+    one = quantize_act(x, spec, blockwise=blockwise)
+    monkeypatch.setattr(quant_act, "GROUP_BLOCK", 4096)
+    wide = quantize_act(x, spec, blockwise=blockwise)
+    assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, wide, strict=True))
+
+
 def test_a_decode_row_is_split_where_it_was_measured_faster():
     """`split_chunk`: per token not past SPLIT_MAX_REREAD bytes of re-read rows, not past
     SPLIT_MAX_EARLY_PROGRAMS programs when the GEMM launches early; per group and static rows need no re-read."""
