@@ -65,7 +65,7 @@ def rs_stages(block_m: int, bits: int = 4) -> int:
     """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
     64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
     5, 192: 4, 256: 3. 8-bit codes: a 64-K block holds one x slice (block_m x 64 x 2 bytes; the reduction reuses x
-    slots 0 and 1), so 6 slots at every tile up to 256 tokens."""
+    slots 0 and 1), so 6 slots at every tile up to 256 tokens, 5 at 272-320."""
     return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * (128 if bits == 8 else 256)))
 
 
@@ -167,15 +167,25 @@ def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_leve
     return dict(rs=True, parts=((RS_HEAD, head), (r, tail)))
 
 
+def rs_token_parts(block_m: int, bits: int) -> tuple[int, int]:
+    """A tile's tokens as the kernel's two power-of-two parts (`frag_ws.swap_parts`: 16-256 tokens, 96 = 64 + 32), and
+    for 8-bit codes also 256 + 16 / 32 / 64 (272-320 tokens: their x ring keeps 64-K slices, so 5 slots of 320 tokens
+    fit in shared memory, sm_90a 168 registers, no spill; 4-bit codes keep both 64-K halves of a 128-K block a slot,
+    and 3 slots of 288 tokens would need 234 KB); (0, 0) for any other block_m."""
+    if bits == 8 and block_m - 256 in (16, 32, 64):
+        return 256, block_m - 256
+    return swap_parts(block_m)
+
+
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                  x_scales: torch.Tensor | None = None, diag: int = 0, split_k: int = 1, workspace=None,
                  counters=None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
-    (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256:
-    `frag_ws.swap_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate 128-K blocks
-    (8-bit codes: 64-K). stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1 (timing only,
-    wrong results): the words as the operand without decoding.
+    (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256, 8-bit
+    codes also 272-320: `rs_token_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate
+    128-K blocks (8-bit codes: 64-K). stages: ring slots, at least RS_MIN_STAGES (default `rs_stages`). diag=1
+    (timing only, wrong results): the words as the operand without decoding.
     split_k: CTAs a tile, each a share of the K blocks (every share non-empty), summed by the last to finish through
     `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the tiles; left zero for the next call) —
     the Triton backend's shared ones when not given. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
@@ -186,7 +196,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         launch = tw.launches[key] = _rs_launch(tw, key)
     y = call_output(x, tw, bias, out)
     m, n = x.shape[0], tw.n
-    bm1, bm2 = swap_parts(block_m)
+    bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
     x1 = x_desc(x, bm1)
     x2 = x_desc(x, bm2) if bm2 else x1
     w_desc, s_desc = weight_descs(tw, 64)
@@ -216,9 +226,10 @@ def _rs_launch(tw, key: tuple) -> Launcher:
     """The `Launcher` of `gemm_frag_rs` calls with this key (tile, x's dtype, flags), after the checks they alone
     decide: worked out once per weight (an eager call's host time)."""
     _, block_m, stages, group_m, mma_regs, diag, split_k, _, no_bias, no_xs = key
-    bm1, bm2 = swap_parts(block_m)
+    bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
     if bm1 < 16:
-        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (got {block_m})")
+        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (8-bit codes: "
+                         f"also 256 + 16, 32 or 64), got {block_m}")  # fmt: skip
     block_k = frag_block_k(tw.fmt["W_BITS"])
     blocks = cdiv(tw.k, block_k)
     if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:

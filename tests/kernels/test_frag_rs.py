@@ -59,6 +59,8 @@ def test_refuses_what_it_does_not_run():
     assert "GPU" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="block_m must be a power of two or the sum of two"):
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=112)
+    with pytest.raises(ValueError, match="8-bit codes: also 256 . 16, 32 or 64., got 288"):  # 4-bit: 234 KB
+        gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=288)
     with pytest.raises(ValueError, match="stages=2 .block_m=64.: the ring needs at least 3 slots"):  # 2 slots hang
         gemm_frag_rs(torch.randn(4, 512).bfloat16(), tw, block_m=64, stages=2)
 
@@ -88,6 +90,17 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert rs_tile(64, 8192, 8192) == dict(rs=True, block_m=64, stages=6)
     assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
     assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
+
+
+def test_8_bit_codes_take_up_to_320_tokens_a_tile():
+    """`rs_token_parts`: 272-320 tokens as 256 + 16 / 32 / 64 for 8-bit codes (an x slot a 64-K slice: 5 slots fit,
+    sm_90a 168 registers, no spill, HAZARD 0), never for 4-bit codes; `rs_stages` 5 there."""
+    from anybit.kernels.frag_rs import rs_stages, rs_token_parts
+
+    assert [rs_token_parts(b, 8) for b in (96, 256, 272, 288, 320)] == [(64, 32), (256, 0), (256, 16), (256, 32),
+                                                                        (256, 64)]  # fmt: skip
+    assert rs_token_parts(288, 4) == (0, 0) and rs_token_parts(384, 8) == (0, 0) and rs_token_parts(304, 8) == (0, 0)
+    assert [rs_stages(b, bits=8) for b in (272, 288, 320)] == [5, 5, 5]
 
 
 @pytest.mark.parametrize("m, n, k, takes", [

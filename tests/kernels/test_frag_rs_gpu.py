@@ -69,6 +69,8 @@ BYTE_TILES = [
     dict(block_m=256),
     dict(block_m=256, stages=5),  # odd: guarded (the default is 6 — one x slice a slot)
     dict(block_m=96, split_k=2),
+    dict(block_m=288),  # 256 + 32, 5 slots (odd: guarded); not routed yet
+    dict(block_m=320),
 ]
 
 
