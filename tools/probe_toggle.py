@@ -62,8 +62,8 @@ def _quant_wide(on: bool, wide=quant_act.WIDE_MAX_M) -> None:
     quant_act.WIDE_MAX_M = wide if on else 0  # read per call
 
 
-def _quant_group_block(on: bool) -> None:
-    quant_act.GROUP_BLOCK = 4096 if on else 1024  # read per call
+def _quant_group_block(on: bool, off=quant_act.GROUP_BLOCK) -> None:
+    quant_act.GROUP_BLOCK = 4096 if on else off  # read per call
 
 
 def _quant_split(on: bool, rows=quant_act.SPLIT_MAX_M or 64) -> None:
@@ -113,11 +113,11 @@ def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
 
-# switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
 def _rs_parts(on: bool) -> None:
     os.environ["ANYBIT_FRAG_RS_PARTS"] = "1" if on else "0"  # read when a prepared weight first sees an M
 
 
+# switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
 PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts"}
 
 SWITCHES = {

@@ -198,36 +198,36 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
     return over and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
-def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, two_level: bool = False) -> dict | None:
+def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
-    register-operand kernel's where it is faster (`rs_tile`: 65-512 rows, bytes not at 257-384; also where the
-    warp-specialised kernel would not run — its CTAs would not fill a wave on 4096- and 6144-row weights;
-    ANYBIT_FRAG_RS=0 turns it off). At
-    most FRAG_MAX_M rows (the frag kernel's decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of
-    weights whose 64-row tiles fill one wave), else None; 257-384 rows that its tiles would overfill as two of its
-    launches (`rs_parts`). bits: the weight's code width (the register-operand kernel
-    only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`). two_level: the
-    weight has a global scale (NVFP4)."""
+    register-operand kernel's where it is faster (`rs_tile`: 65-512 rows, also where the warp-specialised kernel would
+    not run — its CTAs would not fill a wave on 4096- and 6144-row weights; 257-384 rows that its tiles would overfill
+    as two of its launches, `rs_parts`; ANYBIT_FRAG_RS=0 turns it off). At most FRAG_MAX_M rows (the frag kernel's
+    decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of weights whose 64-row tiles fill one
+    wave), else None. bits: the weight's code width (the register-operand kernel only for `frag_rs.RS_BITS`,
+    `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`)."""
     rs = bits in RS_BITS and settings.frag_rs()
-    tile = rs_tile(m, n, k, num_sms, bits, two_level) if rs else None
+    tile = rs_tile(m, n, k, num_sms, bits) if rs else None
     if tile is None and rs and settings.frag_rs_parts():
-        tile = rs_parts(m, n, k, num_sms, bits, two_level)
+        tile = rs_parts(m, n, k, num_sms, bits)
     if tile is not None or m <= FRAG_MAX_M:
         return tile
     return ws_tile(m, n, num_sms, k, bits)
 
 
-def _rs_parts(
-    x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None, parts: tuple
-) -> torch.Tensor:
-    """y of an `rs_parts` call: each part's rows of x (and of its row scales) into the same rows of one output."""
-    y = torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype)
+def _rs_gemm(
+    x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, x_scales: torch.Tensor | None, tile: dict,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The register-operand kernel on an `rs_tile` tile, or on an `rs_parts` one: each part's rows of x (and of its
+    row scales) into the same rows of one output."""
+    if "parts" not in tile:
+        return gemm_frag_rs(x, tw, bias, out=out, x_scales=x_scales, **{a: v for a, v in tile.items() if a != "rs"})
+    y = torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype) if out is None else out
     row = 0
-    for rows, tile in parts:
+    for rows, part in tile["parts"]:
         end = row + rows
-        xs = x_scales[row:end] if x_scales is not None else None
-        rs = {a: v for a, v in tile.items() if a != "rs"}
-        gemm_frag_rs(x[row:end], tw, bias, out=y[row:end], x_scales=xs, **rs)
+        _rs_gemm(x[row:end], tw, bias, x_scales[row:end] if x_scales is not None else None, part, y[row:end])
         row = end
     return y
 
@@ -243,7 +243,7 @@ def frag_mid(scheme: Scheme, m: int, n: int, k: int, dtype: torch.dtype, device:
     if device is None or not ws_over_mid(kind, m):
         return True
     return frag_ws_scheme_why_not(scheme, k, dtype, device, n) is not None or not ws_takes(
-        ws_route_tile(m, n, k, _sm_count(device), scheme.weight.bits, scheme.global_scale), m
+        ws_route_tile(m, n, k, _sm_count(device), scheme.weight.bits), m
     )
 
 
@@ -512,9 +512,7 @@ class TritonBackend:
             return None
         key = ("tile", m)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = ws_route_tile(
-                m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"], tw.global_scale is not None
-            )
+            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"])
         return tw.ws_ok[key]
 
     @staticmethod
@@ -553,11 +551,8 @@ class TritonBackend:
                 try:
                     aligned = x.is_contiguous() and x.data_ptr() % 16 == 0  # TMA reads whole rows from 16 bytes on
                     xc = x if aligned else x.clone(memory_format=torch.contiguous_format)
-                    if tile.get("parts"):  # `rs_parts`: two launches of the register-operand kernel, row slices
-                        return _rs_parts(xc, tw, bias, x_scales, tile["parts"])
-                    if tile.get("rs"):  # `rs_tile`: the register-operand kernel
-                        rs = {a: v for a, v in tile.items() if a != "rs"}
-                        return gemm_frag_rs(xc, tw, bias, x_scales=x_scales, **rs)
+                    if tile.get("rs"):  # `rs_tile` / `rs_parts`: the register-operand kernel
+                        return _rs_gemm(xc, tw, bias, x_scales, tile)
                     return gemm_frag_ws(xc, tw, bias, x_scales=x_scales, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
                     tw.ws_ok[x.dtype] = False

@@ -89,7 +89,7 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     return 128 if bm is not None and bm > 192 and 2 * cdiv(n, 64) <= num_sms else bm
 
 
-def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level: bool = False) -> dict | None:
+def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
     """The kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes — the token tile `rs_block_m`,
     the most stages that fit — where it beats the warp-specialised and frag kernels, else None. 8-bit codes: the same
     rule above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 /
@@ -144,7 +144,7 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level
     return tile if takes else None
 
 
-def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_level: bool = False) -> dict | None:
+def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
     """Where a 257-RS_PARTS_MAX_M-row call that `rs_tile` does not take (weights whose 256-token tiles overfill a wave
     at these rows: 6144- and 8192-row, the warp-specialised kernel's or dequantize + cuBLAS's) runs as two launches of
     this kernel: its first RS_HEAD rows on `rs_tile(RS_HEAD)`'s tile (one wave of 256-token tiles on 8192-row
@@ -156,14 +156,14 @@ def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4, two_leve
     126.6, 8192x28672 470.5 / 394.7 / 422.0 -> 327.8 / 342.2 / 426.0; NVFP4 8192^2 117.7 / 106.4 / 110.1 -> 87.7 /
     95.5 / 110.4 — so up to 384 rows (at 512 the two halves are the same tiles the route's one launch runs).
     ANYBIT_FRAG_RS_PARTS=0 turns it off."""
-    if not (RS_HEAD < m <= RS_PARTS_MAX_M) or rs_tile(m, n, k, num_sms, bits, two_level) is not None:
+    if not (RS_HEAD < m <= RS_PARTS_MAX_M) or rs_tile(m, n, k, num_sms, bits) is not None:
         return None
-    head = rs_tile(RS_HEAD, n, k, num_sms, bits, two_level)
+    head = rs_tile(RS_HEAD, n, k, num_sms, bits)
     if head is None:
         return None
     r = m - RS_HEAD
     bm = max(64, swap_block_m(r))
-    tail = rs_tile(r, n, k, num_sms, bits, two_level) or dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
+    tail = rs_tile(r, n, k, num_sms, bits) or dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
     return dict(rs=True, parts=((RS_HEAD, head), (r, tail)))
 
 

@@ -78,9 +78,9 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert [rs_block_m(m, 4096) for m in (33, 100, 160, 192, 193, 256, 257)] == [48, 128, 160, 192, 128, 128, 192]
     assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [192, 256, 256, None]
     assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
-    assert rs_tile(300, 4096, 4096, two_level=True) == dict(rs=True, block_m=192, stages=4)  # NVFP4 too (192)
+    assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)  # NVFP4 too (192)
     assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)
-    assert rs_tile(512, 4096, 4096, two_level=True) == dict(rs=True, block_m=256, stages=3)
+    assert rs_tile(512, 4096, 4096) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))
     assert rs_tile(256, 8192, 8192) == dict(rs=True, block_m=256, stages=3)
@@ -248,7 +248,7 @@ def test_a_call_whose_tiles_would_overfill_a_wave_runs_as_two_launches():
     )
     assert rs_parts(384, 6144, 4096, bits=8)["parts"][1] == (128, dict(rs=True, block_m=128, stages=6))
     assert rs_parts(384, 8192, 28672)["parts"] == ((256, rs_tile(256, 8192, 28672)), (128, rs_tile(128, 8192, 28672)))
-    assert rs_parts(321, 8192, 8192, two_level=True)["parts"][1] == (65, dict(rs=True, block_m=80, stages=6))
+    assert rs_parts(321, 8192, 8192)["parts"][1] == (65, dict(rs=True, block_m=80, stages=6))
     for m, n, k in ((256, 8192, 8192), (385, 8192, 8192), (384, 4096, 4096), (300, 28672, 8192), (300, 28672, 4096)):
         assert rs_parts(m, n, k) is None, (m, n, k)
 

@@ -165,7 +165,7 @@ def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
     x, qw = random_case(text, m, n, 4096, seed=m)
     p = prepare(qw, backend="triton")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tile = rs_tile(m, n, 4096, sms, qw.scheme.weight.bits, qw.scheme.global_scale)
+    tile = rs_tile(m, n, 4096, sms, qw.scheme.weight.bits)
     assert "split_k" not in tile
     y = get_backend("triton").gemm(x, p)
     assert torch.equal(y, gemm_frag_rs(x, p.data, block_m=tile["block_m"], stages=tile["stages"]))
@@ -203,7 +203,7 @@ def test_two_launches_where_the_tiles_would_overfill_a_wave(text, m, n, k):
     x, qw = random_case(text, m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tile = rs_parts(m, n, k, sms, qw.scheme.weight.bits, qw.scheme.global_scale)
+    tile = rs_parts(m, n, k, sms, qw.scheme.weight.bits)
     y = get_backend("triton").gemm(x, p)
     row = 0
     for rows, part in tile["parts"]:
