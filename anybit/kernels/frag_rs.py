@@ -55,6 +55,7 @@ RS_MAX_STAGES = 6
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
 RS_MAX_M = 512  # 257-512 rows where two token tiles a 64-row tile fit one wave (`rs_block_m`)
+RS_BYTE_WIDE_M = 320  # 8-bit codes: 257-320 rows as one 320-token tile a 64-row tile (`rs_block_m`)
 RS_HEAD = 256  # the first part's rows of a call run as two (`rs_parts`)
 RS_PARTS_MAX_M = 384  # the most rows run as two launches (`rs_parts`)
 RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`; 4 measured slower)
@@ -69,7 +70,7 @@ def rs_stages(block_m: int, bits: int = 4) -> int:
     return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * (128 if bits == 8 else 256)))
 
 
-def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
+def rs_block_m(m: int, n: int, num_sms: int = 132, bits: int = 4) -> int | None:
     """The token tile of an M-row call of an N-row weight: the fewest tokens holding M (`frag_ws.swap_block_m`), but
     two 128-token tiles for 193-256 rows where their CTAs still fit one wave (H200 graphs, W4A16, one 256-token tile
     (session 24) -> two of 128 (session 27), µs: 4096^2 M=256 26.7 -> 17.2, 4096x14336 (split in two) 64.4 -> 50.5;
@@ -80,9 +81,17 @@ def rs_block_m(m: int, n: int, num_sms: int = 132) -> int | None:
     -> 29.5 / 35.0 (33.9); 4096x14336 M=384 111.0 -> 144.0 / 95.6 (78.9), M=512 124.8 -> 91.4 / 113.4 (99.4); session
     29, same run, 128 -> 192-token tiles (Humming), M=320 / 384: 4096^2 35.5 / 31.8 -> 27.5 / 24.3 (25.1 / 27.4),
     4096x14336 105.5 / 93.9 -> 90.5 / 78.6 (58.3 / 78.8); two K halves a tile (`split_k`) slower: 38.8-50.3, 90.6-116.2
-    µs); else None."""
+    µs). 8-bit codes at 257-RS_BYTE_WIDE_M rows where 256-token tiles would overfill a wave but 64-row tiles fit one
+    (6144- and 8192-row weights): one 320-token tile (`rs_token_parts`; session 30, W8A16 graphs, the route — two
+    launches, `rs_parts` — -> 288 / 320-token tiles (Humming), µs, M=272 / 288 / 320: 8192^2 104.3 / 100.7 / 97.1 ->
+    72.8 / 75.2 / 228.1 and 76.2 / 78.1 / 74.9 (71.0 / 74.3 / 82.0), 8192x28672 340.6 / 345.4 / 322.7 -> 248.3 / 266.1
+    / 728.9 and 246.0 / 247.1 / 238.2 (228.5 / 248.0 / 259.0), 6144x4096 54.1 / 50.4 / 45.8 -> 37.6 / 38.6 / 97.2 and
+    35.1 / 37.1 / 38.6 (33.8 / 34.3 / 35.9)); else None."""
     if m > 256:
-        if m > RS_MAX_M or cdiv(m, 256) * cdiv(n, 64) > num_sms:
+        tiles = cdiv(n, 64)
+        if bits == 8 and m <= RS_BYTE_WIDE_M and 2 * tiles > num_sms >= tiles:
+            return RS_BYTE_WIDE_M
+        if m > RS_MAX_M or cdiv(m, 256) * tiles > num_sms:
             return None
         return 256 if m > 384 else 192
     bm = swap_block_m(m)
@@ -130,7 +139,7 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the route -> 256-token tiles (Humming),
     M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5))."""
     low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
-    bm = rs_block_m(m, n, num_sms) if low < m else None
+    bm = rs_block_m(m, n, num_sms, bits) if low < m else None
     if bm is None:
         return None
     tiles = cdiv(n, 64)

@@ -79,7 +79,11 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert [rs_block_m(m, 4096) for m in (384, 385, 512, 513)] == [192, 256, 256, None]
     assert rs_block_m(300, 6144) is None and rs_block_m(300, 8192) is None  # 256-token tiles overfill a wave
     assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)  # NVFP4 too (192)
-    assert rs_tile(300, 4096, 4096) == dict(rs=True, block_m=192, stages=4)
+    # 8-bit codes, 257-320 rows of 6144/8192-row weights: one 320-token tile (5 slots); 4096-row weights keep 192
+    for n in (6144, 8192):
+        assert [rs_block_m(m, n, bits=8) for m in (257, 320, 321)] == [320, 320, None]
+        assert rs_tile(300, n, 8192, bits=8) == dict(rs=True, block_m=320, stages=5)
+    assert rs_block_m(300, 4096, bits=8) == 192 and rs_block_m(300, 28672, bits=8) is None
     assert rs_tile(512, 4096, 4096) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))

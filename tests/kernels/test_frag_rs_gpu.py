@@ -115,11 +115,12 @@ def test_fp8_codes_on_nvfp4_weights():
         ("mxfp4", 40),
         ("w8a16", 96),
         ("w8a16:int8:g128:bf16", 256),
+        ("w8a16", 300),
     ],
 )
 def test_is_the_route(text, m):
-    """anybit.gemm of a 33-192-row call of a 8192-row weight (K < 2N) runs this kernel's `rs_tile`: the same bits as a
-    direct launch."""
+    """anybit.gemm of a 33-192-row call of a 8192-row weight (K < 2N; 8-bit codes also up to 256 rows, and 257-320
+    on one 320-token tile) runs this kernel's `rs_tile`: the same bits as a direct launch."""
     from anybit.backends import get_backend
     from anybit.backends.base import Prepared
     from anybit.backends.triton_layout import to_triton_layout
