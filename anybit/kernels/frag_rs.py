@@ -137,7 +137,12 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 / 30.9), 4096x14336 102.3 / 113.6 -> 93.0 /
     88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6), 4096x14336 108.3 / 118.6 -> 97.0 / 92.9
     (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the route -> 256-token tiles (Humming),
-    M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5))."""
+    M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5)). 8-bit codes at 257-RS_BYTE_WIDE_M rows
+    where K >= 2N and two CTAs a 64-row tile fit one wave: one 320-token tile split in two along K (session 30, W8A16
+    graphs, 4096x14336 M=288 / 320, two 192-token tiles -> this (Humming): 100.4 / 97.9 -> 81.4 / 86.0 (64.7 / 69.4);
+    4096^2, K < 2N, keeps the 192-token tiles: 30.5 / 28.6 vs 45.6 / 46.9)."""
+    if bits == 8 and 256 < m <= RS_BYTE_WIDE_M and k >= 2 * n and 2 * cdiv(n, 64) <= num_sms:
+        return dict(rs=True, block_m=RS_BYTE_WIDE_M, stages=rs_stages(RS_BYTE_WIDE_M, bits), split_k=RS_SPLIT)
     low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
     bm = rs_block_m(m, n, num_sms, bits) if low < m else None
     if bm is None:

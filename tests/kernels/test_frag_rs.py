@@ -84,6 +84,8 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
         assert [rs_block_m(m, n, bits=8) for m in (257, 320, 321)] == [320, 320, None]
         assert rs_tile(300, n, 8192, bits=8) == dict(rs=True, block_m=320, stages=5)
     assert rs_block_m(300, 4096, bits=8) == 192 and rs_block_m(300, 28672, bits=8) is None
+    assert rs_tile(300, 4096, 14336, bits=8) == dict(rs=True, block_m=320, stages=5, split_k=2)  # K >= 2N: split
+    assert rs_tile(300, 4096, 4096, bits=8) == dict(rs=True, block_m=192, stages=6)
     assert rs_tile(512, 4096, 4096) == dict(rs=True, block_m=256, stages=3)
     assert [rs_block_m(m, 6144) for m in (192, 193, 256)] == [192, 256, 256]
     assert all(rs_stages(rs_block_m(m, n)) >= RS_MIN_STAGES for m in range(33, 257) for n in (4096, 8192))

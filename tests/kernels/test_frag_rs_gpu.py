@@ -133,10 +133,12 @@ def test_is_the_route(text, m):
     assert torch.equal(route, gemm_frag_rs(x, tw, block_m=tile["block_m"], stages=tile["stages"]))
 
 
-@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 192), ("w8a16", 128)])
+@pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 192), ("w8a16", 128),
+                                     ("w8a16", 300)])  # fmt: skip
 def test_split_k_is_the_route_where_tiles_are_few(text, m):
-    """anybit.gemm of a 65-256-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows) runs this kernel split in
-    two along K (`rs_tile`): a direct launch's bits, the exact product."""
+    """anybit.gemm of a 65-256-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows; 8-bit codes also 257-320
+    rows on a 320-token tile) runs this kernel split in two along K (`rs_tile`): a direct launch's bits, the exact
+    product."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_rs import rs_tile
