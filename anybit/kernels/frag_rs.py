@@ -11,7 +11,6 @@ import torch
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k
 from anybit.kernels.frag_ws import (
-    WS_MIN_WAVE_FILL,
     call_output,
     frag_ws_weight_why_not,
     row_scales,
@@ -54,6 +53,7 @@ RS_MAX_STAGES = 6
 # b holds its slot).
 RS_MIN_STAGES = 3
 RS_SMALL_MIN_M = 32  # up to 32 rows the frag kernel's split-K decode path is as fast (`rs_tile`)
+RS_SMALL_MIN_FILL = 0.7  # 33-64 rows: N's 64-row tiles fill at least this much of one wave (`rs_tile`)
 RS_MAX_M = 512  # 257-512 rows where two token tiles a 64-row tile fit one wave (`rs_block_m`)
 RS_BYTE_WIDE_M = 320  # 8-bit codes: 257-320 rows as one 320-token tile a 64-row tile (`rs_block_m`)
 RS_HEAD = 256  # the first part's rows of a call run as two (`rs_parts`)
@@ -119,13 +119,16 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     8192^2 27.1 / 26.3 / 27.7 -> 24.3 / 24.9 / 28.0, 7168^2 24.2 / 24.1 / 24.8 -> 21.2 / 21.9 / 24.9; M=48 8192^2
     25.9 / 26.8 / 27.1 -> 24.0 / 24.7 / 27.6, 7168^2 23.1 / 24.3 / 24.2 -> 21.8 / 21.9 / 24.7; W4A16 8192^2 M=64
     27.2 -> 23.6 (Humming 25.7-26.7); M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192
-    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2). And split in two along K (`split_k`) where K >= 2N and
-    two CTAs a tile still fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag kernel's 128-token
-    tiles 40.0 / 41.1 -> 31.7 / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 / 31.5) — the split
-    costs where the tiles fill the SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256 rows of weights
-    whose 64-row tiles fit one wave (Llama-3-8B's), the route (frag kernel or dequantize + cuBLAS) -> this kernel
-    (Humming), W4A16 graphs, M=160 / 192 / 256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8 / 21.9 / 27.9 (22.5 / 23.7 /
-    27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 / 21.3 / 26.7 (19.5 / 19.3 / 22.3), 4096x14336 split in two 74.2 /
+    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2). 6144-row weights (96 tiles, 73 % of a wave) too: session 30, W4A16
+    graphs, 6144x4096 M=40 / 64 20.6 / 15.7 -> 13.9 / 13.5 (Humming 12.7 / 14.3); 4096-row ones (48 %) keep the decode
+    (4096^2 12.9 / 13.7 vs 13.7 / 13.5; 28672x4096 39.8 / 37.2 vs 50.7 / 51.1). And split in two along K (`split_k`)
+    where K >= 2N and two CTAs a tile still fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag
+    kernel's 128-token tiles 40.0 / 41.1 -> 31.7 / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 /
+    31.5) — the split costs where the tiles fill the SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256
+    rows of weights whose 64-row tiles fit one wave (Llama-3-8B's), the route (frag kernel or dequantize + cuBLAS) ->
+    this kernel (Humming), W4A16 graphs, M=160 / 192 / 256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8 / 21.9 / 27.9 (22.5 /
+    23.7 / 27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 / 21.3 / 26.7 (19.5 / 19.3 / 22.3), 4096x14336 split in two 74.2
+    /
     78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 / 65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session
     22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit one wave; else 65-128
     rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the warp-specialised kernel
@@ -150,7 +153,7 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
     if m <= 64:
-        takes = WS_MIN_WAVE_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
+        takes = RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
     elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)
     else:

@@ -94,6 +94,8 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert rs_tile(32, 8192, 8192) is None and rs_tile(257, 8192, 28672) is None
     assert rs_tile(40, 8192, 8192) == dict(rs=True, block_m=48, stages=6)  # 32 + 16 tokens
     assert rs_tile(64, 8192, 8192) == dict(rs=True, block_m=64, stages=6)
+    assert rs_tile(40, 6144, 4096) == dict(rs=True, block_m=48, stages=6)  # 96 tiles: 73 % of a wave
+    assert rs_tile(64, 4096, 4096) is None and rs_tile(64, 28672, 4096) is None
     assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
     assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
 

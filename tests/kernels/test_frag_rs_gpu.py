@@ -155,9 +155,11 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
 
 @pytest.mark.parametrize("text, m, n", [("w4a16", 160, 6144), ("mxfp4", 256, 6144), ("nvfp4", 192, 4096),
                                          ("w4a16", 300, 4096), ("mxfp4", 384, 4096), ("mxfp4", 512, 4096),
-                                         ("nvfp4", 449, 4000), ("w8a16", 400, 4096), ("w8a16", 512, 4000)])  # fmt: skip
+                                         ("nvfp4", 449, 4000), ("w8a16", 400, 4096), ("w8a16", 512, 4000),
+                                         ("w4a16", 40, 6144), ("mxfp4", 64, 6144)])  # fmt: skip
 def test_is_the_route_where_the_warp_specialised_kernel_is_not(text, m, n):
-    """anybit.gemm of a 129-512-row call of a weight whose 64-row tiles fit one wave (Llama-3-8B's qkv / o, K < 2N:
+    """anybit.gemm of a 33-64-row call of a 6144-row weight, or a 129-512-row one of a weight whose 64-row tiles fit
+    one wave (Llama-3-8B's qkv / o, K < 2N:
     the warp-specialised kernel would not run; above 256 rows where two token tiles a 64-row tile fit one wave: 4-bit
     codes 192-token tiles to 384 rows, 256 above, 8-bit codes 256 above 384) runs this kernel unsplit: a direct
     launch's bits, the exact product."""
