@@ -99,51 +99,48 @@ def rs_block_m(m: int, n: int, num_sms: int = 132, bits: int = 4) -> int | None:
 
 
 def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
-    """The kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes — the token tile `rs_block_m`,
-    the most stages that fit — where it beats the warp-specialised and frag kernels, else None. 8-bit codes: the same
-    rule above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 /
-    50.1 -> 37.1 / 41.4 (35.4 / 40.3), 6144x4096 30.3 / 32.6 -> 20.0 / 21.8 (21.1 / 23.3), 4096^2 21.2 / 23.0 -> 17.9
-    / 19.9 (16.6 / 18.5), 4096x14336 split in two 47.2 / 49.4 -> 37.8 / 42.2 (32.0 / 36.6)); at 33-64 rows the frag
-    kernel's decode path stays (8192^2 M=48 / 64 31.0 / 32.5 -> 33.1 / 33.1, 6144x4096 15.6 / 17.0 -> 18.2 / 18.4);
-    not at 65-128 rows of tall weights whose tiles overfill a wave (session 28, frag kernel -> this kernel, M=96 / 128:
-    28672x4096 66.7 / 72.6 -> 74.0 / 84.2, 28672x8192 136.7 / 143.6 -> 140.2 / 158.4; 8192x28672 133.6 / 142.8 ->
-    122.4 / 137.9).
+    """The kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes — the token tile `rs_block_m`, the
+    most stages that fit — where it beats the warp-specialised and frag kernels, else None. 8-bit codes: the same rule
+    above 64 rows (session 27, W8A16 graphs, the route -> this kernel (Humming), µs, M=96 / 128: 8192^2 46.4 / 50.1 ->
+    37.1 / 41.4 (35.4 / 40.3), 6144x4096 30.3 / 32.6 -> 20.0 / 21.8 (21.1 / 23.3), 4096^2 21.2 / 23.0 -> 17.9 / 19.9
+    (16.6 / 18.5), 4096x14336 split in two 47.2 / 49.4 -> 37.8 / 42.2 (32.0 / 36.6)); at 33-64 rows the frag kernel's
+    decode path stays (8192^2 M=48 / 64 31.0 / 32.5 -> 33.1 / 33.1, 6144x4096 15.6 / 17.0 -> 18.2 / 18.4); not at 65-128
+    rows of tall weights whose tiles overfill a wave (session 28, frag kernel -> this kernel, M=96 / 128: 28672x4096
+    66.7 / 72.6 -> 74.0 / 84.2, 28672x8192 136.7 / 143.6 -> 140.2 / 158.4; 8192x28672 133.6 / 142.8 -> 122.4 / 137.9).
     H200 graphs (tools/probe_ws.py, session 22), µs, W4A16 / MXFP4 / NVFP4, the route before -> this kernel (Humming):
-    8192^2 M=96 42.3 / 42.7 / 43.3 -> 30.5 / 30.6 / 33.2 (29.1 / 32.9 / 33.3), M=128 41.0 / 41.3 / 42.3 -> 32.6 / 33.1
-    / 36.9 (34.7 / 36.5 / 38.2), M=192 48.9 / 50.5 / 49.7 -> 46.1 / 47.2 / 50.0, M=256 51.7 / 51.8 / 51.5 -> 51.0 /
-    52.5 / 53.5; 8192x28672 M=96 134.8 / 131.0 / 134.0 -> 104.3 / 91.4 / 109.2, M=256 203.5 / 181.8 / 208.0 -> 179.5
-    / 171.9 / 176.1; 28672x8192 M=96 129.4 / 133.4 / 136.4 -> 114.1 / 113.8 / 125.9, M=128 127.8 / 131.5 / 136.9 ->
-    120.5 / 125.3 / 144.7, M=160 159.8 / 152.1 / 160.3 -> 158.0 / 154.5 / 170.2. So: 65-256 rows where K >= 2N,
-    65-192 where N's 64-row tiles fit one wave, 65-128 on taller weights. And RS_SMALL_MIN_M < M <= 64 where N's 64-row
-    tiles fill one wave and K < 2N: the frag kernel's split-K decode -> this kernel, W4A16 / MXFP4 / NVFP4, M=40:
-    8192^2 27.1 / 26.3 / 27.7 -> 24.3 / 24.9 / 28.0, 7168^2 24.2 / 24.1 / 24.8 -> 21.2 / 21.9 / 24.9; M=48 8192^2
-    25.9 / 26.8 / 27.1 -> 24.0 / 24.7 / 27.6, 7168^2 23.1 / 24.3 / 24.2 -> 21.8 / 21.9 / 24.7; W4A16 8192^2 M=64
-    27.2 -> 23.6 (Humming 25.7-26.7); M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192
-    M=64 74.0 -> 89.6, 8192x28672 76.6 -> 86.2). 6144-row weights (96 tiles, 73 % of a wave) too: session 30, W4A16
-    graphs, 6144x4096 M=40 / 64 20.6 / 15.7 -> 13.9 / 13.5 (Humming 12.7 / 14.3); 4096-row ones (48 %) keep the decode
-    (4096^2 12.9 / 13.7 vs 13.7 / 13.5; 28672x4096 39.8 / 37.2 vs 50.7 / 51.1). And split in two along K (`split_k`)
-    where K >= 2N and two CTAs a tile still fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag
-    kernel's 128-token tiles 40.0 / 41.1 -> 31.7 / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 /
-    31.5) — the split costs where the tiles fill the SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256
-    rows of weights whose 64-row tiles fit one wave (Llama-3-8B's), the route (frag kernel or dequantize + cuBLAS) ->
-    this kernel (Humming), W4A16 graphs, M=160 / 192 / 256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8 / 21.9 / 27.9 (22.5 /
-    23.7 / 27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 / 21.3 / 26.7 (19.5 / 19.3 / 22.3), 4096x14336 split in two 74.2
-    /
-    78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 / 65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session
-    22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit one wave; else 65-128
-    rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the warp-specialised kernel
-    would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles, those (`rs_block_m`).
-    257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the route (dequantize + cuBLAS) -> this kernel, µs,
-    W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 ->
-    96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 ->
-    91.4 / 92.1 / 91.0; session 29, 192-token tiles at 257-384 rows (NVFP4 and 8-bit codes: the route -> these;
-    Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 / 30.9), 4096x14336 102.3 / 113.6 -> 93.0 /
-    88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6), 4096x14336 108.3 / 118.6 -> 97.0 / 92.9
-    (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the route -> 256-token tiles (Humming),
-    M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5)). 8-bit codes at 257-RS_BYTE_WIDE_M rows
-    where K >= 2N and two CTAs a 64-row tile fit one wave: one 320-token tile split in two along K (session 30, W8A16
-    graphs, 4096x14336 M=288 / 320, two 192-token tiles -> this (Humming): 100.4 / 97.9 -> 81.4 / 86.0 (64.7 / 69.4);
-    4096^2, K < 2N, keeps the 192-token tiles: 30.5 / 28.6 vs 45.6 / 46.9)."""
+    8192^2 M=96 42.3 / 42.7 / 43.3 -> 30.5 / 30.6 / 33.2 (29.1 / 32.9 / 33.3), M=128 41.0 / 41.3 / 42.3 -> 32.6 / 33.1 /
+    36.9 (34.7 / 36.5 / 38.2), M=192 48.9 / 50.5 / 49.7 -> 46.1 / 47.2 / 50.0, M=256 51.7 / 51.8 / 51.5 -> 51.0 / 52.5 /
+    53.5; 8192x28672 M=96 134.8 / 131.0 / 134.0 -> 104.3 / 91.4 / 109.2, M=256 203.5 / 181.8 / 208.0 -> 179.5 / 171.9 /
+    176.1; 28672x8192 M=96 129.4 / 133.4 / 136.4 -> 114.1 / 113.8 / 125.9, M=128 127.8 / 131.5 / 136.9 -> 120.5 / 125.3
+    / 144.7, M=160 159.8 / 152.1 / 160.3 -> 158.0 / 154.5 / 170.2. So: 65-256 rows where K >= 2N, 65-192 where N's
+    64-row tiles fit one wave, 65-128 on taller weights. And RS_SMALL_MIN_M < M <= 64 where N's 64-row tiles fill one
+    wave and K < 2N: the frag kernel's split-K decode -> this kernel, W4A16 / MXFP4 / NVFP4, M=40: 8192^2 27.1 / 26.3 /
+    27.7 -> 24.3 / 24.9 / 28.0, 7168^2 24.2 / 24.1 / 24.8 -> 21.2 / 21.9 / 24.9; M=48 8192^2 25.9 / 26.8 / 27.1 -> 24.0
+    / 24.7 / 27.6, 7168^2 23.1 / 24.3 / 24.2 -> 21.8 / 21.9 / 24.7; W4A16 8192^2 M=64 27.2 -> 23.6 (Humming 25.7-26.7);
+    M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192 M=64 74.0 -> 89.6, 8192x28672 76.6 ->
+    86.2). 6144-row weights (96 tiles, 73 % of a wave) too: session 30, W4A16 graphs, 6144x4096 M=40 / 64 20.6 / 15.7 ->
+    13.9 / 13.5 (Humming 12.7 / 14.3); 4096-row ones (48 %) keep the decode (4096^2 12.9 / 13.7 vs 13.7 / 13.5;
+    28672x4096 39.8 / 37.2 vs 50.7 / 51.1). And split in two along K (`split_k`) where K >= 2N and two CTAs a tile still
+    fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag kernel's 128-token tiles 40.0 / 41.1 -> 31.7
+    / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 / 31.5) — the split costs where the tiles fill the
+    SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256 rows of weights whose 64-row tiles fit one wave
+    (Llama-3-8B's), the route (frag kernel or dequantize + cuBLAS) -> this kernel (Humming), W4A16 graphs, M=160 / 192 /
+    256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8 / 21.9 / 27.9 (22.5 / 23.7 / 27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 /
+    21.3 / 26.7 (19.5 / 19.3 / 22.3), 4096x14336 split in two 74.2 / 78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 /
+    65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session 22) 51.7 -> 51.0. So: split in two at 65-256 rows
+    where K >= 2N and two CTAs a tile fit one wave; else 65-128 rows, K >= 2N, or one wave of 64-row tiles. The route
+    takes these tiles also where the warp-specialised kernel would not run (`ws_route_tile`); where 193-256 rows fit one
+    wave as two 128-token tiles, those (`rs_block_m`). 257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the
+    route (dequantize + cuBLAS) -> this kernel, µs, W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 /
+    33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 -> 96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 /
+    29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 -> 91.4 / 92.1 / 91.0; session 29, 192-token tiles at 257-384 rows
+    (NVFP4 and 8-bit codes: the route -> these; Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 /
+    30.9), 4096x14336 102.3 / 113.6 -> 93.0 / 88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6),
+    4096x14336 108.3 / 118.6 -> 97.0 / 92.9 (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the
+    route -> 256-token tiles (Humming), M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5)). 8-bit
+    codes at 257-RS_BYTE_WIDE_M rows where K >= 2N and two CTAs a 64-row tile fit one wave: one 320-token tile split in
+    two along K (session 30, W8A16 graphs, 4096x14336 M=288 / 320, two 192-token tiles -> this (Humming): 100.4 / 97.9
+    -> 81.4 / 86.0 (64.7 / 69.4); 4096^2, K < 2N, keeps the 192-token tiles: 30.5 / 28.6 vs 45.6 / 46.9)."""
     if bits == 8 and 256 < m <= RS_BYTE_WIDE_M and k >= 2 * n and 2 * cdiv(n, 64) <= num_sms:
         return dict(rs=True, block_m=RS_BYTE_WIDE_M, stages=rs_stages(RS_BYTE_WIDE_M, bits), split_k=RS_SPLIT)
     low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
