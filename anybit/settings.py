@@ -58,6 +58,11 @@ class Settings:
     4-bit integer A16 experts) instead of `moe_gemm`. Off by default: H200 w4a16, it is 1.5-2.6x slower than
     `moe_gemm` in every cell measured (DeepSeek-V3 M=4096 gate_up 7439 vs 4684 µs; 128-row blocks are half
     padding at ~128 rows per expert, and its 128-row tiles run at ~420 TF/s even dense)."""
+    moe_rs_min_rows: int
+    """ANYBIT_MOE_RS_MIN_ROWS (default 0: off until measured), Hopper: a `QuantMoE` call of A16 experts the
+    register-operand kernel takes whose experts see at least this many rows on average runs both grouped GEMMs
+    through it (`anybit.kernels.moe_rs`: x gathered into the sorted order, token tiles by the rows an expert sees)
+    instead of `moe_gemm`."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -174,6 +179,11 @@ def moe_ws_min_rows() -> int:
     return _rows("ANYBIT_MOE_WS_MIN_ROWS", 0, "rows per expert")
 
 
+def moe_rs_min_rows() -> int:
+    """ANYBIT_MOE_RS_MIN_ROWS alone (see `Settings.moe_rs_min_rows`)."""
+    return _rows("ANYBIT_MOE_RS_MIN_ROWS", 0, "rows per expert")
+
+
 def frag_ptx() -> int:
     """ANYBIT_FRAG_PTX alone (see `Settings.frag_ptx`)."""
     return _level("ANYBIT_FRAG_PTX", 2, (0, 1, 2))
@@ -217,8 +227,8 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `frag_rs`, `frag_rs_parts`,
-    `fast_launch`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `moe_rs_min_rows`, `frag_rs`,
+    `frag_rs_parts`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -231,6 +241,7 @@ def load() -> Settings:
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
+        moe_rs_min_rows=moe_rs_min_rows(),
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),

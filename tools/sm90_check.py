@@ -255,6 +255,26 @@ def check_moe_ws(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass
                    tile["dq_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_ws_{fmt}_{per_expert}"))  # fmt: skip
 
 
+def check_moe_rs(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
+                 tiles: dict | None = None) -> str:  # fmt: skip
+    """The register-operand grouped MoE kernel (`anybit.kernels.moe_rs`), the down GEMM's scatter epilogue."""
+    from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.moe_rs import moe_gemm_rs, moe_rs_block_m
+    from anybit.moe.align import moe_align
+
+    e, top_k = 8, 2
+    tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
+    t = max(1, per_expert * e // top_k)
+    tile = dict(block_m=moe_rs_block_m(t * top_k, e, tw.fmt["W_BITS"])) | (tiles or {})
+    sorted_ids, expert_ids, total = moe_align(torch.randint(0, e, (t, top_k)), e, tile["block_m"])
+    _compiled.clear()
+    x = torch.randn(sorted_ids.numel(), k, dtype=torch.bfloat16)
+    moe_gemm_rs(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, scatter=True,
+                routed_weights=torch.rand(t * top_k), **tile)  # fmt: skip
+    return _report(f"moe-rs {fmt:21s} rows/E={per_expert:<4d} BM={tile['block_m']:<3d}", _compiled[-1], 128, 64, 4,
+                   cuobjdump, sass_dir and (sass_dir, f"moe_rs_{fmt}_{per_expert}"))  # fmt: skip
+
+
 def _report(label: str, kernel, block_k: int, block_n: int, warps: int, cuobjdump: str, sass_to) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -293,7 +313,7 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
     ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
-    ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs)")
+    ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs; --moe: moe_rs)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense, ws and rs kernels; default bf16)")
@@ -309,7 +329,9 @@ def main() -> int:
     tiles = tile_overrides(args.tiles)
     dtype = torch.float16 if args.fp16 else torch.bfloat16
     run = (
-        functools.partial(check_rs, tiles=tiles, dtype=dtype)
+        functools.partial(check_moe_rs, tiles=tiles)
+        if args.rs and args.moe
+        else functools.partial(check_rs, tiles=tiles, dtype=dtype)
         if args.rs
         else functools.partial(check_moe_ws, tiles=tiles)
         if args.ws and args.moe

@@ -102,16 +102,17 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
 @gluon.jit
 def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
             num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr,
-            W8: gl.constexpr = False):
+            W8: gl.constexpr = False, w_row0=0, s_row0=0):
     """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
     (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
-    slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot b of x rings of STAGES slots."""
+    slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot b of x rings of STAGES slots. w_row0, s_row0:
+    the first word and scale rows of the weight (an expert of a stack, `moe_rs_kernel`)."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
-        _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, k0 + b, k0 + num_blocks, GB,
-                 SCALE_PER_BLOCK)
+        _w_fetch(w_desc, s_desc, wq, sq, ready, s, w_row0, s_row0, off_n // PANEL, nb, off_n, k0 + b,
+                 k0 + num_blocks, GB, SCALE_PER_BLOCK)
         if W8:  # slot b, x's K step k0 + b
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, b, num_blocks, STAGES, TWO, k0)
         else:
@@ -285,22 +286,14 @@ def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 
 
 @gluon.jit
-def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb,
-                   stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
-                   GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                   MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False):
+def _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES: gl.constexpr, TWO: gl.constexpr, W8: gl.constexpr):
+    """The kernel's shared memory: x rings of 2 STAGES slots (W8: STAGES, a block's x is one slice) of BM1 (and, TWO,
+    BM2) tokens by 64 K, the word and scale ring of STAGES slots, their barriers, and `red_bar` (the second
+    warpgroup's partial landed; W8: x slots 0 and 1 free for it)."""
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block (W8: a whole 64-K one)")
-    gl.static_assert(not (W8 and (E2M1 or DIAG)), "8-bit integer codes: no e2m1 scales, no diag")
-    if TWO:
-        BM: gl.constexpr = BM1 + BM2
-    else:
-        BM: gl.constexpr = BM1
-    off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
-    if W8:  # a block's x is one slice
+    if W8:
         XS: gl.constexpr = STAGES
     else:
         XS: gl.constexpr = 2 * STAGES
@@ -319,14 +312,41 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(XS):
         mbarrier.init(x_ready.index(i), count=1)
-    red_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # partial landed; (W8) x free
+    red_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(red_bar.index(0), count=1)
     mbarrier.init(red_bar.index(1), count=1)
-    if W8:  # 8-bit codes: 64-K blocks
-        BLOCK_K: gl.constexpr = BK
+    return x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar
+
+
+@gluon.jit
+def _rs_blocks(K, BK: gl.constexpr, W8: gl.constexpr):
+    """The K blocks of a weight: 128 K (two x slices), 64 for 8-bit codes; x past K is zero-filled by TMA, the frag
+    codes there are 0."""
+    if W8:
+        return gl.cdiv(K, BK)
     else:
-        BLOCK_K: gl.constexpr = 2 * BK
-    num_blocks = gl.cdiv(K, BLOCK_K)  # x past K is zero-filled by TMA, the frag codes there are 0
+        return gl.cdiv(K, 2 * BK)
+
+
+@gluon.jit
+def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb,
+                   stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+                   GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
+                   MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
+                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False):
+    BM1: gl.constexpr = x_desc.block_type.shape[0]
+    BM2: gl.constexpr = x2_desc.block_type.shape[0]
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block (W8: a whole 64-K one)")
+    gl.static_assert(not (W8 and (E2M1 or DIAG)), "8-bit integer codes: no e2m1 scales, no diag")
+    if TWO:
+        BM: gl.constexpr = BM1 + BM2
+    else:
+        BM: gl.constexpr = BM1
+    off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
+    x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
+                                                                       W8)
+    num_blocks = _rs_blocks(K, BK, W8)
     k0 = 0
     if SPLIT > 1:  # this CTA's share of the K blocks (the host keeps every split's share non-empty)
         per = gl.cdiv(num_blocks, SPLIT)

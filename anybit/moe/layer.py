@@ -70,6 +70,7 @@ class QuantMoE(nn.Module):
         from anybit.backends.triton import _triton_errors
         from anybit.backends.triton_layout import stack_experts
         from anybit.kernels.moe_gemm import moe_gemm, moe_sum, moe_tile_kind
+        from anybit.kernels.moe_rs import moe_rs_layer, moe_rs_plan
         from anybit.kernels.moe_ws import moe_gemm_ws
         from anybit.moe.align import moe_align
 
@@ -81,6 +82,14 @@ class QuantMoE(nn.Module):
             self._stacked = (stack_experts(gate_up), stack_experts(self.down.to(x.device)), fused)
         gu, dn, fused = self._stacked
         t, k = topk_ids.shape
+        rs_key = (x.device, x.dtype, t * k, "rs")
+        if rs_key not in self._plans:
+            self._plans[rs_key] = moe_rs_plan(gu, dn, t * k, self.num_experts, x.dtype, x.device)[0]
+        if self._plans[rs_key]:  # the register-operand kernel: x in the sorted order, silu between the GEMMs
+            block_m = self._plans[rs_key]
+            sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
+            y = moe_rs_layer(x, gu, dn, sorted_ids, expert_ids, total, topk_weights, block_m, fused)
+            return moe_sum(y, topk_ids, self.num_experts)
         key = (x.device, x.dtype, t * k, self.split_k)
         if key not in self._plans:
             ws = self._ws_plan(x, t * k)
