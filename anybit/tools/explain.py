@@ -190,6 +190,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.frag_layout import frag_block_k
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
+    from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
     from anybit.moe.layer import grouped_why_not, launch_plan, moe_tiles
     from anybit.quant.weights import QuantizedWeight
@@ -212,6 +213,12 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     # one expert of each projection holds every fact the plan reads (layout, format, N, K)
     gate_up, down = (stack_experts(QuantizedWeight.empty(scheme, (1, n, k), device=dev))
                      for n, k in ((2 * inter, hidden), (hidden, inter)))  # fmt: skip
+    rs, rs_why = moe_rs_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
+    if rs:
+        return lines + [
+            f"  path: register-operand grouped Gluon GEMMs (moe_rs: x gathered into the sorted order, {rs}-token tiles "
+            "of 64 weight rows, gate_up in the sorted order, silu*up there, down to the flat slots x top-k weights)"
+        ]
     ws, ws_why = moe_ws_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
     if ws:
         return lines + [
@@ -237,4 +244,5 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"epilogue {epilogue}"
         )
     lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
-    return lines + [f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]
+    return lines + [f"  register-operand grouped kernel (moe_rs) not used: {rs_why}",
+                    f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]  # fmt: skip

@@ -75,3 +75,16 @@ def test_clear_errors():
     x = torch.randn(sorted_ids.numel(), 512).bfloat16()
     with pytest.raises(ValueError, match="scatter needs the routed"):
         moe_gemm_rs(x, tw, sorted_ids, expert_ids, total, block_m=64, num_rows=16, scatter=True)
+
+
+def test_explain_says_why_the_layer_does_not_take_it(interpret, monkeypatch):
+    from anybit.tools.explain import moe_lines
+
+    monkeypatch.delenv("ANYBIT_MOE_RS_MIN_ROWS", raising=False)
+    lines = moe_lines("w4a16", 16, 2, 600, 512, 256, "cpu", "bf16")
+    assert any("(moe_rs) not used: off (ANYBIT_MOE_RS_MIN_ROWS=0" in line for line in lines)
+    monkeypatch.setenv("ANYBIT_MOE_RS_MIN_ROWS", "32")
+    assert any(
+        "(moe_rs) not used: a Gluon kernel: a CUDA GPU" in line
+        for line in moe_lines("w4a16", 16, 2, 600, 512, 256, "cpu", "bf16")
+    )
