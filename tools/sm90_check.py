@@ -265,7 +265,7 @@ def check_moe_rs(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass
     e, top_k = 8, 2
     tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
     t = max(1, per_expert * e // top_k)
-    tile = dict(block_m=moe_rs_block_m(t * top_k, e, tw.fmt["W_BITS"])) | (tiles or {})
+    tile = dict(block_m=moe_rs_block_m(t * top_k, e)) | (tiles or {})
     sorted_ids, expert_ids, total = moe_align(torch.randint(0, e, (t, top_k)), e, tile["block_m"])
     _compiled.clear()
     x = torch.randn(sorted_ids.numel(), k, dtype=torch.bfloat16)

@@ -26,7 +26,7 @@ from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 # Token tiles a block may take, and a block's fixed cost in tokens of MMA work: H200 graphs (session 30,
 # tools/probe_ws.py, W4A16, 64 experts of DeepSeek-V3's gate_up as one 262144 x 7168 weight) 32 / 64 / 128 tokens a
 # 64-row tile 505 / 677 / 933 µs, about 420 + 4 µs a token: a block costs ~105 tokens more than its MMA.
-MOE_RS_TILES = (64, 96, 128, 144, 160, 192, 256)
+MOE_RS_TILES = (64, 96, 128, 144, 160, 192)  # (256 tokens, and 8-bit codes' 320, spill 0.5-0.9 KB here: sm_90a)
 MOE_RS_BLOCK_COST = 105
 
 
@@ -60,15 +60,14 @@ def moe_rs_plan(gate_up, down, rows: int, experts: int, x_dtype: torch.dtype, de
     if rows < least * experts:
         return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_RS_MIN_ROWS={least}"
     why = moe_rs_why_not(gate_up, x_dtype, device) or moe_rs_why_not(down, x_dtype, device)
-    return (None, why) if why else (moe_rs_block_m(rows, experts, gate_up.fmt["W_BITS"]), None)
+    return (None, why) if why else (moe_rs_block_m(rows, experts), None)
 
 
-def moe_rs_block_m(rows: int, experts: int, bits: int = 4) -> int:
-    """The token tile for `rows` token x slot rows over `experts` experts: the tile of MOE_RS_TILES (8-bit codes up
-    to 320) with the least expected work an expert — its blocks times (tile + MOE_RS_BLOCK_COST) — where an
+def moe_rs_block_m(rows: int, experts: int) -> int:
+    """The token tile for `rows` token x slot rows over `experts` experts: the tile of MOE_RS_TILES with the least
+    expected work an expert — its blocks times (tile + MOE_RS_BLOCK_COST) — where an
     expert's rows are Poisson with the mean rows / experts (a uniform router)."""
     mean = rows / experts
-    tiles = MOE_RS_TILES + ((320,) if bits == 8 else ())
 
     def work(bm: int) -> float:
         # E[ceil(c / bm)] = sum over j >= 0 of P(c > j * bm), c ~ Poisson(mean) (normal tail beyond 50 rows)
@@ -81,7 +80,7 @@ def moe_rs_block_m(rows: int, experts: int, bits: int = 4) -> int:
             j += 1
         return max(blocks, 1.0) * (bm + MOE_RS_BLOCK_COST)
 
-    return min(tiles, key=work)
+    return min(MOE_RS_TILES, key=work)
 
 
 def _poisson_tail(mean: float, n: int) -> float:

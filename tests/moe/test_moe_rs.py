@@ -48,7 +48,6 @@ def test_token_tile_by_rows_an_expert_sees():
     assert moe_rs_block_m(4096 * 8, 256) == 160
     assert moe_rs_block_m(1024 * 8, 256) == 64
     assert moe_rs_block_m(8192 * 8, 256) in (144, 160)
-    assert moe_rs_block_m(4096 * 8, 256, bits=8) == 160
 
 
 def test_not_taken_by_default_nor_on_the_cpu(monkeypatch):
