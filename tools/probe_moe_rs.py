@@ -15,6 +15,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from moe_bench import random_weight  # noqa: E402
+
+from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_rs import moe_gather, moe_gemm_rs, moe_rs_block_m, moe_silu_sorted  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 
@@ -44,8 +47,8 @@ def main() -> int:
     args = ap.parse_args()
     e, k, h, i = MODELS[args.model]
     dev = torch.device("cuda")
-    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, device=dev) * 0.02, torch.randn(e, h, i, device=dev) * 0.02,
-                              args.scheme)  # fmt: skip
+    scheme = Scheme.parse(args.scheme)
+    moe = QuantMoE(random_weight(scheme, (e, 2 * i, h), dev), random_weight(scheme, (e, h, i), dev))
     x = torch.randn(args.m, h, device=dev).bfloat16()
     w, ids = softmax_topk(torch.randn(args.m, e, device=dev), k)
     moe(x, w, ids)  # builds the stacks
