@@ -59,10 +59,11 @@ class Settings:
     `moe_gemm` in every cell measured (DeepSeek-V3 M=4096 gate_up 7439 vs 4684 µs; 128-row blocks are half
     padding at ~128 rows per expert, and its 128-row tiles run at ~420 TF/s even dense)."""
     moe_rs_min_rows: int
-    """ANYBIT_MOE_RS_MIN_ROWS (default 0: off until measured), Hopper: a `QuantMoE` call of A16 experts the
-    register-operand kernel takes whose experts see at least this many rows on average runs both grouped GEMMs
-    through it (`anybit.kernels.moe_rs`: x gathered into the sorted order, token tiles by the rows an expert sees)
-    instead of `moe_gemm`."""
+    """ANYBIT_MOE_RS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of A16 experts the register-operand kernel
+    takes whose experts see at least this many rows on average runs both grouped GEMMs through it
+    (`anybit.kernels.moe_rs`: x gathered into the sorted order, token tiles by the rows an expert sees) instead of
+    `moe_gemm`. Off by default: H200 w4a16 layers slower in every cell measured (DeepSeek-V3 M=4096 8473 vs 7911 µs,
+    M=1024 4374 vs 3150; Qwen3-30B-A3B 1336 vs 890, 557 vs 326)."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs

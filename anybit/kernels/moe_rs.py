@@ -4,7 +4,9 @@
 The layer (`moe_rs_layer`): x's rows gathered into `moe_align`'s sorted order once (`moe_gather`, zeros in the
 padding), so every block's rows come by TMA; gate_up writes its output in that order, silu(gate) * up is taken there
 (`moe_silu_sorted`), and down writes each row to its flat slot times the slot's top-k weight, for `moe_sum`. Token
-tiles by the rows an expert sees (`moe_rs_block_m`). Off by default (`settings.moe_rs_min_rows`).
+tiles by the rows an expert sees (`moe_rs_block_m`). Off by default (`settings.moe_rs_min_rows`): H200, DeepSeek-V3
+w4a16 M=4096 (tools/probe_moe_rs.py, eager µs) gather 289 / gate_up 4517 / silu 451 / down 3400 against
+`moe_gemm`'s fused 4867 / 2816 — the gate_up GEMM alone is faster, the rest is not yet.
 """
 
 from __future__ import annotations
