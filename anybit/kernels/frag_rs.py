@@ -240,27 +240,36 @@ def _rs_launch(tw, key: tuple) -> Launcher:
     """The `Launcher` of `gemm_frag_rs` calls with this key (tile, x's dtype, flags), after the checks they alone
     decide: worked out once per weight (an eager call's host time)."""
     _, block_m, stages, group_m, mma_regs, diag, split_k, _, no_bias, no_xs = key
-    bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
-    if bm1 < 16:
-        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (8-bit codes: "
-                         f"also 256 + 16, 32 or 64), got {block_m}")  # fmt: skip
+    consts = rs_consts(tw, block_m, stages, mma_regs)
     block_k = frag_block_k(tw.fmt["W_BITS"])
     blocks = cdiv(tw.k, block_k)
     if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
         most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
         raise ValueError(f"split_k={split_k}: K={tw.k} has {blocks} blocks of {block_k}, so split_k must leave each "
                          f"split some (1 to {most})")  # fmt: skip
-    stages = stages or rs_stages(block_m, tw.fmt["W_BITS"])
+    from anybit.kernels.frag_rs_kernel import frag_rs_kernel
+
+    consts |= dict(GROUP_M=group_m, HAS_BIAS=not no_bias, ROW_SCALES=not no_xs, DIAG=int(diag), SPLIT=split_k)
+    return Launcher(frag_rs_kernel, consts, _RS_LIVE)
+
+
+def rs_consts(tw, block_m: int, stages: int | None, mma_regs: int) -> dict:
+    """The constexprs of a register-operand kernel launch (`frag_rs_kernel`, `moe_rs_kernel`) that the weight and
+    the tile decide, after checking the tile: block_m (`rs_token_parts`) and stages (at least RS_MIN_STAGES; default
+    `rs_stages`)."""
+    bits = tw.fmt["W_BITS"]
+    bm1, bm2 = rs_token_parts(block_m, bits)
+    if bm1 < 16:
+        raise ValueError(f"block_m must be a power of two or the sum of two, from 16 up to 256 tokens (8-bit codes: "
+                         f"also 256 + 16, 32 or 64), got {block_m}")  # fmt: skip
+    stages = stages or rs_stages(block_m, bits)
     if stages < RS_MIN_STAGES:
         raise ValueError(f"stages={stages} (block_m={block_m}): the ring needs at least {RS_MIN_STAGES} slots (a "
                          "warpgroup reads its next block's words while its block holds a slot; 2 hang), and 3 slots "
                          "of x fit up to 256 tokens")  # fmt: skip
-    from anybit.kernels.frag_rs_kernel import frag_rs_kernel
-
-    consts = dict(
-        STAGES=stages, GROUP_M=group_m, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // block_k),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
-        E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None,
-        ROW_SCALES=not no_xs, TWO=bm2 > 0, DIAG=int(diag), SPLIT=split_k, W8=tw.fmt["W_BITS"] == 8, num_warps=4,
+    return dict(
+        STAGES=stages, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(bits)),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
+        E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None, TWO=bm2 > 0,
+        W8=bits == 8, num_warps=4,
     )  # fmt: skip
-    return Launcher(frag_rs_kernel, consts, _RS_LIVE)

@@ -232,6 +232,22 @@ def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPL
 
 
 @gluon.jit
+def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
+            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr):
+    """The first warpgroup's part: the even blocks (`_consumer_loop`), plus the odd ones' partial products from
+    shared memory (`_partial`, once `_second` has stored them): the tile's fp32 [64, BM1] and [64, BM2] products."""
+    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
+                               W8)
+    if W8:  # this warpgroup's wgmma no longer read x: the second may take slots 0 and 1 (`_partial`)
+        mbarrier.arrive(red_bar.index(1), count=1)
+    mbarrier.wait(red_bar.index(0), 0)
+    acc = acc + _partial(x_bufs, num_blocks, W8).load(acc.type.layout)
+    if TWO:
+        acc2 = acc2 + _partial(x2_bufs, num_blocks, W8).load(acc2.type.layout)
+    return acc, acc2
+
+
+@gluon.jit
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
            M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
@@ -241,14 +257,8 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
     that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
     adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
-                               W8)
-    if W8:  # this warpgroup's wgmma no longer read x: the second may take slots 0 and 1 (`_partial`)
-        mbarrier.arrive(red_bar.index(1), count=1)
-    mbarrier.wait(red_bar.index(0), 0)
-    acc = acc + _partial(x_bufs, num_blocks, W8).load(acc.type.layout)
-    if TWO:
-        acc2 = acc2 + _partial(x2_bufs, num_blocks, W8).load(acc2.type.layout)
+    acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG,
+                        W8)
     if SPLIT == 1:
         _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                     _pow2(E2M1), HAS_GS, True)

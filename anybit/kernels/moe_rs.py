@@ -20,8 +20,8 @@ import triton.language as tl
 
 from anybit import settings
 from anybit.kernels.dequant import cdiv
-from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k
-from anybit.kernels.frag_rs import RS_BITS, frag_rs_why_not, rs_stages, rs_token_parts
+from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_rs import RS_BITS, frag_rs_why_not, rs_consts, rs_token_parts
 from anybit.kernels.frag_ws import weight_descs, x_desc
 from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 
@@ -58,7 +58,7 @@ def moe_rs_plan(gate_up, down, rows: int, experts: int, x_dtype: torch.dtype, de
     rows per expert (0, the default: off)."""
     least = settings.moe_rs_min_rows()
     if not least:
-        return None, "off (ANYBIT_MOE_RS_MIN_ROWS=0, the default until measured on a GPU)"
+        return None, "off (ANYBIT_MOE_RS_MIN_ROWS=0, the default: slower than moe_gemm on the H200)"
     if rows < least * experts:
         return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_RS_MIN_ROWS={least}"
     why = moe_rs_why_not(gate_up, x_dtype, device) or moe_rs_why_not(down, x_dtype, device)
@@ -67,12 +67,12 @@ def moe_rs_plan(gate_up, down, rows: int, experts: int, x_dtype: torch.dtype, de
 
 def moe_rs_block_m(rows: int, experts: int) -> int:
     """The token tile for `rows` token x slot rows over `experts` experts: the tile of MOE_RS_TILES with the least
-    expected work an expert — its blocks times (tile + MOE_RS_BLOCK_COST) — where an
-    expert's rows are Poisson with the mean rows / experts (a uniform router)."""
+    expected work an expert — its blocks times (tile + MOE_RS_BLOCK_COST) — where an expert's rows are Poisson with
+    the mean rows / experts (a uniform router)."""
     mean = rows / experts
 
     def work(bm: int) -> float:
-        # E[ceil(c / bm)] = sum over j >= 0 of P(c > j * bm), c ~ Poisson(mean) (normal tail beyond 50 rows)
+        # E[ceil(c / bm)] = sum over j >= 0 of P(c > j * bm), c ~ Poisson(mean) (`_poisson_tail`)
         blocks, j = 0.0, 0
         while True:
             tail = _poisson_tail(mean, j * bm)
@@ -178,23 +178,19 @@ def moe_gemm_rs(x: torch.Tensor, tw, sorted_ids: torch.Tensor, expert_ids: torch
         raise ValueError(f"x must be contiguous [{n_sorted}, {k}] (rows in the sorted order), got {tuple(x.shape)}")
     if scatter and routed_weights is None:
         raise ValueError("scatter needs the routed (top-k) weights, one per flat slot")
+    consts = rs_consts(tw, block_m, stages, mma_regs)
     bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
-    if bm1 < 16:
-        raise ValueError(f"block_m must be a power of two or the sum of two, 16-256 tokens, got {block_m}")
     y = out if out is not None else torch.empty((num_rows if scatter else n_sorted, n), device=x.device, dtype=x.dtype)
     w_desc, s_desc = weight_descs(tw, 64)
     words = tw.planes[0]
     gs = tw.global_scale
     grid_m = moe_grid_m(num_rows, n_sorted, expert_ids.numel(), block_m)
+    x1 = x_desc(x, bm1)
     # fmt: off
     _kernel()[(grid_m * cdiv(n, 64),)](
-        x_desc(x, bm1), x_desc(x, bm2) if bm2 else x_desc(x, bm1), w_desc, s_desc, gs if gs is not None else y, y,
-        sorted_ids, expert_ids, total, routed_weights if scatter else y, n_sorted, num_rows, n, k,
-        words.shape[-1] // 16, y.stride(0), words.stride(0) // 256, tw.scales.shape[1],
-        STAGES=stages or rs_stages(block_m, tw.fmt["W_BITS"]), SCALE_PER_BLOCK=tw.group_k < k,
-        GB=max(1, tw.group_k // frag_block_k(tw.fmt["W_BITS"])), SIGNED=bool(tw.fmt["W_SIGNED"]),
-        PANEL=FRAG_PANEL, MMA_REGS=mma_regs, E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0,
-        HAS_GS=gs is not None, TWO=bm2 > 0, W8=tw.fmt["W_BITS"] == 8, SCATTER=scatter, num_warps=4,
+        x1, x_desc(x, bm2) if bm2 else x1, w_desc, s_desc, gs if gs is not None else y, y, sorted_ids, expert_ids,
+        total, routed_weights if scatter else y, n_sorted, num_rows, n, k, words.shape[-1] // 16, y.stride(0),
+        words.stride(0) // 256, tw.scales.shape[1], SCATTER=scatter, **consts,
     )
     # fmt: on
     return y

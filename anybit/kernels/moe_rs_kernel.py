@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_rs_kernel import _consumer_loop, _loader, _partial, _rs_blocks, _rs_smem, _second
+from anybit.kernels.frag_rs_kernel import _loader, _rs_blocks, _rs_smem, _second, _summed
 from anybit.kernels.frag_ws_kernel import _pow2
 
 
@@ -48,16 +47,10 @@ def _store_rows(acc, gs_ptr, y_ptr, rows_ptr, rw_ptr, n_rows, num_rows, N, strid
 def _first_moe(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, gs_ptr, y_ptr, rows_ptr, rw_ptr, n_rows,
                num_rows, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
                HAS_GS: gl.constexpr, TWO: gl.constexpr, W8: gl.constexpr, SCATTER: gl.constexpr):
-    """`frag_rs_kernel._first` with the grouped epilogue (`_store_rows`)."""
+    """The first warpgroup's part (`frag_rs_kernel._summed`), then the grouped epilogue (`_store_rows`)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
-    acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO,
-                               False, W8)
-    if W8:
-        mbarrier.arrive(red_bar.index(1), count=1)
-    mbarrier.wait(red_bar.index(0), 0)
-    acc = acc + _partial(x_bufs, num_blocks, W8).load(acc.type.layout)
-    if TWO:
-        acc2 = acc2 + _partial(x2_bufs, num_blocks, W8).load(acc2.type.layout)
+    acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, False,
+                        W8)
     _store_rows(acc, gs_ptr, y_ptr, rows_ptr, rw_ptr, n_rows, num_rows, N, stride_ym, off_m, off_n, _pow2(E2M1),
                 HAS_GS, SCATTER)
     if TWO:

@@ -9,6 +9,7 @@ from anybit import quantize
 from anybit.backends.triton_layout import stack_experts
 from anybit.kernels.moe_rs import moe_gather, moe_gemm_rs, moe_rs_why_not
 from anybit.moe import QuantMoE, moe_align, softmax_topk
+from tests.moe.test_moe_ws_gpu import _ids
 from tests.moe.test_quant_moe import reference
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -33,9 +34,7 @@ def test_rows_match_their_experts(text, dtype, e, k, t, n, kk, block_m):
     tw = stack_experts(qw)
     assert moe_rs_why_not(tw, dtype, torch.device("cuda")) is None
     x = torch.randn(t, kk, generator=g, device="cuda").to(dtype)
-    ids = torch.stack([torch.randperm(e, generator=g, device="cuda")[:k] for _ in range(t)]).int()
-    ids[ids == 1] = -1  # not on this rank: its slots are skipped
-    ids[ids == 2] = 0  # expert 2 receives nothing
+    ids = _ids(t, k, e, g)  # expert 1 not on this rank, expert 2 without rows
     sorted_ids, expert_ids, total = moe_align(ids, e, block_m)
     routed = torch.rand(t * k, generator=g, device="cuda")
     xs = moe_gather(x, sorted_ids, total, k)
