@@ -150,6 +150,8 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     tiles = cdiv(n, 64)
     tile = dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
     if m <= 64:
+        if RS_SMALL_MIN_FILL * num_sms <= RS_SPLIT * tiles <= num_sms and k > 128:
+            return tile | dict(split_k=RS_SPLIT)  # two CTAs a tile fill one wave (4096-row weights)
         takes = RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
     elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)

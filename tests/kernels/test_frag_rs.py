@@ -95,7 +95,8 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert rs_tile(40, 8192, 8192) == dict(rs=True, block_m=48, stages=6)  # 32 + 16 tokens
     assert rs_tile(64, 8192, 8192) == dict(rs=True, block_m=64, stages=6)
     assert rs_tile(40, 6144, 4096) == dict(rs=True, block_m=48, stages=6)  # 96 tiles: 73 % of a wave
-    assert rs_tile(64, 4096, 4096) is None and rs_tile(64, 28672, 4096) is None
+    assert rs_tile(64, 4096, 4096) == dict(rs=True, block_m=64, stages=6, split_k=2)  # 64 tiles: two CTAs each
+    assert rs_tile(64, 28672, 4096) is None and rs_tile(64, 2048, 4096) is None
     assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
     assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
 
@@ -118,7 +119,8 @@ def test_8_bit_codes_take_up_to_320_tokens_a_tile():
     (256, 28672, 4096, False), (160, 14336, 4096, False),
     (256, 8192, 28672, True), (160, 4096, 14336, True),  # K >= 2N: to 256
     (64, 8192, 8192, True), (33, 7168, 7168, True), (32, 8192, 8192, False),  # 33-64 rows: one filled wave, K < 2N
-    (64, 28672, 8192, False), (64, 8192, 28672, False), (64, 4096, 4096, False),
+    (64, 28672, 8192, False), (64, 8192, 28672, False), (64, 2048, 4096, False),
+    (64, 4096, 4096, True), (48, 4096, 14336, True),  # 33-64 rows of 4096-row weights: split in two (session 31)
     (384, 4096, 4096, True), (512, 4096, 14336, True), (512, 6144, 4096, False), (513, 4096, 4096, False),  # session 28
 ])  # fmt: skip
 def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
@@ -152,7 +154,9 @@ def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
                                             (160, 4096, 14336, 2), (192, 4096, 14336, 2), (256, 4096, 14336, None),
                                             (96, 8192, 28672, None),
                                             (96, 4096, 4096, None), (256, 4096, 4096, None),
-                                            (128, 28672, 8192, None)])  # fmt: skip
+                                            (128, 28672, 8192, None), (40, 4096, 4096, 2), (64, 4096, 14336, 2),
+                                            (64, 6144, 4096, None), (32, 4096, 4096, None),
+                                            (64, 4096, 128, None)])  # fmt: skip
 def test_rs_tile_splits_k_where_two_ctas_a_tile_fit_a_wave(m, n, k, split):
     """Sessions 23 and 24's H200 probes: 65-256 rows, K >= 2N, two CTAs a 64-row tile within one wave: split in two
     (4096x14336 M=160 / 256 61.8 / 74.8 -> 44.8 / 64.4 µs); K < 2N unsplit (4096^2 M=256 26.7 vs 36.5). 193-256 rows

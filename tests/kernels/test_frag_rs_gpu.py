@@ -134,11 +134,11 @@ def test_is_the_route(text, m):
 
 
 @pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 192), ("w8a16", 128),
-                                     ("w8a16", 300)])  # fmt: skip
+                                     ("w8a16", 300), ("w4a16", 48), ("nvfp4", 64), ("w4a8-nvfp4", 40)])  # fmt: skip
 def test_split_k_is_the_route_where_tiles_are_few(text, m):
-    """anybit.gemm of a 65-256-row call of a 4096x14336 weight (K >= 2N, 64 tiles of 64 rows; 8-bit codes also 257-320
-    rows on a 320-token tile) runs this kernel split in two along K (`rs_tile`): a direct launch's bits, the exact
-    product."""
+    """anybit.gemm of a 33-256-row call of a 4096x14336 weight (64 tiles of 64 rows: at 33-64 rows two CTAs a tile
+    fill one wave, at 65-256 K >= 2N; 8-bit codes also 257-320 rows on a 320-token tile) runs this kernel split in two
+    along K (`rs_tile`): a direct launch's bits, the exact product (FP8 x as codes: of x as the quantizer gives it)."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_rs import rs_tile
@@ -148,8 +148,13 @@ def test_split_k_is_the_route_where_tiles_are_few(text, m):
     tile = rs_tile(m, 4096, 14336, torch.cuda.get_device_properties(0).multi_processor_count, qw.scheme.weight.bits)
     assert tile["split_k"] == 2
     y = get_backend("triton").gemm(x, p)
-    assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
-    ref = x.double() @ qw.dequantize().double().T
+    xs = None
+    if qw.scheme.act.quantized:  # `codes_a16`: x's e4m3 codes in x's dtype, its scales after the MMA
+        from anybit.kernels.quant_act import quantize_act
+
+        x, xs = quantize_act(x, qw.scheme.act, codes_dtype=x.dtype)
+    assert torch.equal(y, gemm_frag_rs(x, p.data, x_scales=xs, **{a: v for a, v in tile.items() if a != "rs"}))
+    ref = (x.double() * (1 if xs is None else xs.double())) @ qw.dequantize().double().T
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
 
 
