@@ -1,8 +1,10 @@
 """Does this torch run cuBLAS's block-scaled FP8 GEMM (`torch.nn.functional.scaled_mm` with 1x128 /
 128x128 scales, Hopper), is it exact enough, and how fast is it beside row-wise `_scaled_mm` and
-anybit's own W4A8 / FP8-block paths? One GPU call; prints a table, writes DIR/probe_blockwise.json.
+anybit's own W4A8 / FP8-block paths — and anybit's W8A8-FP8 call (its one-kernel per-token quantizer, then row-wise
+`_scaled_mm`: the row-wise GEMM with the quantization a serving engine pays)? One GPU call; prints a table, writes
+DIR/probe_blockwise.json.
 
-    python tools/probe_blockwise.py [--shapes 8192x8192,28672x4096,4096x14336] [--m 256,1024,4096,8192]
+    python tools/probe_blockwise.py [--shapes 8192x8192,28672x4096,4096x14336] [--m 256,1024,4096,8192] [--graph]
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from probe_out import write_probe  # noqa: E402
 
 import anybit  # noqa: E402
-from anybit.bench.timing import median, time_eager  # noqa: E402
+from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
+
+NAMES = ("1x128", "128x128", "rowwise", "anybit_w8a8", "anybit_w4a8", "anybit_fp8block")
 
 
 def _outer_major(t: torch.Tensor) -> torch.Tensor:
@@ -44,12 +48,13 @@ def blockwise(xq, sx, wq, sw, block_w: bool):
                      output_dtype=torch.bfloat16)  # fmt: skip
 
 
-def _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk):
+def _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk, p_w8):
     """(name, call) of one problem: cuBLAS block-scaled (1x128 / 128x128 weight scales), row-wise, anybit."""
     return (
         ("1x128", lambda: blockwise(xq, sxg, wq, sw, False)),
         ("128x128", lambda: blockwise(xq, sxg, wq, sw_blk, True)),
         ("rowwise", lambda: torch._scaled_mm(xq, wq.t(), sx, sw[:, :1].t().contiguous(), out_dtype=torch.bfloat16)),
+        ("anybit_w8a8", lambda: anybit.gemm(xb, p_w8)),
         ("anybit_w4a8", lambda: anybit.gemm(xb, p_a8)),
         ("anybit_fp8block", lambda: anybit.gemm(xb, p_blk)),
     )
@@ -117,6 +122,7 @@ def main() -> int:
     ap.add_argument("--m", default="256,1024,4096,8192")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--parts", action="store_true", help="only time the route's parts (quantizer, codes)")
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host time), not eager calls")
     args = ap.parse_args()
     if args.parts:
         rows = []
@@ -133,29 +139,30 @@ def main() -> int:
         sw_blk = torch.rand(n // 128, g, device=dev) * 0.01 + 0.001
         qw_a8 = anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "w4a8")
         qw_blk = anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "fp8-block")
+        qw_w8 = anybit.quantize(torch.randn(n, k, device=dev) * 0.02, "w8a8-fp8")
         p_a8, p_blk = anybit.prepare(qw_a8, backend="triton"), anybit.prepare(qw_blk, backend="triton")
+        p_w8 = anybit.prepare(qw_w8, backend="triton")
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev)
             sx = torch.rand(m, 1, device=dev) * 0.01 + 0.001
             xq = (x * 20).clamp(-448, 448).to(fp8)
             sxg = sx.expand(m, g)
             ref = (xq.float() * sx) @ (wq.float().view(n, g, 128) * sw[:, :, None]).view(n, k).t()
-            row = dict(n=n, k=k, m=m)
+            row = dict(n=n, k=k, m=m, timing="graph" if args.graph else "eager")
             xb = x.bfloat16()
-            for name, fn in _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk):
+            for name, fn in _cases(xq, sx, sxg, wq, sw, sw_blk, xb, p_a8, p_blk, p_w8):
                 try:
                     y = fn()
                     if name == "1x128":
                         row["rel_err_1x128"] = float((y.float() - ref).norm() / ref.norm())
-                    us = median(time_eager([fn], 5, 7, 5, True))
+                    us = median(time_graph([fn], 5, 7, 5) if args.graph else time_eager([fn], 5, 7, 5, True))
                     row[name] = us
                 except Exception as e:  # noqa: BLE001 - a probe reports what failed
                     errors[name] = repr(e)[:300]
                     row[name] = float("nan")
             flops = 2 * m * n * k
             print(f"{n}x{k} M={m:5d} " + "  ".join(
-                f"{nm} {row[nm]:8.1f} µs {flops / row[nm] / 1e6:6.0f} TF/s" for nm in
-                ("1x128", "128x128", "rowwise", "anybit_w4a8", "anybit_fp8block")
+                f"{nm} {row[nm]:8.1f} µs {flops / row[nm] / 1e6:6.0f} TF/s" for nm in NAMES
             ) + f"  err {row.get('rel_err_1x128', float('nan')):.1e}", flush=True)  # fmt: skip
             rows.append(row)
     write_probe(args.out, "probe_blockwise", rows, errors)
