@@ -32,7 +32,7 @@ from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
 from anybit.kernels.moe_ws import moe_gemm_ws  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
-from anybit.moe.layer import grouped_inputs, moe_tiles  # noqa: E402
+from anybit.moe.layer import down_tiles, grouped_inputs, moe_tiles  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
 
 MODELS = {"deepseek-v3": dict(E=256, top_k=8, H=7168, I=2048), "qwen3-30b-a3b": dict(E=128, top_k=8, H=2048, I=768)}
@@ -92,7 +92,8 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         t_tiles = tiles | over
         bm = t_tiles["block_m"]
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
-        kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_tiles, False)
+        t_dn = down_tiles(tiles, moe_tile_kind(dn, x.dtype)) | over  # the layer's own down tile, then the variant
+        kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_dn, False)
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
                                           silu_mul=fused, **xin, **kw))
