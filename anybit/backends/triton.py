@@ -204,8 +204,9 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4) -> dict |
     not run — its CTAs would not fill a wave on 4096- and 6144-row weights; 257-384 rows that its tiles would overfill
     as two of its launches, `rs_parts`; ANYBIT_FRAG_RS=0 turns it off). At most FRAG_MAX_M rows (the frag kernel's
     decode path) only the register-operand kernel's (`rs_tile`: 33-64 rows of weights whose 64-row tiles fill one
-    wave), else None. bits: the weight's code width (the register-operand kernel only for `frag_rs.RS_BITS`,
-    `rs_tile`'s rule for them; the warp-specialised kernel's, `ws_tile`)."""
+    wave, or split in two along K where two CTAs a tile do), else None. bits: the weight's code width (the
+    register-operand kernel only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's,
+    `ws_tile`)."""
     rs = bits in RS_BITS and settings.frag_rs()
     tile = rs_tile(m, n, k, num_sms, bits) if rs else None
     if tile is None and rs and settings.frag_rs_parts():

@@ -120,7 +120,11 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     M=32 19.9 either way; taller or longer-K weights keep the decode (28672x8192 M=64 74.0 -> 89.6, 8192x28672 76.6 ->
     86.2). 6144-row weights (96 tiles, 73 % of a wave) too: session 30, W4A16 graphs, 6144x4096 M=40 / 64 20.6 / 15.7 ->
     13.9 / 13.5 (Humming 12.7 / 14.3); 4096-row ones (48 %) keep the decode (4096^2 12.9 / 13.7 vs 13.7 / 13.5;
-    28672x4096 39.8 / 37.2 vs 50.7 / 51.1). And split in two along K (`split_k`) where K >= 2N and two CTAs a tile still
+    28672x4096 39.8 / 37.2 vs 50.7 / 51.1) — at 33-64 rows they take it split in two along K, where two CTAs a tile fill
+    one wave (session 31, graphs, the frag decode -> split in two (Humming), W4A16 / NVFP4 / MXFP4, M=40 / 64: 4096^2
+    13.1 / 14.8 -> 11.9 / 13.2 (11.0 / 12.6), 13.2 / 14.9 -> 12.7 / 13.9 (12.3 / 13.9), 14.0 / 14.5 -> 12.8 / 12.9
+    (12.7 / 13.0); 4096x14336 26.9 / 27.3 -> 25.3 / 25.5 (21.2 / 23.4), 27.5 / 28.4 -> 28.6 / 28.1 (24.6 / 27.3), 25.4 /
+    28.2 -> 25.4 / 26.1 (23.7 / 26.4)). And split in two along K (`split_k`) where K >= 2N and two CTAs a tile still
     fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag kernel's 128-token tiles 40.0 / 41.1 -> 31.7
     / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 / 31.5) — the split costs where the tiles fill the
     SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256 rows of weights whose 64-row tiles fit one wave
