@@ -223,7 +223,8 @@ def test_group_scales_applied_to_the_decoded_weights(interpret, scheme):
 def test_half_width_tail_blocks(interpret, scheme):
     """tail_half: blocks whose second half is padding run half-width (fragment and bit-plane experts);
     experts of 5, 20, 33 (a full block and a 1-row tail) and 16 rows (exactly half) against per-slot
-    products, unwritten rows poisoned."""
+    products, unwritten rows poisoned; 4-bit experts also on the down GEMM's tile of wide experts (64-row blocks of
+    256 weight rows, 8 warps: `down_tiles`) with N = 320 off that tile."""
     g = torch.Generator().manual_seed(23)
     e, n, kk = 4, 64, 256
     qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
@@ -238,6 +239,14 @@ def test_half_width_tail_blocks(interpret, scheme):
     w = qw.dequantize().double()
     ref = torch.stack([x[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    if scheme != "w3a16":  # the down GEMM's tile of wide experts (`down_tiles`): 64-row blocks of 256 weight rows
+        qw2 = anybit.quantize(torch.randn(e, 320, kk, generator=g) * 0.05, scheme)
+        y2 = torch.full((t, 320), float("nan"), dtype=torch.float16)
+        moe_gemm(x, stack_experts(qw2), *moe_align(ids, e, 64), block_m=64, block_n=256, num_warps=8, num_rows=t,
+                 top_k=1, out=y2, tail_half=True, scale_w=scheme.startswith("w4a16"))  # fmt: skip
+        w2 = qw2.dequantize().double()
+        ref2 = torch.stack([x[r].double() @ w2[int(ids[r, 0])].T for r in range(t)])
+        assert rel_err(y2, ref2) < GEMM_REL_ERR[torch.float16]
     with pytest.raises(ValueError, match="tail_half"):
         moe_gemm(x, tw, *moe_align(ids, e, 32), block_m=32, num_rows=t, top_k=1, tail_half=True, split_k=2,
                  workspace=torch.empty(1 << 16), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
