@@ -87,12 +87,13 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
     xin, ain = grouped_inputs(x, gu), grouped_inputs(act, dn)
     out = {}
+    dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype))  # the layer's own down tile; a variant's keys over it
     for tag, split, over in variants:
         moe.split_k = split
         t_tiles = tiles | over
         bm = t_tiles["block_m"]
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
-        t_dn = down_tiles(tiles, moe_tile_kind(dn, x.dtype)) | over  # the layer's own down tile, then the variant
+        t_dn = dn_tiles | over
         kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_dn, False)
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
