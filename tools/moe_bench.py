@@ -87,7 +87,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
     xin, ain = grouped_inputs(x, gu), grouped_inputs(act, dn)
     out = {}
-    dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype))  # the layer's own down tile; a variant's keys over it
+    dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k)  # the layer's own down tile; variants' keys over it
     for tag, split, over in variants:
         moe.split_k = split
         t_tiles = tiles | over

@@ -98,7 +98,7 @@ class QuantMoE(nn.Module):
                 (ws["block_m"], dict(ws, num_rows=t * k), dict(ws, num_rows=t * k), moe_gemm_ws)
                 if ws
                 else (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
-                      self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype)), False), moe_gemm)
+                      self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
             )  # fmt: skip
         block_m, launch_gu, launch_dn, run = self._plans[key]
         # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
@@ -296,12 +296,17 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     return dict(block_m=128, block_n=256 if kind == "wide" else 128, block_k=64, num_warps=8, num_stages=3)
 
 
-def down_tiles(tiles: dict, kind: str) -> dict:
-    """The down GEMM's tile from the layer's (`moe_tiles`): 64-row blocks of "wide" experts take 256 weight rows (8
-    warps), as their 128-row blocks do (H200 graphs, session 31, DeepSeek-V3 w4a16 M=1024, 32 rows an expert: down
-    1117.1 -> 1074.0 µs, Humming 876.2; gate_up, whose silu·up epilogue holds two tiles, 1906.5 -> 1920.1: keeps
-    128)."""
-    if kind == "wide" and tiles["block_m"] == 64 and tiles["block_n"] == 128:
+# The down GEMM's K (the expert's intermediate size) from which its 64-row blocks take 256 weight rows.
+DOWN_WIDE_MIN_K = 2048
+
+
+def down_tiles(tiles: dict, kind: str, k: int) -> dict:
+    """The down GEMM's tile from the layer's (`moe_tiles`): 64-row blocks of "wide" experts with K >= DOWN_WIDE_MIN_K
+    take 256 weight rows (8 warps), as their 128-row blocks do (H200 graphs, session 31, DeepSeek-V3 w4a16 M=1024, 32
+    rows an expert, K=2048: down 1117.1 -> 1074.0 µs, Humming 876.2; gate_up, whose silu·up epilogue holds two tiles,
+    1906.5 -> 1920.1: keeps 128). Short K keeps 128 (session 32, Qwen3-30B-A3B M=1024, K=768: w4a16 110.9 -> 118.5,
+    nvfp4 112.2 -> 128.5: twelve 64-K steps do not cover the 8-warp tile's pipeline fill)."""
+    if kind == "wide" and k >= DOWN_WIDE_MIN_K and tiles["block_m"] == 64 and tiles["block_n"] == 128:
         return dict(tiles, block_n=256, num_warps=8)
     return tiles
 

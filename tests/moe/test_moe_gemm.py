@@ -310,10 +310,12 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
     assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if kind else 32)
     mid = moe_tiles(1024 * 8, 256, True, kind)  # the down GEMM's 64-row blocks of wide experts: 256 weight rows
-    assert down_tiles(mid, kind)["block_n"] == (256 if wide else 128)
-    assert down_tiles(mid, kind)["num_warps"] == (8 if wide else mid["num_warps"])
+    assert down_tiles(mid, kind, 2048)["block_n"] == (256 if wide else 128)
+    assert down_tiles(mid, kind, 2048)["num_warps"] == (8 if wide else mid["num_warps"])
+    assert down_tiles(mid, kind, 768) == mid  # short K (Qwen3-30B-A3B's 768): 128 weight rows
     big = moe_tiles(4096 * 8, 256, True, kind)
-    assert down_tiles(big, kind) == big and down_tiles(moe_tiles(8, 256, True, kind), kind)["block_n"] == 128
+    assert down_tiles(big, kind, 2048) == big
+    assert down_tiles(moe_tiles(8, 256, True, kind), kind, 2048)["block_n"] == 128
 
 
 def test_e2m1_experts_on_the_fp8_mma_take_128_row_blocks_of_256_weight_rows_from_97_rows_an_expert(monkeypatch):
