@@ -10,8 +10,8 @@ events otherwise, the median of the recipe's repeats.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 
@@ -20,13 +20,22 @@ import torch
 import anybit
 from anybit.backends.base import Problem
 from anybit.backends.registry import explain, get_backend
-from anybit.backends.triton import DEQUANT_MATMUL_MIN_M, FRAG_MAX_M, _sm_count, frag_mid, pick_config, tuning_cache
+from anybit.backends.triton import (
+    DEQUANT_MATMUL_MIN_M,
+    FRAG_MAX_M,
+    TritonBackend,
+    _sm_count,
+    frag_mid,
+    pick_config,
+    tuning_cache,
+)
 from anybit.backends.triton_layout import a8_mma, frag_format
 from anybit.bench.recipe import Recipe
 from anybit.bench.runner import _copies, _weight
 from anybit.bench.timing import median, time_eager, time_graph
 from anybit.errors import AnybitError
 from anybit.formats.scheme import Scheme
+from anybit.kernels.frag_rs import RS_SMALL_MIN_M
 from anybit.tuning.autotune import candidates
 from anybit.tuning.cache import backend_key, problem_key
 
@@ -47,6 +56,15 @@ def _uses_tiles(scheme: Scheme, m: int, n: int, k: int, device: torch.device) ->
     return a8_mma(scheme) or m <= DEQUANT_MATMUL_MIN_M
 
 
+def _register_operand_route(tw, x: torch.Tensor) -> bool:
+    """Whether the Triton backend's call runs this frag A16 weight on the register-operand kernel (`gemm_frag_rs`:
+    33-64 rows of some weights, `frag_rs.rs_tile`), whose tile is its own: no frag tile to tune there."""
+    if not tw.frag or tw.mma_a8 or x.shape[0] <= RS_SMALL_MIN_M:
+        return False
+    tile = TritonBackend._ws_tile(x, tw)
+    return tile is not None and "rs" in tile
+
+
 def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, backends) -> dict:
     """Tune one (weight, M): the Triton tile among candidates, then each backend's time; all into the
     cache. Returns {"triton_tile": config or None, "us": {backend: µs}, "errors": {backend: text}}."""
@@ -63,7 +81,8 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
         be, preps = get_backend(name), []
         try:
             preps = [be.prepare(qw) for _ in range(copies)]
-            if name == "triton" and _uses_tiles(scheme, m, n, k, device):
+            tiled = name == "triton" and _uses_tiles(scheme, m, n, k, device)
+            if tiled and not _register_operand_route(preps[0].data, x):
                 tw = preps[0].data
                 default = pick_config(m, n, k, scheme, _sm_count(device), False, tw.nk, tw.mma_a8, tw.frag)
                 best, best_us = None, float("inf")
@@ -95,7 +114,8 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
 
 def run_tune(recipe: Recipe, device: str | None = None, backends=TUNED_BACKENDS, write_to: str | None = None) -> list:
     """Tune every (shape, scheme, M) of `recipe` within its budget; returns one row per problem.
-    `write_to`: also copy the resulting cache file there (how the shipped tables are made)."""
+    `write_to`: also write the cache's entries over the shipped table's there (how the shipped tables are made: a
+    tune of a few problems keeps the table's other entries)."""
     if not torch.cuda.is_available():
         raise AnybitError("anybit tune measures kernels on a CUDA GPU and there is none here")
     dev = torch.device(device or "cuda")
@@ -128,7 +148,8 @@ def run_tune(recipe: Recipe, device: str | None = None, backends=TUNED_BACKENDS,
         cache = tuning_cache(dev)
         dest = os.path.join(write_to, os.path.relpath(cache.path, os.path.dirname(os.path.dirname(cache.path))))
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.copyfile(cache.path, dest)
+        with open(dest, "w") as f:
+            json.dump({"anybit": anybit.__version__, "entries": cache.entries()}, f, indent=1, sort_keys=True)
     return rows
 
 
