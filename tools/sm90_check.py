@@ -150,7 +150,7 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
         two = not act.quantized and qw.scheme.weight_bits == 4  # as `pick_config`
         tile = frag_tile(m, n, k, 132, interpret=False, bits=qw.scheme.weight_bits, mid=mid, two=two) | (tiles or {})
         gemm_frag(x, tw, None, workspace=torch.empty(max(1, tile["split_k"] * m * n)), counters=cnt,
-                  x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, prefetch=pdl, **tile)  # fmt: skip
+                  x_scales=extra.get("x_scales"), x_sums=extra.get("x_sums"), pdl=pdl, **tile)  # fmt: skip
         cfg = GemmConfig(
             tile["block_m"], tile["block_n"], frag_block_k(qw.scheme.weight_bits), num_warps=tile["num_warps"]
         )

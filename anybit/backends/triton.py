@@ -454,11 +454,10 @@ class TritonBackend:
             ws, cnt = self._workspace.get(x2.device, config.split_k * m * tw.n, tiles)
         if tw.frag:  # the swap-AB kernel; its K block is the layout's 128
             c = config
-            prefetch = (tw.mma_a8 or tw.codes_a16) and quant_early(m, x2.device)  # its weight to L2 meanwhile
             return gemm_frag(x2, tw, bias, block_m=c.block_m, block_n=c.block_n, split_k=c.split_k,
                              num_warps=c.num_warps, num_stages=c.num_stages, workspace=ws, counters=cnt,
                              x_scales=x_scales, x_sums=x_sums, out_dtype=out_dtype, pdl=pdl,
-                             maxnreg=c.maxnreg, prefetch=prefetch)  # fmt: skip
+                             maxnreg=c.maxnreg)  # fmt: skip
         return gemm_dense(x2, tw, bias, config=config, workspace=ws, counters=cnt, x_scales=x_scales,
                           x_group=x_group, out_dtype=out_dtype)  # fmt: skip
 

@@ -503,21 +503,26 @@ def frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_p
 
 
 @triton.jit
-def l2_prefetch_blocks(w_ptr, first_row, N, stride_wn, kt_lo, kt_hi, BN: tl.constexpr, PANEL: tl.constexpr):
-    """Ask L2 for K blocks [kt_lo, kt_hi) of weight rows [first_row, first_row + BN) without reading them: one
-    `cp.async.bulk.prefetch.L2` a 64-row panel (its blocks lie one after another), issued by the first warp
-    (a uniform instruction: each distinct address in a warp is one more pass). What a GEMM launched early (PDL)
-    streams while it waits for the quantizer that writes its x (`gdc_wait`). Panels past N's are not asked for."""
-    tl.static_assert(PANEL == 64)  # 64 rows x 16 words: 4096 bytes a block
+def l2_prefetch_blocks(w_ptr, first_row, N, stride_wn, kt_lo, kt_hi, BN: tl.constexpr, PANEL: tl.constexpr,
+                       NW: tl.constexpr):
+    """Ask L2 for K blocks [kt_lo, kt_hi) of weight rows [first_row, first_row + BN) without reading them
+    (`cp.async.bulk.prefetch.L2`, one 4 KB request a 64-row panel's block, spread over the threads): what a GEMM
+    launched early (PDL) streams while it waits for the quantizer that writes its x (`gdc_wait`). Rows past N's
+    panels are not asked for; a request held by two threads (the layout's copies) is asked twice, harmlessly."""
+    tl.static_assert(PANEL == 64)  # 64 rows x 16 words: the 4096-byte request below
+    T: tl.constexpr = 32 * NW
     P: tl.constexpr = (BN + PANEL - 1) // PANEL
-    panel = first_row // PANEL + tl.arange(0, P)
-    ok = panel < tl.cdiv(N, PANEL)
-    words = panel.to(tl.int64) * (PANEL * stride_wn) + kt_lo * (16 * PANEL)
-    nbytes = tl.zeros((P,), dtype=tl.int32) + (kt_hi - kt_lo) * 4096
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, 32; setp.ne.and.b32 q, $3, 0, p; "
-        "@q cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,r,r", [w_ptr + words, nbytes, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    nb = kt_hi - kt_lo
+    first = first_row // PANEL
+    last = tl.cdiv(N, PANEL)
+    for r in range(0, tl.cdiv(P * nb, T)):
+        c = r * T + tl.arange(0, T)
+        panel = first + c // tl.maximum(nb, 1)
+        ok = (c < P * nb) & (panel < last)
+        words = panel.to(tl.int64) * (PANEL * stride_wn) + (kt_lo + c % tl.maximum(nb, 1)) * (16 * PANEL)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 4096; mov.b32 $0, 0; }",
+            "=r,l,r", [w_ptr + words, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit(do_not_specialize=["MASK"])
@@ -541,8 +546,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
-        if PREFETCH:  # the weight is not the quantizer's: L2 fetches it meanwhile
-            l2_prefetch_blocks(w_ptr, pid_n * BN, N, stride_wn, lo, tl.minimum(lo + per, k_blocks), BN, PANEL)
+        if PREFETCH:  # the weight is not the quantizer's: L2 fetches it meanwhile (`L2_PREFETCH`)
+            l2_prefetch_blocks(w_ptr, pid_n * BN, N, stride_wn, lo, tl.minimum(lo + per, k_blocks), BN, PANEL, NW)
         gdc_wait()
     if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)
         a0, a1, a2 = frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn,
@@ -618,11 +623,9 @@ SCALE_BITS = True
 # on/off 0.94-0.98 on 8192x28672, 1.00-1.06 on 28672x8192 (w4a16) and 1.01-1.06 for W4A8-MXFP4 everywhere
 FRAG_PAIRS = False
 
-# A frag GEMM launched early behind the FP8 activation quantizer (PDL, `gemm_frag(pdl=True, prefetch=True)`) asks L2
-# for its CTA's weight blocks before it waits for x (`l2_prefetch_blocks`): the weight streams while x is quantized.
-# sm_90+ compiled code only (inline PTX). Not for A16 calls: behind a kernel that does not trigger early there is
-# nothing to overlap, and the requests cost (H200 graphs, one request a 4 KB block, session 32: w4a16 8192^2 M=1
-# 14.7 -> 18.3 µs).
+# A frag GEMM launched as a programmatic dependent (PDL, `gemm_frag(pdl=True)`) asks L2 for its CTA's weight blocks
+# before it waits for the kernel in front (`l2_prefetch_blocks`): behind the FP8 activation quantizer's early trigger
+# the weight streams while x is quantized. sm_90+ compiled code only (inline PTX).
 L2_PREFETCH = True
 
 
@@ -841,7 +844,7 @@ def frag_tile(
 def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1, num_warps: int = 4,
               num_stages: int = 4, workspace=None, counters=None, out=None, x_scales=None, x_sums=None,
               out_dtype=None, pdl: bool = False, scale_w: bool | None = None,
-              maxnreg: int | None = None, prefetch: bool = False) -> torch.Tensor:  # fmt: skip
+              maxnreg: int | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T for a prepared weight in the fragment layout
     (`TritonWeight.frag`). x: bf16/fp16, or e4m3 from `quantize_act` per token with its fp32 `x_scales`
     [M, 1] (FP8-activation schemes: their weights are packed in the FP8 MMA's order — MXFP4 as e4m3 by
@@ -851,17 +854,15 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     kernel sums each x tile itself, ~100 more instructions per block at M <= 16); y in out_dtype
     (default x's dtype, bf16 for FP8 x). split_k > 1 needs `workspace` (fp32 >= split_k*M*N) and zeroed
     int32 `counters` (>= output tiles), left ready for the next call. pdl: launched as a
-    programmatic dependent of the previous kernel (the quantizer), waiting for it before any read; prefetch (with pdl,
-    behind a quantizer that triggers its launch early: `L2_PREFETCH`): the CTA's weight blocks asked of L2 before that
-    wait (`l2_prefetch_blocks`). scale_w:
+    programmatic dependent of the previous kernel (the quantizer), waiting for it before any read. scale_w:
     group scales on the decoded weights (`frag_block_dot` SCALE_W; default `frag_scale_w`, tiles of >= 128
     tokens). maxnreg: a cap on the registers per thread (more CTAs per SM). What a launch's tile and flags decide
     (checks, the kernel's constexprs) is worked out once per weight (`_frag_launch`): an eager call's host time."""
     m, k = x.shape
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
-           scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS, A8_MMA_ACC,
-           pdl and prefetch and L2_PREFETCH)  # the settings and switches it depends on  # fmt: skip
+           scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
+           A8_MMA_ACC, L2_PREFETCH)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)
