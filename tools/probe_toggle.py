@@ -8,10 +8,6 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
               `quant_act.GROUP_BLOCK`)
   quant-split several programs share a decode row, SPLIT_CHUNK columns each (`split_chunk`; off: SPLIT_MAX_M 0)
   quant-early the quantizer lets its frag GEMM launch at once at every M (off: at none; `QUANT_EARLY_MAX_M`)
-  quant-early-64  the quantizer lets its frag GEMM launch at once up to 64 rows (off: the shipped
-              `QUANT_EARLY_MAX_M`)
-  prefetch    frag GEMMs launched as programmatic dependents ask L2 for their weight blocks before they wait
-              (`frag.L2_PREFETCH`)
   pdl         ANYBIT_PDL: programmatic dependent launch at all
   mid256-e2m1 NVFP4 / MXFP4 (A16) at 129-256 rows on the frag kernel's 256-token tiles (`FRAG_MID_256`; off: the
               large-M paths, as before 2026-12-01)
@@ -78,14 +74,6 @@ def _quant_early(on: bool) -> None:
     triton_backend.QUANT_EARLY_MAX_M = 1 << 30 if on else 0  # read per call
 
 
-def _quant_early_64(on: bool, off=triton_backend.QUANT_EARLY_MAX_M) -> None:
-    triton_backend.QUANT_EARLY_MAX_M = 64 if on else off  # read per call
-
-
-def _prefetch(on: bool) -> None:
-    frag.L2_PREFETCH = on  # read per call (the launch key)
-
-
 def _pdl(on: bool) -> None:
     os.environ["ANYBIT_PDL"] = "1" if on else "0"  # read per call
 
@@ -147,8 +135,6 @@ SWITCHES = {
     "quant-group-block": _quant_group_block,
     "quant-split": _quant_split,
     "quant-early": _quant_early,
-    "quant-early-64": _quant_early_64,
-    "prefetch": _prefetch,
     "pdl": _pdl,
 }
 

@@ -502,29 +502,6 @@ def frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_p
                     HAS_BIAS, SPLIT_K)
 
 
-@triton.jit
-def l2_prefetch_blocks(w_ptr, first_row, N, stride_wn, kt_lo, kt_hi, BN: tl.constexpr, PANEL: tl.constexpr,
-                       NW: tl.constexpr):
-    """Ask L2 for K blocks [kt_lo, kt_hi) of weight rows [first_row, first_row + BN) without reading them
-    (`cp.async.bulk.prefetch.L2`, one 4 KB request a 64-row panel's block, spread over the threads): what a GEMM
-    launched early (PDL) streams while it waits for the quantizer that writes its x (`gdc_wait`). Rows past N's
-    panels are not asked for; a request held by two threads (the layout's copies) is asked twice, harmlessly."""
-    tl.static_assert(PANEL == 64)  # 64 rows x 16 words: the 4096-byte request below
-    T: tl.constexpr = 32 * NW
-    P: tl.constexpr = (BN + PANEL - 1) // PANEL
-    nb = kt_hi - kt_lo
-    first = first_row // PANEL
-    last = tl.cdiv(N, PANEL)
-    for r in range(0, tl.cdiv(P * nb, T)):
-        c = r * T + tl.arange(0, T)
-        panel = first + c // tl.maximum(nb, 1)
-        ok = (c < P * nb) & (panel < last)
-        words = panel.to(tl.int64) * (PANEL * stride_wn) + (kt_lo + c % tl.maximum(nb, 1)) * (16 * PANEL)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 4096; mov.b32 $0, 0; }",
-            "=r,l,r", [w_ptr + words, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["MASK"])
 def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                       M, N, K, stride_xm, stride_xs, stride_ym, stride_wn, stride_s, MASK, W_BITS: tl.constexpr,
@@ -535,7 +512,9 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
                       HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
-                      SUBS: tl.constexpr = 1, BM2: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
+                      SUBS: tl.constexpr = 1, BM2: tl.constexpr = 0):
+    if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
+        gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -545,10 +524,6 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     k_blocks = tl.cdiv(K, 512 // W_BITS)
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
-    if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
-        if PREFETCH:  # the weight is not the quantizer's: L2 fetches it meanwhile (`L2_PREFETCH`)
-            l2_prefetch_blocks(w_ptr, pid_n * BN, N, stride_wn, lo, tl.minimum(lo + per, k_blocks), BN, PANEL, NW)
-        gdc_wait()
     if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)
         a0, a1, a2 = frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn,
                                      stride_s, lo, tl.minimum(lo + per, k_blocks), GROUP_K, GROUP_N, BN, BM, NW,
@@ -622,11 +597,6 @@ SCALE_BITS = True
 # spills). Bit for bit on the GPU; off: H200 graphs (`tools/probe_toggle.py --switch pairs`, session 19), M = 1-32,
 # on/off 0.94-0.98 on 8192x28672, 1.00-1.06 on 28672x8192 (w4a16) and 1.01-1.06 for W4A8-MXFP4 everywhere
 FRAG_PAIRS = False
-
-# A frag GEMM launched as a programmatic dependent (PDL, `gemm_frag(pdl=True)`) asks L2 for its CTA's weight blocks
-# before it waits for the kernel in front (`l2_prefetch_blocks`): behind the FP8 activation quantizer's early trigger
-# the weight streams while x is quantized. sm_90+ compiled code only (inline PTX).
-L2_PREFETCH = True
 
 
 def two_parts(block_m: int) -> tuple[int, int]:
@@ -862,7 +832,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
            scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
-           A8_MMA_ACC, L2_PREFETCH)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
+           A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)
@@ -896,7 +866,7 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
     """(y's dtype, the `Launcher` of the kernel's constexprs and launch options, the weight's tensor arguments) of a
     `gemm_frag` launch with this key (its tile and flags), after the checks that depend on them alone."""
     block_m, block_n, split_k, num_warps, num_stages, _, no_xs, no_bias, out_dtype, pdl, scale_w, maxnreg, ptx, \
-        settle, fold, _, _, prefetch = key  # fmt: skip
+        settle, fold, *_ = key  # fmt: skip
     if block_n < 16 * num_warps:
         raise ValueError(f"block_n={block_n} must be >= 16 * num_warps ({16 * num_warps})")
     fp8 = x_dtype == torch.float8_e4m3fn
@@ -922,7 +892,7 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
         STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL, PTX=ptx, FOLD=fold,
         PDL=pdl, SETTLE=settle, SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w,
         HAS_XS=not no_xs, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs, num_warps=num_warps,
-        PREFETCH=pdl and prefetch, launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )  # fmt: skip
     zeros, gs = (t if t is not None else dummy for t in (tw.zeros, tw.global_scale))
     weight = (tw.planes[0], tw.scales, zeros, gs, rows if rows is not None else dummy)
