@@ -124,31 +124,32 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     one wave (session 31, graphs, the frag decode -> split in two (Humming), W4A16 / NVFP4 / MXFP4, M=40 / 64: 4096^2
     13.1 / 14.8 -> 11.9 / 13.2 (11.0 / 12.6), 13.2 / 14.9 -> 12.7 / 13.9 (12.3 / 13.9), 14.0 / 14.5 -> 12.8 / 12.9
     (12.7 / 13.0); 4096x14336 26.9 / 27.3 -> 25.3 / 25.5 (21.2 / 23.4), 27.5 / 28.4 -> 28.6 / 28.1 (24.6 / 27.3), 25.4 /
-    28.2 -> 25.4 / 26.1 (23.7 / 26.4)). And split in two along K (`split_k`) where K >= 2N and two CTAs a tile still
-    fit one wave (session 23, W4A16 graphs: 4096x14336 M=96 / 128, the frag kernel's 128-token tiles 40.0 / 41.1 -> 31.7
-    / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3; Humming 27.4 / 31.5) — the split costs where the tiles fill the
-    SMs already (28672x8192 M=96 117.1 -> 139.1). Session 24, 129-256 rows of weights whose 64-row tiles fit one wave
-    (Llama-3-8B's), the route (frag kernel or dequantize + cuBLAS) -> this kernel (Humming), W4A16 graphs, M=160 / 192 /
-    256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8 / 21.9 / 27.9 (22.5 / 23.7 / 27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 /
-    21.3 / 26.7 (19.5 / 19.3 / 22.3), 4096x14336 split in two 74.2 / 78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 /
-    65.5 / 74.8; Humming 36.4 / 44.7 / 54.4); 8192^2 M=256 (session 22) 51.7 -> 51.0. So: split in two at 65-256 rows
-    where K >= 2N and two CTAs a tile fit one wave; else 65-128 rows, K >= 2N, or one wave of 64-row tiles. The route
-    takes these tiles also where the warp-specialised kernel would not run (`ws_route_tile`); where 193-256 rows fit one
-    wave as two 128-token tiles, those (`rs_block_m`). 257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the
-    route (dequantize + cuBLAS) -> this kernel, µs, W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 /
-    33.1 / 38.2, 4096x14336 109.0 / 107.3 / 112.3 -> 96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 /
-    29.1 / 29.1, 4096x14336 126.2 / 123.1 / 129.2 -> 91.4 / 92.1 / 91.0; session 29, 192-token tiles at 257-384 rows
-    (NVFP4 and 8-bit codes: the route -> these; Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 /
-    30.9), 4096x14336 102.3 / 113.6 -> 93.0 / 88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6),
-    4096x14336 108.3 / 118.6 -> 97.0 / 92.9 (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the
-    route -> 256-token tiles (Humming), M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5)). 8-bit
-    codes at 257-RS_BYTE_WIDE_M rows where K >= 2N and two CTAs a 64-row tile fit one wave: one 320-token tile split in
-    two along K (session 30, W8A16 graphs, 4096x14336 M=288 / 320, two 192-token tiles -> this (Humming): 100.4 / 97.9
-    -> 81.4 / 86.0 (64.7 / 69.4); 4096^2, K < 2N, keeps the 192-token tiles: 30.5 / 28.6 vs 45.6 / 46.9)."""
+    28.2 -> 25.4 / 26.1 (23.7 / 26.4)); 8-bit codes too (session 32, W8A16 graphs, M=40 / 64: 4096^2 15.0 / 15.8 -> 13.6
+    / 14.7 (13.3 / 14.6), unsplit 16.3 / 16.5; 4096x14336 32.9 / 35.1 -> 31.7 / 33.5 (26.2 / 28.9)). And split in two
+    along K (`split_k`) where K >= 2N and two CTAs a tile still fit one wave (session 23, W4A16 graphs: 4096x14336 M=96
+    / 128, the frag kernel's 128-token tiles 40.0 / 41.1 -> 31.7 / 34.3 µs, unsplit 45.7 / 44.5, split 4 37.9 / 41.3;
+    Humming 27.4 / 31.5) — the split costs where the tiles fill the SMs already (28672x8192 M=96 117.1 -> 139.1).
+    Session 24, 129-256 rows of weights whose 64-row tiles fit one wave (Llama-3-8B's), the route (frag kernel or
+    dequantize + cuBLAS) -> this kernel (Humming), W4A16 graphs, M=160 / 192 / 256: 6144x4096 39.2 / 40.6 / 41.9 -> 21.8
+    / 21.9 / 27.9 (22.5 / 23.7 / 27.8), 4096x4096 31.6 / 31.3 / 27.5 -> 20.9 / 21.3 / 26.7 (19.5 / 19.3 / 22.3),
+    4096x14336 split in two 74.2 / 78.1 / 72.4 -> 44.8 / 49.9 / 64.4 (unsplit 61.8 / 65.5 / 74.8; Humming 36.4 / 44.7 /
+    54.4); 8192^2 M=256 (session 22) 51.7 -> 51.0. So: split in two at 65-256 rows where K >= 2N and two CTAs a tile fit
+    one wave; else 65-128 rows, K >= 2N, or one wave of 64-row tiles. The route takes these tiles also where the
+    warp-specialised kernel would not run (`ws_route_tile`); where 193-256 rows fit one wave as two 128-token tiles,
+    those (`rs_block_m`). 257-512 rows (4-bit codes, `rs_block_m`): session 28, graphs, the route (dequantize + cuBLAS)
+    -> this kernel, µs, W4A16 / MXFP4 / NVFP4, M=384: 4096^2 34.8 / 35.2 / 35.6 -> 31.1 / 33.1 / 38.2, 4096x14336 109.0
+    / 107.3 / 112.3 -> 96.5 / 101.6 / 116.3; M=512: 4096^2 35.7 / 37.0 / 37.6 -> 29.0 / 29.1 / 29.1, 4096x14336 126.2 /
+    123.1 / 129.2 -> 91.4 / 92.1 / 91.0; session 29, 192-token tiles at 257-384 rows (NVFP4 and 8-bit codes: the route
+    -> these; Humming), M=320 / 384: NVFP4 4096^2 30.9 / 37.8 -> 27.5 / 26.9 (27.3 / 30.9), 4096x14336 102.3 / 113.6 ->
+    93.0 / 88.2 (63.9 / 83.3); W8A16 4096^2 30.7 / 37.1 -> 28.6 / 27.5 (28.5 / 31.6), 4096x14336 108.3 / 118.6 -> 97.0 /
+    92.9 (64.9 / 96.5). 8-bit codes at 385-512 rows (session 29, W8A16 graphs, the route -> 256-token tiles (Humming),
+    M=512: 4096^2 39.1 -> 31.7 (37.3), 4096x14336 132.8 -> 100.5 (109.5)). 8-bit codes at 257-RS_BYTE_WIDE_M rows where
+    K >= 2N and two CTAs a 64-row tile fit one wave: one 320-token tile split in two along K (session 30, W8A16 graphs,
+    4096x14336 M=288 / 320, two 192-token tiles -> this (Humming): 100.4 / 97.9 -> 81.4 / 86.0 (64.7 / 69.4); 4096^2, K
+    < 2N, keeps the 192-token tiles: 30.5 / 28.6 vs 45.6 / 46.9)."""
     if bits == 8 and 256 < m <= RS_BYTE_WIDE_M and k >= 2 * n and 2 * cdiv(n, 64) <= num_sms:
         return dict(rs=True, block_m=RS_BYTE_WIDE_M, stages=rs_stages(RS_BYTE_WIDE_M, bits), split_k=RS_SPLIT)
-    low = RS_SMALL_MIN_M if bits == 4 else 64  # the frag kernel's decode path below
-    bm = rs_block_m(m, n, num_sms, bits) if low < m else None
+    bm = rs_block_m(m, n, num_sms, bits) if RS_SMALL_MIN_M < m else None  # the frag kernel's decode path below
     if bm is None:
         return None
     tiles = cdiv(n, 64)
@@ -156,7 +157,8 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     if m <= 64:
         if RS_SMALL_MIN_FILL * num_sms <= RS_SPLIT * tiles <= num_sms and k > 128:
             return tile | dict(split_k=RS_SPLIT)  # two CTAs a tile fill one wave (4096-row weights)
-        takes = RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n  # one filled wave, not long K
+        # one filled wave, not long K (4-bit codes; 8-bit ones keep the decode there)
+        takes = bits == 4 and RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n
     elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)
     else:

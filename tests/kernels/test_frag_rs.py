@@ -97,6 +97,9 @@ def test_stages_fit_the_shared_memory_the_sm90_compile_reported():
     assert rs_tile(40, 6144, 4096) == dict(rs=True, block_m=48, stages=6)  # 96 tiles: 73 % of a wave
     assert rs_tile(64, 4096, 4096) == dict(rs=True, block_m=64, stages=6, split_k=2)  # 64 tiles: two CTAs each
     assert rs_tile(64, 28672, 4096) is None and rs_tile(64, 2048, 4096) is None
+    # 8-bit codes at 33-64 rows: split in two where two CTAs a tile fill one wave, else the frag kernel's decode
+    assert rs_tile(40, 4096, 14336, bits=8) == dict(rs=True, block_m=48, stages=6, split_k=2)
+    assert rs_tile(64, 6144, 4096, bits=8) is None and rs_tile(40, 8192, 8192, bits=8) is None
     assert rs_tile(100, 8192, 8192) == dict(rs=True, block_m=128, stages=6)  # 112 = 64 + 48 is not two powers of two
     assert rs_tile(96, 8192, 8192) == dict(rs=True, block_m=96, stages=6)
 
@@ -134,13 +137,15 @@ def test_rs_tile_follows_the_h200_measurements(m, n, k, takes):
 @pytest.mark.parametrize("m, n, k, takes", [
     (96, 8192, 8192, True), (128, 6144, 4096, True), (96, 4096, 4096, True), (128, 4096, 14336, True),
     (512, 4096, 4096, True), (385, 4096, 14336, True), (384, 4096, 4096, True), (512, 6144, 4096, False),  # s29
-    (64, 8192, 8192, False), (48, 6144, 4096, False), (64, 4096, 14336, False),  # 33-64 rows: the frag kernel's
+    (64, 8192, 8192, False), (48, 6144, 4096, False),  # 33-64 rows: the frag kernel's
+    (64, 4096, 14336, True), (40, 4096, 4096, True),  # ... but split in two where two CTAs a tile fill a wave (s32)
     (160, 28672, 8192, False),  # the warp-specialised kernel's
     (96, 28672, 4096, False), (128, 28672, 8192, False), (96, 8192, 28672, True),  # tall: the frag kernel's
 ])  # fmt: skip
 def test_rs_tile_of_8_bit_codes_follows_the_h200_measurements(m, n, k, takes):
     """8-bit codes: `rs_tile`'s rule above 64 rows (session 27's H200 probe: faster than the route at 96 and 128
-    rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), none at 33-64 rows (the frag kernel's decode was faster) nor
+    rows on 8192^2, 6144x4096, 4096^2 and 4096x14336), at 33-64 rows only split in two on 4096-row weights (session
+    32; unsplit on 8192^2 / 6144x4096 the frag kernel's decode was faster), not
     at 65-128 rows of tall weights whose 64-row tiles overfill a wave (session 28: 28672x4096 / 28672x8192 slower
     than the frag kernel; 8192x28672, K >= 2N, faster); at 385-512 rows where 256-token tiles fit one wave (session
     29: 4096^2 and 4096x14336 faster than the route at M=512) and on 192-token tiles at 257-384 (faster there

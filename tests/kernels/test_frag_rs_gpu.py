@@ -134,11 +134,13 @@ def test_is_the_route(text, m):
 
 
 @pytest.mark.parametrize("text, m", [("w4a16", 96), ("mxfp4", 128), ("nvfp4", 160), ("w4a16", 192), ("w8a16", 128),
-                                     ("w8a16", 300), ("w4a16", 48), ("nvfp4", 64), ("w4a8-nvfp4", 40)])  # fmt: skip
+                                     ("w8a16", 300), ("w4a16", 48), ("nvfp4", 64), ("w4a8-nvfp4", 40),
+                                     ("w8a16", 40)])  # fmt: skip
 def test_split_k_is_the_route_where_tiles_are_few(text, m):
     """anybit.gemm of a 33-256-row call of a 4096x14336 weight (64 tiles of 64 rows: at 33-64 rows two CTAs a tile
-    fill one wave, at 65-256 K >= 2N; 8-bit codes also 257-320 rows on a 320-token tile) runs this kernel split in two
-    along K (`rs_tile`): a direct launch's bits, the exact product (FP8 x as codes: of x as the quantizer gives it)."""
+    fill one wave — 4- and 8-bit codes —, at 65-256 K >= 2N; 8-bit codes also 257-320 rows on a 320-token tile) runs
+    this kernel split in two along K (`rs_tile`): a direct launch's bits, the exact product (FP8 x as codes: of x as
+    the quantizer gives it)."""
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag_rs import rs_tile
