@@ -129,6 +129,45 @@ def _quant_act_kernel(
             tl.store(q_row + k0 + offs, _codes(y, q_ptr, CODES16, E5M2), mask=k0 + offs < K)
 
 
+@triton.jit
+def _quant_rows_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, CODES16: tl.constexpr = False, E5M2: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Per-token scales, ROWS rows a program, each row (K <= BLOCK) loaded once and held: every load of the program in
+    flight at once, a quarter or half the programs of `_quant_act_kernel`'s row each (s_ptr [M, 1]; CODES16 as
+    there). The same operations per value, so the same bits."""
+    if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+    scale = tl.maximum(tl.max(tl.abs(x.to(tl.float32)), axis=1) / QMAX, MIN_SCALE)
+    tl.store(s_ptr + rows * stride_sm, scale, mask=rows < M)
+    y = _codes(tl.clamp(tl.math.div_rn(x.to(tl.float32), scale[:, None]), -QMAX, QMAX), q_ptr, CODES16, E5M2)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], y, mask=mask)
+
+
+def quantize_rows(x: torch.Tensor, spec: ActSpec, rows: int, num_warps: int, pdl: bool = False,
+                  codes_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`quantize_act` of a per-token spec by `_quant_rows_kernel` (`rows` rows a program): (xq [M, K], scales
+    fp32 [M, 1]), the same bits."""
+    if spec.mode is not ActMode.TOKEN:
+        raise ValueError(f"quantize_rows takes per-token activation scales, not {spec}")
+    m, k = x.shape
+    xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
+    scales = torch.empty((m, 1), device=x.device, dtype=torch.float32)
+    if m:
+        _quant_rows_kernel[(cdiv(m, rows),)](
+            x, xq, scales, m, k, x.stride(0), xq.stride(0), scales.stride(0), QMAX=act_qmax(spec),
+            MIN_SCALE=min_act_scale(spec), ROWS=rows, BLOCK=next_pow2(k), CODES16=codes_dtype is not None,
+            E5M2=spec.dtype.name == "e5m2", PDL=pdl, num_warps=num_warps,
+        )  # fmt: skip
+    return xq, scales
+
+
 def split_chunk(m: int, k: int, group: int, pdl: bool, itemsize: int = 2) -> int:
     """Columns a program casts when several share a row (0: one program a row). group as the kernel's GROUP
     (0 per token, -1 static, else the group); pdl: the GEMM after it launches early (`quantize_act(pdl=True)`)."""
