@@ -4,7 +4,8 @@ scale = max(amax / qmax, 1 / (qmax·512)), xq = saturate(x / scale) rounded to n
 One program per row (a decode row over several, `split_chunk`). Up to WIDE_MAX_M rows (decode: a row per
 SM at most) a row of up to WIDE_MAX_K values is read in one step and held in registers (up to 16 warps):
 the GEMM after it waits for the whole grid, and a row walked 4096 (per group 1024) columns at a time is
-a chain of dependent loads in one CTA. More rows: per token, rows up to 4096 long are loaded once (amax,
+a chain of dependent loads in one CTA. More rows: per token, rows up to ROWS_MAX_K long (without block sums or
+blockwise scales) by `_quant_rows_kernel`, held whole; else rows up to 4096 long are loaded once (amax,
 scale, cast from registers), longer ones twice, 4096 at a time (the second read mostly from L2); per
 group, 1024 columns at a time, each group's amax, scale and cast in one pass. H200, M=4096
 (`tools/probe_blockwise.py --parts`): per token K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass
@@ -41,6 +42,12 @@ GROUP_BLOCK = 1024
 # --switch quant-split`): 3-7 % faster at M=1/16/64 (FP8-block, per token up to 16 rows of 28672), 9-10 % slower
 # per token at M=64 K=28672 (48 MB re-read); with the early launch (`pdl`) more than 4 programs were slower too.
 SPLIT_MAX_M = 64
+# Per-token rows past the decode (> WIDE_MAX_M rows) up to this long: `_quant_rows_kernel`, one row a program held
+# whole, ROWS_WARPS warps. H200 graphs (tools/probe_quant_rows.py, session 32), µs, `_quant_act_kernel` -> this, M=1024
+# / 4096: K=4096 6.7 / 18.8 -> 6.2 / 15.9, K=7168 14.4 / 41.4 -> 13.2 / 38.5, K=8192 10.8 / 34.0 -> 9.3 / 29.3;
+# K=14336 22.8 / 70.3 vs 23.0 / 74.4 (kept); two to eight rows a program were slower (K=7168 M=4096 66.4-97.5).
+ROWS_MAX_K = 8192
+ROWS_WARPS = 8
 SPLIT_CHUNK = 2048
 SPLIT_MAX_REREAD = 16 << 20
 SPLIT_MAX_EARLY_PROGRAMS = 4
@@ -136,8 +143,8 @@ def _quant_rows_kernel(
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per-token scales, ROWS rows a program, each row (K <= BLOCK) loaded once and held: every load of the program in
-    flight at once, a quarter or half the programs of `_quant_act_kernel`'s row each (s_ptr [M, 1]; CODES16 as
-    there). The same operations per value, so the same bits."""
+    flight at once (s_ptr [M, 1]; CODES16 as in `_quant_act_kernel`). The same operations per value, so the same bits.
+    One row a program is the route (`ROWS_MAX_K`); more rows measured slower."""
     if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
         gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -201,6 +208,8 @@ def quantize_act(
     m, k = x.shape
     if codes_dtype not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"codes_dtype must be torch.bfloat16 or torch.float16 (or None: FP8), got {codes_dtype}")
+    if spec.mode is ActMode.TOKEN and m > WIDE_MAX_M and k <= ROWS_MAX_K and not (block_sums or blockwise):
+        return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype)
     xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
     if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):
         raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")

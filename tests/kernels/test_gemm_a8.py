@@ -294,18 +294,24 @@ def test_quantizer_with_a_row_over_several_programs_writes_the_same(interpret, m
 
 @pytest.mark.parametrize("text", ["w8a8-fp8", "w8a8:e5m2:ch:bf16:e5m2-token"])
 @pytest.mark.parametrize("m, k, rows", [(13, 200, 2), (257, 96, 4), (5, 1000, 4), (1, 128, 1)])
-def test_quantizer_rows_kernel_writes_the_same(interpret, text, m, k, rows):
-    """`quantize_rows` (several rows a program, each held whole) writes bit for bit what `quantize_act` writes:
-    codes (FP8, and in fp16 for `codes_a16`), per-token scales; rows past M and columns past K masked."""
+def test_quantizer_rows_kernel_writes_the_same(interpret, monkeypatch, text, m, k, rows):
+    """`quantize_rows` (several rows a program, each held whole; `quantize_act`'s route past WIDE_MAX_M rows up to
+    ROWS_MAX_K columns) writes bit for bit what `_quant_act_kernel` writes: codes (FP8, and in fp16 for `codes_a16`),
+    per-token scales; rows past M and columns past K masked."""
+    from anybit.kernels import quant_act
     from anybit.kernels.quant_act import quantize_rows
 
     spec = Scheme.parse(text).act
     x = torch.randn(m, k).half() * 3
     x[m // 2] = 0  # an all-zero row: the smallest scale, zero codes
     for codes in (None, torch.float16):
+        monkeypatch.setattr(quant_act, "ROWS_MAX_K", 0)  # `_quant_act_kernel` at every M
         one = quantize_act(x, spec, codes_dtype=codes)
         many = quantize_rows(x, spec, rows, 4, codes_dtype=codes)
         assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, many, strict=True))
+        monkeypatch.setattr(quant_act, "ROWS_MAX_K", 8192)
+        routed = quantize_act(x, spec, codes_dtype=codes)  # past WIDE_MAX_M rows: the rows kernel
+        assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, routed, strict=True))
     with pytest.raises(ValueError, match="per-token"):
         quantize_rows(x, Scheme.parse("fp8-block").act, rows, 4)
 

@@ -15,10 +15,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("text", ["w8a8-fp8", "fp8-block", "w8a8:e5m2:ch:bf16:e5m2-token"])
-@pytest.mark.parametrize("m, k", [(33, 4096), (1, 28672), (16, 7168), (200, 8192), (5, 40064)])
+@pytest.mark.parametrize("m, k", [(33, 4096), (1, 28672), (16, 7168), (200, 8192), (300, 7168), (5, 40064)])
 @pytest.mark.parametrize("split", [0, 128])
 def test_quantizer_is_bitwise_the_reference(monkeypatch, text, m, k, split):
-    """Rows read in one step (decode, up to 32768 long) and in steps (more rows, longer rows) alike; `split`: a row
+    """Rows read in one step (decode, up to 32768 long; past the decode up to 8192 long, `quantize_rows`) and in steps
+    (more rows, longer rows) alike; `split`: a row
     over several programs (`SPLIT_MAX_M`)."""
     from anybit.kernels import quant_act
 
