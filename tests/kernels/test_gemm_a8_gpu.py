@@ -19,8 +19,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("split", [0, 128])
 def test_quantizer_is_bitwise_the_reference(monkeypatch, text, m, k, split):
     """Rows read in one step (decode, up to 32768 long; past the decode up to 8192 long, `quantize_rows`) and in steps
-    (more rows, longer rows) alike; `split`: a row
-    over several programs (`SPLIT_MAX_M`)."""
+    (more rows, longer rows) alike; `split`: a row over several programs (`SPLIT_MAX_M`)."""
     from anybit.kernels import quant_act
 
     monkeypatch.setattr(quant_act, "SPLIT_MAX_M", split)
