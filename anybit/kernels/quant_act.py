@@ -42,15 +42,15 @@ GROUP_BLOCK = 1024
 # --switch quant-split`): 3-7 % faster at M=1/16/64 (FP8-block, per token up to 16 rows of 28672), 9-10 % slower
 # per token at M=64 K=28672 (48 MB re-read); with the early launch (`pdl`) more than 4 programs were slower too.
 SPLIT_MAX_M = 64
+SPLIT_CHUNK = 2048
+SPLIT_MAX_REREAD = 16 << 20
+SPLIT_MAX_EARLY_PROGRAMS = 4
 # Per-token rows past the decode (> WIDE_MAX_M rows) up to this long: `_quant_rows_kernel`, one row a program held
 # whole, ROWS_WARPS warps. H200 graphs (tools/probe_quant_rows.py, session 32), µs, `_quant_act_kernel` -> this, M=1024
 # / 4096: K=4096 6.7 / 18.8 -> 6.2 / 15.9, K=7168 14.4 / 41.4 -> 13.2 / 38.5, K=8192 10.8 / 34.0 -> 9.3 / 29.3;
 # K=14336 22.8 / 70.3 vs 23.0 / 74.4 (kept); two to eight rows a program were slower (K=7168 M=4096 66.4-97.5).
 ROWS_MAX_K = 8192
 ROWS_WARPS = 8
-SPLIT_CHUNK = 2048
-SPLIT_MAX_REREAD = 16 << 20
-SPLIT_MAX_EARLY_PROGRAMS = 4
 
 
 @triton.jit
@@ -140,39 +140,56 @@ def _quant_act_kernel(
 def _quant_rows_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, CODES16: tl.constexpr = False, E5M2: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, stride_sg=1,
 ):  # fmt: skip
-    """Per-token scales, ROWS rows a program, each row (K <= BLOCK) loaded once and held: every load of the program in
-    flight at once (s_ptr [M, 1]; CODES16 as in `_quant_act_kernel`). The same operations per value, so the same bits.
-    One row a program is the route (`ROWS_MAX_K`); more rows measured slower."""
+    """ROWS rows a program, each row (K <= BLOCK) loaded once and held: every load of the program in flight at once.
+    GROUP 0: one scale a row (s_ptr [M, 1]); else one a GROUP columns (s_ptr [M, K/GROUP], columns stride_sg apart:
+    M-major for cuBLAS's 1x128 x scales). CODES16 as in `_quant_act_kernel`; the same operations per value, so the
+    same bits. One per-token row a program is the route (`ROWS_MAX_K`); more rows measured slower."""
     if PDL:  # the GEMM that reads xq may launch now (it waits for this grid before reading)
         gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
-    scale = tl.maximum(tl.max(tl.abs(x.to(tl.float32)), axis=1) / QMAX, MIN_SCALE)
-    tl.store(s_ptr + rows * stride_sm, scale, mask=rows < M)
-    y = _codes(tl.clamp(tl.math.div_rn(x.to(tl.float32), scale[:, None]), -QMAX, QMAX), q_ptr, CODES16, E5M2)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], y, mask=mask)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)  # as loaded
+    if GROUP == 0:
+        scale = tl.maximum(tl.max(tl.abs(x.to(tl.float32)), axis=1) / QMAX, MIN_SCALE)
+        tl.store(s_ptr + rows * stride_sm, scale, mask=rows < M)
+        y = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale[:, None]), -QMAX, QMAX)
+    else:
+        G: tl.constexpr = BLOCK // GROUP
+        xg = tl.reshape(x, (ROWS, G, GROUP))
+        scale = tl.maximum(tl.max(tl.abs(xg.to(tl.float32)), axis=2) / QMAX, MIN_SCALE)  # [ROWS, G]
+        g = tl.arange(0, G)
+        smask = (rows < M)[:, None] & (g < K // GROUP)[None, :]
+        tl.store(s_ptr + rows[:, None] * stride_sm + g[None, :] * stride_sg, scale, mask=smask)
+        y = tl.reshape(tl.clamp(tl.math.div_rn(xg.to(tl.float32), scale[:, :, None]), -QMAX, QMAX), (ROWS, BLOCK))
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], _codes(y, q_ptr, CODES16, E5M2), mask=mask)
 
 
-def quantize_rows(x: torch.Tensor, spec: ActSpec, rows: int, num_warps: int, pdl: bool = False,
-                  codes_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`quantize_act` of a per-token spec by `_quant_rows_kernel` (`rows` rows a program): (xq [M, K], scales
-    fp32 [M, 1]), the same bits."""
-    if spec.mode is not ActMode.TOKEN:
-        raise ValueError(f"quantize_rows takes per-token activation scales, not {spec}")
+def quantize_rows(
+    x: torch.Tensor, spec: ActSpec, rows: int, num_warps: int, pdl: bool = False,
+    codes_dtype: torch.dtype | None = None, blockwise: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`quantize_act` of a per-token or per-group spec (K a multiple of the group) by `_quant_rows_kernel` (`rows`
+    rows a program): (xq [M, K], scales fp32 [M, 1] or [M, K/g]; blockwise: per-group scales M-major, as
+    `quantize_act`'s), the same bits."""
     m, k = x.shape
+    group = spec.group if spec.mode is ActMode.GROUP else 0
+    if spec.mode not in (ActMode.TOKEN, ActMode.GROUP) or k % max(group, 1) or (blockwise and group != 128):
+        raise ValueError(f"quantize_rows takes per-token or per-group activation scales (K={k} a multiple of the "
+                         f"group; blockwise: groups of 128), not {spec}")  # fmt: skip
     xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
-    scales = torch.empty((m, 1), device=x.device, dtype=torch.float32)
+    cols = k // group if group else 1
+    scales = torch.empty((cols, m) if blockwise else (m, cols), device=x.device, dtype=torch.float32)
+    stride_sm, stride_sg = (1, m) if blockwise else (scales.stride(0), 1)
     if m:
         _quant_rows_kernel[(cdiv(m, rows),)](
-            x, xq, scales, m, k, x.stride(0), xq.stride(0), scales.stride(0), QMAX=act_qmax(spec),
-            MIN_SCALE=min_act_scale(spec), ROWS=rows, BLOCK=next_pow2(k), CODES16=codes_dtype is not None,
-            E5M2=spec.dtype.name == "e5m2", PDL=pdl, num_warps=num_warps,
+            x, xq, scales, m, k, x.stride(0), xq.stride(0), stride_sm, QMAX=act_qmax(spec),
+            MIN_SCALE=min_act_scale(spec), ROWS=rows, BLOCK=max(next_pow2(k), group), CODES16=codes_dtype is not None,
+            E5M2=spec.dtype.name == "e5m2", PDL=pdl, GROUP=group, stride_sg=stride_sg, num_warps=num_warps,
         )  # fmt: skip
-    return xq, scales
+    return xq, scales.t() if blockwise else scales
 
 
 def split_chunk(m: int, k: int, group: int, pdl: bool, itemsize: int = 2) -> int:
