@@ -51,6 +51,8 @@ SPLIT_MAX_EARLY_PROGRAMS = 4
 # K=14336 22.8 / 70.3 vs 23.0 / 74.4 (kept); two to eight rows a program were slower (K=7168 M=4096 66.4-97.5).
 ROWS_MAX_K = 8192
 ROWS_WARPS = 8
+# The same for per-group scales: built, off (0) until measured (`tools/probe_quant_rows.py --scheme fp8-block`).
+ROWS_GROUP_MAX_K = 0
 
 
 @triton.jit
@@ -225,8 +227,11 @@ def quantize_act(
     m, k = x.shape
     if codes_dtype not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"codes_dtype must be torch.bfloat16 or torch.float16 (or None: FP8), got {codes_dtype}")
-    if spec.mode is ActMode.TOKEN and m > WIDE_MAX_M and k <= ROWS_MAX_K and not (block_sums or blockwise):
-        return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype)
+    if m > WIDE_MAX_M and not block_sums:  # past the decode: whole rows a program (`_quant_rows_kernel`) where measured
+        if spec.mode is ActMode.TOKEN and k <= ROWS_MAX_K and not blockwise:
+            return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype)
+        if spec.mode is ActMode.GROUP and k <= ROWS_GROUP_MAX_K and k % spec.group == 0:
+            return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype, blockwise)
     xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
     if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):
         raise ValueError(f"blockwise scales take K % 128 == 0 (K={k}) and per-token or 128-column {spec}")

@@ -319,9 +319,10 @@ def test_quantizer_rows_kernel_writes_the_same(interpret, monkeypatch, text, m, 
 @pytest.mark.parametrize("text, blockwise", [("fp8-block", False), ("fp8-block", True),
                                              ("w8a8:e4m3:ch:bf16:e5m2-g32", False)])  # fmt: skip
 @pytest.mark.parametrize("m, k, rows", [(13, 384, 2), (257, 128, 4), (3, 1024, 1)])
-def test_quantizer_rows_kernel_per_group_writes_the_same(interpret, text, blockwise, m, k, rows):
-    """`quantize_rows` with per-group scales (built for measurement, not routed): bit for bit `quantize_act`'s codes
-    and scales, cuBLAS's M-major 1x128 scales too; a K off the group is refused."""
+def test_quantizer_rows_kernel_per_group_writes_the_same(interpret, monkeypatch, text, blockwise, m, k, rows):
+    """`quantize_rows` with per-group scales (built for measurement, routed from `ROWS_GROUP_MAX_K`, off): bit for bit
+    `quantize_act`'s codes and scales, cuBLAS's M-major 1x128 scales too; a K off the group is refused."""
+    from anybit.kernels import quant_act
     from anybit.kernels.quant_act import quantize_rows
 
     spec = Scheme.parse(text).act
@@ -329,8 +330,11 @@ def test_quantizer_rows_kernel_per_group_writes_the_same(interpret, text, blockw
     x[m // 2, : spec.group] = 0  # an all-zero group
     one = quantize_act(x, spec, blockwise=blockwise)
     many = quantize_rows(x, spec, rows, 4, blockwise=blockwise)
-    assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, many, strict=True))
-    assert one[1].stride() == many[1].stride()
+    monkeypatch.setattr(quant_act, "ROWS_GROUP_MAX_K", 8192)
+    routed = quantize_act(x, spec, blockwise=blockwise)  # past WIDE_MAX_M rows: the rows kernel
+    for got in (many, routed):
+        assert all(torch.equal(a.float(), b.float()) for a, b in zip(one, got, strict=True))
+        assert one[1].stride() == got[1].stride()
     with pytest.raises(ValueError, match="multiple of the group"):
         quantize_rows(x[:, :-16], spec, rows, 4)
 
