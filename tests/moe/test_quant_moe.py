@@ -200,8 +200,8 @@ def test_mxfp4_experts_take_the_fp8_mma_only_when_every_expert_can():
     """One expert's rows spanning more than 8 binades keep every expert on the codes path (one kernel a stack)."""
     from anybit.backends.triton_layout import stack_experts
 
-    w = torch.randn(3, 32, 256) * 0.05
+    w = torch.randn(3, 32, 256, generator=torch.Generator().manual_seed(0)) * 0.05
     assert stack_experts(anybit.quantize(w, "w4a8-mxfp4")).e2m1_a8
-    w[1, 3, :32] *= 2.0**-12
+    w[1, 3, :32] *= 2.0**-14  # past 11 binades whatever the groups' own maxima (twelve were not, for some draws)
     tw = stack_experts(anybit.quantize(w, "w4a8-mxfp4"))
     assert tw.codes_a16 and not tw.e2m1_a8 and tw.rowwise is None
