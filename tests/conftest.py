@@ -1,4 +1,5 @@
 import os
+import zlib
 
 import pytest
 import torch
@@ -11,6 +12,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """torch's global generator seeded by the test's own id: a test draws the same random inputs whatever ran before
+    it (a failure reproduces alone; an unseeded MXFP4 spread case once failed only after new tests moved the state),
+    and different tests draw different ones."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture
