@@ -3,9 +3,8 @@
     python tools/merge_table.py NEW.json [--drop SCHEME,...] [--table anybit/tuning/tables/<gpu>/gemm-<hash>.json]
 
 Entries of NEW replace the shipped ones with the same key; --drop removes every entry of those schemes
-first (rows tuned for a kernel that no longer runs them). `--write-table` writes the device cache's entries over the
-shipped table it read, so NEW holds those too: folding it changes only what the tune measured. The shipped table
-defaults to the only one under anybit/tuning/tables/ for NEW's device folder.
+first (rows tuned for a kernel that no longer runs them). The shipped table defaults to the only one
+under anybit/tuning/tables/ for NEW's device folder.
 """
 
 from __future__ import annotations
