@@ -10,8 +10,8 @@ events otherwise, the median of the recipe's repeats.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -114,8 +114,8 @@ def tune_problem(qw, copies: int, m: int, recipe: Recipe, device: torch.device, 
 
 def run_tune(recipe: Recipe, device: str | None = None, backends=TUNED_BACKENDS, write_to: str | None = None) -> list:
     """Tune every (shape, scheme, M) of `recipe` within its budget; returns one row per problem.
-    `write_to`: also write the cache's entries over the shipped table's there (how the shipped tables are made: a
-    tune of a few problems keeps the table's other entries)."""
+    `write_to`: also copy the resulting cache file there (how the shipped tables are made: fold it into the shipped
+    table with tools/merge_table.py, which keeps the table's other problems)."""
     if not torch.cuda.is_available():
         raise AnybitError("anybit tune measures kernels on a CUDA GPU and there is none here")
     dev = torch.device(device or "cuda")
@@ -148,8 +148,7 @@ def run_tune(recipe: Recipe, device: str | None = None, backends=TUNED_BACKENDS,
         cache = tuning_cache(dev)
         dest = os.path.join(write_to, os.path.relpath(cache.path, os.path.dirname(os.path.dirname(cache.path))))
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with open(dest, "w") as f:
-            json.dump({"anybit": anybit.__version__, "entries": cache.entries()}, f, indent=1, sort_keys=True)
+        shutil.copyfile(cache.path, dest)
     return rows
 
 
