@@ -1,8 +1,8 @@
 """Does this torch run cuBLAS's block-scaled FP8 GEMM (`torch.nn.functional.scaled_mm` with 1x128 /
 128x128 scales, Hopper), is it exact enough, and how fast is it beside row-wise `_scaled_mm` and
-anybit's own W4A8 / FP8-block paths — and anybit's W8A8-FP8 call (its one-kernel per-token quantizer, then row-wise
-`_scaled_mm`: the row-wise GEMM with the quantization a serving engine pays)? One GPU call; prints a table, writes
-DIR/probe_blockwise.json.
+anybit's own W4A8 / FP8-block paths — and anybit's W8A8-FP8 call (its per-token quantizer, then its Triton GEMM on the
+e4m3 weights as stored: against bare row-wise `_scaled_mm`, the quantization a serving engine pays included)? One GPU
+call; prints a table, writes DIR/probe_blockwise.json.
 
     python tools/probe_blockwise.py [--shapes 8192x8192,28672x4096,4096x14336] [--m 256,1024,4096,8192] [--graph]
 """

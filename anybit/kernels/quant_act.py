@@ -169,6 +169,11 @@ def _quant_rows_kernel(
     tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], _codes(y, q_ptr, CODES16, E5M2), mask=mask)
 
 
+# both quantizers' launchers by their constexprs (and stride_sg, a parameter among them: 1, or M for blockwise
+# scales); `quantize_rows`' keys start with "rows"
+_LAUNCHES: dict = {}
+
+
 def quantize_rows(
     x: torch.Tensor, spec: ActSpec, rows: int, num_warps: int, pdl: bool = False,
     codes_dtype: torch.dtype | None = None, blockwise: bool = False,
@@ -186,11 +191,16 @@ def quantize_rows(
     scales = torch.empty((cols, m) if blockwise else (m, cols), device=x.device, dtype=torch.float32)
     stride_sm, stride_sg = (1, m) if blockwise else (scales.stride(0), 1)
     if m:
-        _quant_rows_kernel[(cdiv(m, rows),)](
-            x, xq, scales, m, k, x.stride(0), xq.stride(0), stride_sm, QMAX=act_qmax(spec),
-            MIN_SCALE=min_act_scale(spec), ROWS=rows, BLOCK=max(next_pow2(k), group), CODES16=codes_dtype is not None,
-            E5M2=spec.dtype.name == "e5m2", PDL=pdl, GROUP=group, stride_sg=stride_sg, num_warps=num_warps,
+        consts = dict(
+            QMAX=act_qmax(spec), MIN_SCALE=min_act_scale(spec), ROWS=rows, BLOCK=max(next_pow2(k), group),
+            CODES16=codes_dtype is not None, E5M2=spec.dtype.name == "e5m2", PDL=pdl, GROUP=group, stride_sg=stride_sg,
+            num_warps=num_warps,
         )  # fmt: skip
+        key = ("rows", *consts.values())
+        launch = _LAUNCHES.get(key)
+        if launch is None:
+            launch = _LAUNCHES[key] = Launcher(_quant_rows_kernel, consts, live=tuple(range(8)))
+        launch((cdiv(m, rows),), x, xq, scales, m, k, x.stride(0), xq.stride(0), stride_sm)
     return xq, scales.t() if blockwise else scales
 
 
@@ -205,10 +215,6 @@ def split_chunk(m: int, k: int, group: int, pdl: bool, itemsize: int = 2) -> int
     if pdl and m * programs > SPLIT_MAX_EARLY_PROGRAMS:
         return 0
     return SPLIT_CHUNK
-
-
-# the quantizer's launchers by their constexprs (and stride_sg, a parameter among them: 1, or M for blockwise scales)
-_LAUNCHES: dict = {}
 
 
 def quantize_act(
