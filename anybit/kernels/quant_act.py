@@ -5,7 +5,8 @@ One program per row (a decode row over several, `split_chunk`). Up to WIDE_MAX_M
 SM at most) a row of up to WIDE_MAX_K values is read in one step and held in registers (up to 16 warps):
 the GEMM after it waits for the whole grid, and a row walked 4096 (per group 1024) columns at a time is
 a chain of dependent loads in one CTA. More rows: per token, rows up to ROWS_MAX_K long (without block sums or
-blockwise scales) by `_quant_rows_kernel`, held whole; else rows up to 4096 long are loaded once (amax,
+blockwise scales) by `_quant_rows_kernel`, held whole, and per group rows up to ROWS_GROUP_MAX_K whose length is a
+power of two; else rows up to 4096 long are loaded once (amax,
 scale, cast from registers), longer ones twice, 4096 at a time (the second read mostly from L2); per
 group, 1024 columns at a time, each group's amax, scale and cast in one pass. H200, M=4096
 (`tools/probe_blockwise.py --parts`): per token K=4096/8192/14336 30/39/73 µs (a 16384-wide one-pass
@@ -51,8 +52,10 @@ SPLIT_MAX_EARLY_PROGRAMS = 4
 # K=14336 22.8 / 70.3 vs 23.0 / 74.4 (kept); two to eight rows a program were slower (K=7168 M=4096 66.4-97.5).
 ROWS_MAX_K = 8192
 ROWS_WARPS = 8
-# The same for per-group scales: built, off (0) until measured (`tools/probe_quant_rows.py --scheme fp8-block`).
-ROWS_GROUP_MAX_K = 0
+# The same for per-group scales, where K is a power of two (no padded columns): H200 graphs (`tools/probe_quant_rows.py
+# --scheme fp8-block`, session 33, 8 warps), µs, `_quant_act_kernel` -> this, M=1024 / 4096: K=4096 6.3 / 21.0 -> 6.0 /
+# 15.3, K=8192 11.1 / 39.6 -> 9.5 / 30.4; K=7168 (padded to 8192) 9.9 / 34.8 -> 12.9 / 42.0 and K=14336 kept.
+ROWS_GROUP_MAX_K = 8192
 
 
 @triton.jit
@@ -236,7 +239,7 @@ def quantize_act(
     if m > WIDE_MAX_M and not block_sums:  # past the decode: whole rows a program (`_quant_rows_kernel`) where measured
         if spec.mode is ActMode.TOKEN and k <= ROWS_MAX_K and not blockwise:
             return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype)
-        if spec.mode is ActMode.GROUP and k <= ROWS_GROUP_MAX_K and k % spec.group == 0:
+        if spec.mode is ActMode.GROUP and k <= ROWS_GROUP_MAX_K and k == next_pow2(k) and k % spec.group == 0:
             return quantize_rows(x, spec, 1, ROWS_WARPS, pdl, codes_dtype, blockwise)
     xq = torch.empty((m, k), device=x.device, dtype=codes_dtype or act_storage_dtype(spec))
     if blockwise and (k % 128 or block_sums or not (spec.mode is ActMode.TOKEN or spec.group == 128)):

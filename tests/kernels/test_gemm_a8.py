@@ -320,14 +320,16 @@ def test_quantizer_rows_kernel_writes_the_same(interpret, monkeypatch, text, m, 
                                              ("w8a8:e4m3:ch:bf16:e5m2-g32", False)])  # fmt: skip
 @pytest.mark.parametrize("m, k, rows", [(13, 384, 2), (257, 128, 4), (3, 1024, 1)])
 def test_quantizer_rows_kernel_per_group_writes_the_same(interpret, monkeypatch, text, blockwise, m, k, rows):
-    """`quantize_rows` with per-group scales (built for measurement, routed from `ROWS_GROUP_MAX_K`, off): bit for bit
-    `quantize_act`'s codes and scales, cuBLAS's M-major 1x128 scales too; a K off the group is refused."""
+    """`quantize_rows` with per-group scales (routed past WIDE_MAX_M rows up to `ROWS_GROUP_MAX_K` columns, K a power
+    of two): bit for bit `_quant_act_kernel`'s codes and scales, cuBLAS's M-major 1x128 scales too; a K off the group
+    is refused."""
     from anybit.kernels import quant_act
     from anybit.kernels.quant_act import quantize_rows
 
     spec = Scheme.parse(text).act
     x = torch.randn(m, k).half() * 3
     x[m // 2, : spec.group] = 0  # an all-zero group
+    monkeypatch.setattr(quant_act, "ROWS_GROUP_MAX_K", 0)  # `_quant_act_kernel` at every M
     one = quantize_act(x, spec, blockwise=blockwise)
     many = quantize_rows(x, spec, rows, 4, blockwise=blockwise)
     monkeypatch.setattr(quant_act, "ROWS_GROUP_MAX_K", 8192)

@@ -35,6 +35,19 @@ def test_quantizer_is_bitwise_the_reference(monkeypatch, text, m, k, split):
         assert torch.allclose(sums, ref, rtol=1e-6, atol=1e-3)
 
 
+@pytest.mark.parametrize("m, k", [(300, 4096), (200, 8192), (300, 7168)])
+def test_blockwise_quantizer_is_bitwise_the_reference(m, k):
+    """FP8-block's 1x128 x scales M-major, as the block-scaled cuBLAS route reads them (past the decode, K a power of
+    two: `quantize_rows`' per-group form; else `_quant_act_kernel`): the reference's codes and scales."""
+    spec = Scheme.parse("fp8-block").act
+    x = torch.randn(m, k, device="cuda").bfloat16() * 5
+    x[m // 2, :256] = 0
+    xq, xs = quantize_act(x, spec, blockwise=True)
+    rq, rs = quantize_activation(x, spec)
+    assert xs.stride() == (1, m) and torch.equal(xs, rs)
+    assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+
+
 @pytest.mark.parametrize("text", A8_FORMATS)
 @pytest.mark.parametrize("m", [1, 13, 100, 257, 2048])  # 100: the codes path's 128-token tiles
 def test_bf16_every_fp8_scheme(text, m):
