@@ -733,6 +733,11 @@ def frag_group_k(tw, num_warps: int = 4) -> int:
 # to decode, so the same fixed cost is fewer of them
 SPLIT_CTA_COST = 2.0
 SPLIT_CTA_COST_FLOAT = 1.0
+# ... where 8-bit codes split K in two, which the model does not see: its split 4 left a thin second wave of CTAs, its
+# split 1 a slower one (H200 graphs, session 33, `sweep-frag --scheme w8a16`, 28672x8192 M=1 / 16, split 1 / 2 / 4 /
+# 8: 62.0 / 60.1 / 73.8 / 61.2 and 63.3 / 63.1 / 77.7 / 71.9 µs, Humming 65.2 / 63.8; the tuning table's 28672x4096
+# cells took split 2 as well)
+BYTE_SPLIT = 2
 
 
 def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> int:
@@ -808,6 +813,8 @@ def frag_tile(
     split = split_to(tiles, 2 * num_sms)
     if balance and m <= 16 and num_sms <= tiles < 2 * num_sms:  # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2)
         split = balanced_split(tiles, k_blocks, num_sms, SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST)
+        if bits == 8 and k_blocks >= 4 * BYTE_SPLIT:
+            split = BYTE_SPLIT
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)
 
 

@@ -472,6 +472,8 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
     assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
     assert frag_tile(1, 20000, 256, 132, False)["split_k"] == 1  # two K blocks: nothing to split
     assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # W4A8: split 1 measured faster
+    assert frag_tile(1, 28672, 8192, 132, False, bits=8)["split_k"] == 2  # 8-bit codes: 2 (`BYTE_SPLIT`)
+    assert frag_tile(16, 28672, 4096, 132, False, bits=8)["split_k"] == 2
 
 
 def assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref):
