@@ -129,6 +129,23 @@ def test_w4a8_fragment_layout_in_bf16(text, m):
     assert torch.equal(y1, y2)
 
 
+@pytest.mark.parametrize("text", ["w8a16", "w8a16:uint8:g128:bf16:zp-int"])
+@pytest.mark.parametrize("m", [1, 13])
+def test_byte_codes_on_one_to_two_tiles_a_sm_split_in_two_through_the_route(text, m):
+    """8-bit codes at <= 16 rows of a weight with one to two 128-row tiles per SM: the route splits K in two
+    (`BYTE_SPLIT`); against float64, bit for bit on relaunch."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    x, qw, ref = _case(text, m, 20000, 4096, seed=m)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y1 = be.gemm(x, p)
+    assert p.data.configs[m].split_k == 2
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, be.gemm(x, p))
+
+
 PTX_FORMATS = ["w4a16", "w4a16:uint4:g128:bf16", "w4a16:int4:ch:bf16", "w4a16-zp", "w4a16:uint4:g128:bf16:zp-int",
                "w2a16", "w8a16", "w8a16:uint8:g128:bf16:zp-int"]  # fmt: skip
 
