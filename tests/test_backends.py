@@ -245,7 +245,7 @@ def test_call_path_reads_no_whole_settings(monkeypatch, interpret):
     assert torch.equal(gemm(x, p), first) and torch.equal(moe(xm, w, ids), first_moe)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "w3a16"])  # the fragment-layout and the bit-plane kernel
+@pytest.mark.parametrize("scheme", ["w4a16", "w3a16:int3:g64:bf16"])  # the fragment-layout and the bit-plane kernel
 def test_a_tile_over_this_gpus_shared_memory_retries_shallower(interpret, monkeypatch, scheme):
     """sm_86/89 GPUs have 99 KB of shared memory per block, where Hopper tiles ask up to 117 KB: Triton
     refuses such a launch before it runs, and the backend retries one pipeline stage shallower and keeps

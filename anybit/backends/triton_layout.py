@@ -17,7 +17,7 @@ from anybit.backends.blockscaled import ROW_SPREAD_MAX, blockscaled_recipe, cubl
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ActSpec, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX
-from anybit.kernels.frag_layout import pack_frag
+from anybit.kernels.frag_layout import pack_frag, pack_frag3
 from anybit.quant.weights import QuantizedWeight
 
 # every width is a sum of planes whose widths divide 32, lowest bits first
@@ -218,21 +218,32 @@ def frag_format(scheme: Scheme) -> bool:
     return isinstance(w, IntType) and whole_blocks
 
 
+def frag3_format(scheme: Scheme) -> bool:
+    """3-bit integer weights that get the fragment layout's 3-bit planes (`frag_layout.pack_frag3`: decoded as 4-bit
+    codes, the frag kernel's decode tiles and its dequantizer): bf16/fp16 activations, no or an integer zero point,
+    scales per channel, per tensor or per whole 128-K blocks."""
+    w, g = scheme.weight, scheme.granularity
+    whole_blocks = g.kind in (ScaleKind.CHANNEL, ScaleKind.TENSOR) or g.k % 128 == 0
+    plain = isinstance(w, IntType) and w.bits == 3 and not scheme.act.quantized and not scheme.global_scale
+    return plain and whole_blocks and scheme.zero_point is not ZeroPoint.FLOAT
+
+
 def to_triton_layout(
     qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True, allow_e2m1_a8: bool = True,
-    allow_int4_codes: bool = False,
+    allow_int4_codes: bool = False, allow_frag3: bool = False,
 ) -> TritonWeight:  # fmt: skip
     """The dense kernels' layout (also each expert's in `stack_experts`); `allow_nk=False` keeps FP8
     weights in bit planes too, `allow_frag=False` keeps 4-bit weights in bit planes (for the bit-plane
     kernels). MXFP4 under e4m3 x per token whose rows `e2m1_row_scales` takes runs on the FP8 MMA
     (`TritonWeight.e2m1_a8`; `allow_e2m1_a8=False` or ANYBIT_E2M1_A8=0: as `codes_a16`). allow_int4_codes (the dense
     backend) and ANYBIT_W4A8_CODES=1: `int4_codes_scheme` weights with N < INT4_CODES_MAX_N as `codes_a16`, in the
-    A16 order with bf16 scales (`TritonWeight.a16`)."""
+    A16 order with bf16 scales (`TritonWeight.a16`). allow_frag3 (the dense backend): `frag3_format` weights in the
+    fragment layout's 3-bit planes (the grouped MoE kernels keep them in bit planes)."""
     if len(qw.shape) != 2:
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
     nk = allow_nk and fp8_as_is(scheme)
-    frag = allow_frag and frag_format(scheme)
+    frag = allow_frag and (frag_format(scheme) or (allow_frag3 and frag3_format(scheme)))
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None
@@ -321,6 +332,8 @@ def _planes(qw: QuantizedWeight, nk: bool, frag: bool, e2m1_a8: bool = False, a1
     if frag:
         e2m1 = isinstance(qw.scheme.weight, FloatType)  # the fragment layout's one float format
         a8 = (a8_mma(qw.scheme) or e2m1_a8) and not a16
+        if qw.scheme.weight_bits == 3:
+            return [pack_frag3(stored_codes(qw))]
         return [pack_frag(stored_codes(qw), a8=a8, bits=qw.scheme.weight_bits, e2m1=e2m1)]
     return pack_planes(stored_codes(qw), qw.scheme.weight_bits)
 

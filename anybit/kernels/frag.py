@@ -105,6 +105,12 @@ def frag_row_words(offs_n, stride_wn, PANEL: tl.constexpr):
 
 
 @triton.jit
+def frag3_words(lo, hi, kt):
+    """4-bit block kt's words (codes 0-7) from its low and high units of the 3-bit layout (`pack_frag3`)."""
+    return ((lo >> (2 * (kt % 2))) & 0x33333333) | (((hi >> (kt % 4)) & 0x11111111) << 2)
+
+
+@triton.jit
 def frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                   S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                   PTX: tl.constexpr, FOLD: tl.constexpr, W_SIGNED: tl.constexpr, dtype: tl.constexpr):
@@ -149,7 +155,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                    PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
-                   acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
+                   acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False, hi_ptrs=None):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -161,10 +167,16 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     dtype, as the dequantize-then-GEMM path does), so every block's MMA accumulates into acc: no wait on
     the MMA and no fp32 multiply-add per block (large-M tiles). MMA_ACC (e2m1 under FP8 x, `frag_mma_acc`): the
     block's FP8 MMA accumulates into acc itself — no fresh tile added in fp32 — as the whole K needs no scale
-    between blocks."""
+    between blocks. hi_ptrs (3-bit codes, `pack_frag3`): w_ptrs points at the block's low unit, hi_ptrs at its high
+    one, and the block's 4-bit words are rebuilt from the two (`frag3_words`)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
-    p = rows_to_mma(tl.load(w_ptrs, mask=mask_n[:, None], other=0), BN, NW, 16)
+    words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+    if hi_ptrs is not None:
+        words = frag3_words(words, tl.load(hi_ptrs, mask=mask_n[:, None], other=0), kt)
+    # (3-bit signed codes: not the packed decode, whose signed offset is the 4-bit one)
+    ptx: tl.constexpr = min(PTX, 1) if hi_ptrs is not None and W_SIGNED else PTX
+    p = rows_to_mma(words, BN, NW, 16)
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
     if dtype == tl.float8e4nv and W_FLOAT:  # e2m1 times 2**(r + 6) a group by its table (row scales after the loop)
@@ -184,7 +196,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             part = part - off * xsum[None, :]
     else:
         w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
-                          ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
+                          ZP, GROUP_K, BN, NW, ptx, FOLD, W_SIGNED, dtype)
     if SCALE_W:
         s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype)
         acc = tl.dot(times_groups(w, s, 1, PTX), xt, acc)
@@ -330,11 +342,11 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     kt_hi (it adds zero there), in the same order of accumulation. MMA_ACC: e2m1 blocks under FP8 x accumulate
     in the MMA (`frag_mma_acc`)."""
     off = code_offset(x_ptr.dtype.element_ty, W_BITS, W_SIGNED)
-    KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
+    KB: tl.constexpr = 128 if W_BITS == 3 else 512 // W_BITS  # K per block: 16 words per row (3 bits: 12)
     PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1
-    KX: tl.constexpr = 128 if W_BITS == 4 else 64  # x rows per dot (2-bit blocks run as four quarters)
+    KX: tl.constexpr = 64 if W_BITS == 2 or W_BITS == 8 else 128  # x rows per dot (2-bit blocks: four quarters)
     offs_k = tl.arange(0, KX)
     x_ptrs = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
     w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
@@ -366,9 +378,14 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 xsum = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
             else:
                 xsum = None
+            if W_BITS == 3:  # block kt's words from its low and high units (`pack_frag3`)
+                wb = w_ptrs + (kt // 2) * WSTEP
+                hi = w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP
+            else:
+                hi = None
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
-                                 SCALE_W and PER_BLOCK, MMA_ACC)
+                                 SCALE_W and PER_BLOCK, MMA_ACC, hi)
             if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
                 if SETTLE:
                     acc = settled(acc)
@@ -521,7 +538,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_m = pid_m * (SUBS * BM + BM2) + tl.arange(0, BM)
     mask_n = offs_n < N
-    k_blocks = tl.cdiv(K, 512 // W_BITS)
+    k_blocks = tl.cdiv(K, 128 if W_BITS == 3 else 512 // W_BITS)  # (3-bit codes: 4-bit blocks, `pack_frag3`)
     per = tl.cdiv(k_blocks, SPLIT_K)
     lo = pid_k * per
     if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)

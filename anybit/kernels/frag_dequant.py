@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, load_scale
-from anybit.kernels.frag import code_offset, frag_constexprs, frag_ptx, frag_row_words
+from anybit.kernels.frag import code_offset, frag3_words, frag_constexprs, frag_ptx, frag_row_words
 from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
 from anybit.kernels.launch import Launcher
@@ -33,10 +33,14 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
         dtype: tl.constexpr = tl.float16
     else:
         dtype: tl.constexpr = out_ptr.dtype.element_ty
-    KB: tl.constexpr = 512 // W_BITS  # K per block: 16 words per row
+    KB: tl.constexpr = 128 if W_BITS == 3 else 512 // W_BITS  # K per block: 16 words per row (3 bits: 12)
     WSTEP: tl.constexpr = 16 * PANEL
-    p = tl.load(w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + kt * WSTEP + tl.arange(0, 16)[None, :],
-                mask=mask_n[:, None], other=0)
+    w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
+    if W_BITS == 3:  # block kt's 4-bit words from its low and high units (`pack_frag3`)
+        p = frag3_words(tl.load(w_ptrs + (kt // 2) * WSTEP, mask=mask_n[:, None], other=0),
+                        tl.load(w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP, mask=mask_n[:, None], other=0), kt)
+    else:
+        p = tl.load(w_ptrs + kt * WSTEP, mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block
     rows = tl.minimum((kt * KB) // GROUP_K + tl.arange(0, G), K // GROUP_K - 1)
     if CODES and W_FLOAT:  # e2m1 for the FP8 MMA: e4m3 by its groups' tables (row-relative codes, `unpack_e2m1_a8`)

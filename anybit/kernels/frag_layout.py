@@ -20,10 +20,11 @@ FRAG_WORDS = 16  # int32 words per block of a row, every width: a thread's share
 
 
 def frag_block_k(bits: int) -> int:
-    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2, 64 for 8)."""
-    if bits not in (2, 4, 8):
-        raise ValueError(f"the fragment layout holds 2-, 4- or 8-bit codes, got bits={bits}")
-    return FRAG_WORDS * 32 // bits
+    """K per block of the layout: 16 words of `bits`-bit codes (128 for 4 bits, 256 for 2, 64 for 8); 3-bit codes
+    run in the 4-bit blocks (`pack_frag3`)."""
+    if bits not in (2, 3, 4, 8):
+        raise ValueError(f"the fragment layout holds 2-, 3-, 4- or 8-bit codes, got bits={bits}")
+    return 128 if bits == 3 else FRAG_WORDS * 32 // bits
 
 
 # Rows per panel of the packed weight: a panel holds block 0 of its rows, then block 1, ..., so a tile's
@@ -124,7 +125,7 @@ def _permute_bits(words: torch.Tensor, order: list[int]) -> torch.Tensor:
 def frag_mask(bits: int) -> int:
     """The pair mask the kernels take at run time (ptxas then fuses the and/or into one LOP3)."""
     frag_block_k(bits)  # names an unsupported width
-    return {4: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
+    return {4: PAIR_MASK, 3: PAIR_MASK, 2: 0x00030003, 8: 0xFF}[bits]
 
 
 def pack_frag(codes: torch.Tensor, a8: bool = False, bits: int = 4, e2m1: bool = False) -> torch.Tensor:
@@ -186,3 +187,48 @@ def unpack_frag(
     out = torch.empty_like(f)
     out[..., _frag_order(a8, bits).to(words.device)] = f
     return out.reshape(*lead, n, kw * fields)[..., :k].to(torch.uint8)
+
+
+# 3-bit codes: the 4-bit layout's words (`pack_frag`, codes 0-7) split into two planes that hold 3 bits a code. A row's
+# "units" are 16 words each, in panels as the 4-bit blocks are (`to_panels`): first K_pad/256 low units — unit u holds
+# the low two bits of every nibble of 4-bit blocks 2u (bits 4j, 4j+1) and 2u + 1 (bits 4j+2, 4j+3) —, then K_pad/512
+# high units — unit v holds bit 2 of every nibble of blocks 4v + i at bit 4j + i. K is padded to 512. A kernel
+# rebuilds block b's 4-bit words from two 16-word loads with the same per-thread shape as the 4-bit layout's
+# (`frag3_words`): ((lo >> 2 (b % 2)) & 0x33333333) | (((hi >> (b % 4)) & 0x11111111) << 2).
+FRAG3_K = 512
+LOW2 = 0x33333333
+HIGH1 = 0x11111111
+
+
+def frag3_low_units(k: int) -> int:
+    """How many low units (16 words) a row of a K-long 3-bit weight holds: the high units start there."""
+    return 2 * (-(-k // FRAG3_K))
+
+
+def pack_frag3(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 3-bit codes [N, K] -> int32 [N_pad, 3 * K_pad / 64] (K_pad a multiple of FRAG3_K, N of FRAG_PANEL): the
+    low and high units of the 4-bit layout's words in panels (see FRAG3_K)."""
+    n, k = codes.shape
+    pad = -k % FRAG3_K
+    c = torch.nn.functional.pad(codes, (0, pad)) if pad else codes
+    w = from_panels(pack_frag(c, bits=4), n, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    w = w.reshape(n, -1, FRAG_WORDS)  # [N, 4-bit blocks, 16]
+    lo = (w[:, 0::2] & LOW2) | ((w[:, 1::2] & LOW2) << 2)
+    hi = sum(((w[:, i::4] >> 2) & HIGH1) << i for i in range(4))
+    words = torch.cat([lo, hi], dim=1).reshape(n, -1)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return to_panels(words, FRAG_PANEL)
+
+
+def unpack_frag3(words: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """The inverse of `pack_frag3`: uint8 [n, k]."""
+    units = from_panels(words, n, FRAG_PANEL).to(torch.int64).reshape(n, -1, FRAG_WORDS) & 0xFFFFFFFF
+    low = frag3_low_units(k)
+    lo, hi = units[:, :low], units[:, low:]
+    blocks = 2 * low
+    w = torch.empty(n, blocks, FRAG_WORDS, dtype=torch.int64, device=words.device)
+    for b in range(4):
+        if b < blocks:
+            w[:, b::4] = ((lo[:, b // 2 :: 2] >> (2 * (b % 2))) & LOW2) | (((hi >> b) & HIGH1) << 2)
+    w = torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32).reshape(n, -1)
+    return unpack_frag(to_panels(w, FRAG_PANEL), k, bits=4, n=n)

@@ -37,6 +37,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         codes_a16,
         e2m1_rows_scheme,
         fp8_as_is,
+        frag3_format,
         frag_format,
         int4_codes_scheme,
     )
@@ -56,7 +57,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                 "x per 128 columns, Triton writes the int weight's e4m3 codes (N*K bytes), cuBLAS block-scaled FP8 "
                 "GEMM (1x128 weight scales)")  # fmt: skip
     cuda = device.type == "cuda"
-    frag = frag_format(scheme)
+    frag = frag_format(scheme) or frag3_format(scheme)  # (3-bit: the dense backend's planes, `pack_frag3`)
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
     rows = e2m1_rows_scheme(scheme)  # MXFP4 under e4m3 x: the FP8 MMA / row-wise FP8 route where the weight allows
     rowwise = ""
@@ -134,6 +135,8 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     elif codes:
         act += "their codes in x's dtype on the bf16/fp16 MMA (exact; x scales after it), "
     kernel = f"{scheme.weight_bits}-bit fragment-layout swap-AB GEMM (weight rows x tokens)" if frag else "dense GEMM"
+    if frag and scheme.weight_bits == 3:
+        kernel += " (each 128-K block's 4-bit words rebuilt from a 2-bit and a 1-bit plane)"
     if frag and c.block_m & (c.block_m - 1):  # `frag.FRAG_TWO`
         kernel += f" ({' + '.join(map(str, two_parts(c.block_m)))} tokens on one decode of each K block)"
     return (

@@ -12,7 +12,15 @@ from anybit.backends.triton_layout import codes_a16, frag_format, stored_codes, 
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag import frag_tile, gemm_frag
 from anybit.kernels.frag_dequant import dequantize_frag
-from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag, to_panels, unpack_frag
+from anybit.kernels.frag_layout import (
+    FRAG_PANEL,
+    from_panels,
+    pack_frag,
+    pack_frag3,
+    to_panels,
+    unpack_frag,
+    unpack_frag3,
+)
 from anybit.kernels.gemm import GemmConfig, gemm_dense
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -444,6 +452,31 @@ def test_pack_round_trip_other_widths(bits):
     words = pack_frag(codes, bits=bits)
     assert words.shape == (2, FRAG_PANEL, -(-200 // (512 // bits)) * 16)  # blocks of 16 words per row
     assert torch.equal(unpack_frag(words, 200, bits=bits, n=3), codes)
+
+
+@pytest.mark.parametrize("n, k", [(5, 128), (70, 384), (3, 640)])
+def test_pack_round_trip_three_bits(n, k):
+    """3-bit codes: low units (two bits of two 4-bit blocks) then high units (one bit of four), K padded to 512."""
+    codes = torch.randint(0, 8, (n, k), dtype=torch.uint8)
+    words = pack_frag3(codes)
+    assert words.shape == (-(-n // FRAG_PANEL) * FRAG_PANEL, 48 * -(-k // 512))  # 3 bits a code: 48 words per 512 K
+    assert words.dtype == torch.int32
+    assert torch.equal(unpack_frag3(words, k, n), codes)
+
+
+@pytest.mark.parametrize("text", ["w3a16:int3:g128:fp16", "w3a16:uint3:g128:fp16:zp-int", "w3a16:int3:ch:fp16"])
+@pytest.mark.parametrize("m, k", [(1, 384), (13, 640), (100, 384)])
+def test_three_bit_codes_through_the_route(interpret, text, m, k):
+    """3-bit integers in the 3-bit planes (`pack_frag3`, the dense backend only): each block's 4-bit words rebuilt
+    from a low and a high unit, decoded as 4-bit codes of bias 4 — the frag kernel up to 64 rows (split K across the
+    units' pairs and quads), its dequantizer above; N off the tile, K off the 512 of the planes."""
+    x, qw, ref = _problem(text, m, 200, k, seed=m)
+    prepared = prepare(qw, backend="triton")
+    assert prepared.data.frag and prepared.data.fmt["W_BITS"] == 3
+    y = get_backend("triton").gemm(x, prepared)
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    assert torch.equal(dequantize_frag(prepared.data, dtype=torch.float16), qw.dequantize(torch.float16))
+    assert not to_triton_layout(qw).frag  # the grouped MoE kernels' layouts keep bit planes
 
 
 @pytest.mark.parametrize("text", INT8_FORMATS)

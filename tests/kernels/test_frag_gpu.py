@@ -146,6 +146,30 @@ def test_byte_codes_on_one_to_two_tiles_a_sm_split_in_two_through_the_route(text
     assert torch.equal(y1, be.gemm(x, p))
 
 
+@pytest.mark.parametrize("text", ["w3a16", "w3a16:uint3:g128:bf16:zp-int", "w3a16:int3:ch:bf16"])
+@pytest.mark.parametrize("m", [1, 13, 64, 100])
+def test_three_bit_codes_through_the_route(text, m):
+    """3-bit integers in the 3-bit planes (`pack_frag3`): the frag kernel up to 64 rows, its dequantizer above; N off
+    the tile, K off the planes' 512 for channel scales; against float64, bit for bit on relaunch and graph replay."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    k = 2880 if ":ch:" in text else 4096
+    x, qw, ref = _case(text, m, 3000, k, seed=m)
+    p = prepare(qw, backend="triton")
+    assert p.data.frag and p.data.fmt["W_BITS"] == 3
+    be = get_backend("triton")
+    y1 = be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, be.gemm(x, p))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y2 = be.gemm(x, p)
+    y2.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(y1, y2)
+
+
 PTX_FORMATS = ["w4a16", "w4a16:uint4:g128:bf16", "w4a16:int4:ch:bf16", "w4a16-zp", "w4a16:uint4:g128:bf16:zp-int",
                "w2a16", "w8a16", "w8a16:uint8:g128:bf16:zp-int"]  # fmt: skip
 
