@@ -155,7 +155,8 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                    PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
-                   acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False, hi_ptrs=None):
+                   acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False, words=None,
+                   W3: tl.constexpr = False):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -167,15 +168,13 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     dtype, as the dequantize-then-GEMM path does), so every block's MMA accumulates into acc: no wait on
     the MMA and no fp32 multiply-add per block (large-M tiles). MMA_ACC (e2m1 under FP8 x, `frag_mma_acc`): the
     block's FP8 MMA accumulates into acc itself — no fresh tile added in fp32 — as the whole K needs no scale
-    between blocks. hi_ptrs (3-bit codes, `pack_frag3`): w_ptrs points at the block's low unit, hi_ptrs at its high
-    one, and the block's 4-bit words are rebuilt from the two (`frag3_words`)."""
+    between blocks. words: the block's words already loaded (else read at w_ptrs); W3: 3-bit codes rebuilt as 4-bit
+    words (`frag3_words`), whose signed ones take the unpacked decode (the packed one's offset is the 4-bit bias)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
-    words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
-    if hi_ptrs is not None:
-        words = frag3_words(words, tl.load(hi_ptrs, mask=mask_n[:, None], other=0), kt)
-    # (3-bit signed codes: not the packed decode, whose signed offset is the 4-bit one)
-    ptx: tl.constexpr = min(PTX, 1) if hi_ptrs is not None and W_SIGNED else PTX
+    if words is None:
+        words = tl.load(w_ptrs, mask=mask_n[:, None], other=0)
+    ptx: tl.constexpr = min(PTX, 1) if W3 and W_SIGNED else PTX
     p = rows_to_mma(words, BN, NW, 16)
     if ZP != 0:
         zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
@@ -378,14 +377,16 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 xsum = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
             else:
                 xsum = None
-            if W_BITS == 3:  # block kt's words from its low and high units (`pack_frag3`)
-                wb = w_ptrs + (kt // 2) * WSTEP
-                hi = w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP
+            if W_BITS == 3:  # block kt's words from its low and high units (`pack_frag3`; PAIRS: kt even, one
+                # load of each for both blocks)
+                lo_w = tl.load(w_ptrs + (kt // 2) * WSTEP, mask=mask_n[:, None], other=0)
+                hi_w = tl.load(w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP, mask=mask_n[:, None], other=0)
+                words = frag3_words(lo_w, hi_w, kt)
             else:
-                hi = None
+                words = None
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
-                                 SCALE_W and PER_BLOCK, MMA_ACC, hi)
+                                 SCALE_W and PER_BLOCK, MMA_ACC, words, W_BITS == 3)
             if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
                 if SETTLE:
                     acc = settled(acc)
@@ -395,9 +396,10 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 else:
                     s2 = unused
                 x_mask2 = mask_m[None, :] & (k2 * 128 + offs_k < tl.minimum(K, kt_hi * 128))[:, None]
+                words2 = frag3_words(lo_w, hi_w, k2) if W_BITS == 3 else None
                 acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, unused, k2, mask_n, x_mask2, MASK, off,
                                      W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD,
-                                     W_SIGNED, None, acc, SCALE_W and PER_BLOCK, MMA_ACC)
+                                     W_SIGNED, None, acc, SCALE_W and PER_BLOCK, MMA_ACC, words2, W_BITS == 3)
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
             acc = settled(acc)
     if FOLD:
@@ -540,6 +542,8 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
     mask_n = offs_n < N
     k_blocks = tl.cdiv(K, 128 if W_BITS == 3 else 512 // W_BITS)  # (3-bit codes: 4-bit blocks, `pack_frag3`)
     per = tl.cdiv(k_blocks, SPLIT_K)
+    if W_BITS == 3 and PAIRS:  # a split's pairs of blocks share their low unit
+        per = 2 * tl.cdiv(per, 2)
     lo = pid_k * per
     if SUBS == 3:  # three BM-token tiles on one decode (`FRAG_SUBS`: e2m1 under FP8 x, no split)
         a0, a1, a2 = frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K, stride_wn,
@@ -630,12 +634,13 @@ def two_parts(block_m: int) -> tuple[int, int]:
 
 
 def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
-    """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points on decode
+    """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes (3-bit too: one load of the
+    pair's low and high units) without zero points on decode
     tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes whose x sums the loop subtracts
     (`takes_sums`: they stay one block an iteration), nor under a cap of <= 128 registers (w4a16 spilled 96 bytes
     there; e2m1 fits)."""
     capped = maxnreg is not None and maxnreg <= 128 and not tw.fmt["W_FLOAT"]
-    fits = tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0 and block_m <= 32
+    fits = tw.fmt["W_BITS"] in (3, 4) and tw.fmt["ZP"] == 0 and block_m <= 32
     return FRAG_PAIRS and fits and not (tw.takes_sums or capped)
 
 

@@ -538,6 +538,15 @@ def test_two_blocks_an_iteration_give_the_same_bits(interpret, monkeypatch, text
     assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref)
 
 
+@pytest.mark.parametrize("k", [384, 1024])  # 3 and 8 K blocks split in two: the splits' pairs start on even blocks
+def test_two_blocks_an_iteration_of_three_bit_codes_give_the_same_bits(interpret, monkeypatch, k):
+    """3-bit codes (`pack_frag3`) two blocks an iteration: one load of the pair's low and high units for both."""
+    g = torch.Generator().manual_seed(k)
+    qw = quantize(torch.randn(72, k, generator=g) * 0.05, "w3a16:int3:g128:fp16")
+    x = torch.randn(5, k, generator=g).half()
+    assert_pairs_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
+
+
 @pytest.mark.parametrize("m", [150, 192])  # the third tile partly past M, and all three full
 def test_three_64_token_tiles_on_one_decode_give_the_bits_of_64_token_tiles(interpret, m):
     """e2m1 under FP8 x accumulating in the MMA (`frag_mma_acc`): block_m 192 runs three 64-token tiles against each
