@@ -395,9 +395,13 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                     s2 = block_meta(s_ptr, k2, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
                 else:
                     s2 = unused
+                if ZP != 0:  # (3-bit codes only: `frag_pairs`)
+                    z2 = block_meta(z_ptr, k2, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
+                else:
+                    z2 = unused
                 x_mask2 = mask_m[None, :] & (k2 * 128 + offs_k < tl.minimum(K, kt_hi * 128))[:, None]
                 words2 = frag3_words(lo_w, hi_w, k2) if W_BITS == 3 else None
-                acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, unused, k2, mask_n, x_mask2, MASK, off,
+                acc = frag_block_dot(w_ptrs + k2 * WSTEP, x_ptrs, s2, z2, k2, mask_n, x_mask2, MASK, off,
                                      W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD,
                                      W_SIGNED, None, acc, SCALE_W and PER_BLOCK, MMA_ACC, words2, W_BITS == 3)
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
@@ -634,13 +638,13 @@ def two_parts(block_m: int) -> tuple[int, int]:
 
 
 def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
-    """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes (3-bit too: one load of the
-    pair's low and high units) without zero points on decode
+    """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points (3-bit codes
+    with or without: one load of the pair's low and high units) on decode
     tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes whose x sums the loop subtracts
     (`takes_sums`: they stay one block an iteration), nor under a cap of <= 128 registers (w4a16 spilled 96 bytes
     there; e2m1 fits)."""
     capped = maxnreg is not None and maxnreg <= 128 and not tw.fmt["W_FLOAT"]
-    fits = tw.fmt["W_BITS"] in (3, 4) and tw.fmt["ZP"] == 0 and block_m <= 32
+    fits = (tw.fmt["W_BITS"] == 3 or (tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0)) and block_m <= 32
     return FRAG_PAIRS and fits and not (tw.takes_sums or capped)
 
 

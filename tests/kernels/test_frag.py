@@ -538,11 +538,13 @@ def test_two_blocks_an_iteration_give_the_same_bits(interpret, monkeypatch, text
     assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref)
 
 
+@pytest.mark.parametrize("text", ["w3a16:int3:g128:fp16", "w3a16:uint3:g128:fp16:zp-int"])
 @pytest.mark.parametrize("k", [384, 1024])  # 3 and 8 K blocks split in two: the splits' pairs start on even blocks
-def test_two_blocks_an_iteration_of_three_bit_codes_give_the_same_bits(interpret, monkeypatch, k):
-    """3-bit codes (`pack_frag3`) two blocks an iteration: one load of the pair's low and high units for both."""
+def test_two_blocks_an_iteration_of_three_bit_codes_give_the_same_bits(interpret, monkeypatch, text, k):
+    """3-bit codes (`pack_frag3`) two blocks an iteration: one load of the pair's low and high units for both (zero
+    points too: each block's own)."""
     g = torch.Generator().manual_seed(k)
-    qw = quantize(torch.randn(72, k, generator=g) * 0.05, "w3a16:int3:g128:fp16")
+    qw = quantize(torch.randn(72, k, generator=g) * 0.05, text)
     x = torch.randn(5, k, generator=g).half()
     assert_pairs_give_the_same_bits(monkeypatch, x, qw, x.double() @ qw.dequantize().double().T)
 
