@@ -13,7 +13,14 @@ from anybit import settings
 from anybit.backends.base import Prepared, Problem
 from anybit.backends.blockscaled import blockscaled_gemm, blockscaled_why_not, rowwise_gemm, rowwise_why_not
 from anybit.backends.torch_ref import TorchBackend
-from anybit.backends.triton_layout import TritonWeight, a8_mma, codes_a16, frag3_format, frag_format, to_triton_layout
+from anybit.backends.triton_layout import (
+    TritonWeight,
+    a8_mma,
+    codes_a16,
+    dense_frag_format,
+    frag_format,
+    to_triton_layout,
+)
 from anybit.errors import FallbackWarning, KernelFailure
 from anybit.formats.dtypes import FloatType, IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
@@ -128,7 +135,7 @@ def pick_config(
     runs on the FP8 MMA (default `a8_mma(scheme)`; `TritonWeight.mma_a8` where the weight's data decides).
     frag_layout: the weight is in the fragment layout (`TritonWeight.frag`; the bit-plane kernel takes no 48-token
     tile)."""
-    if frag_format(scheme) or (frag_layout and frag3_format(scheme)):  # A16 above FRAG_MAX_M: only by `frag_mid`
+    if (dense_frag_format if frag_layout else frag_format)(scheme):  # A16 above FRAG_MAX_M: only by `frag_mid`
         a8 = a8_mma(scheme) if a8 is None else a8  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs)
         float_codes = isinstance(scheme.weight, FloatType)
         # e2m1 on the FP8 MMA accumulating the whole K (`frag.A8_MMA_ACC`) takes the 128/256-token tiles too

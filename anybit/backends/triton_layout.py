@@ -228,6 +228,11 @@ def frag3_format(scheme: Scheme) -> bool:
     return plain and whole_blocks and scheme.zero_point is not ZeroPoint.FLOAT
 
 
+def dense_frag_format(scheme: Scheme) -> bool:
+    """Weights the dense backend prepares in the fragment layout: `frag_format`'s, and 3-bit ones (`frag3_format`)."""
+    return frag_format(scheme) or frag3_format(scheme)
+
+
 def to_triton_layout(
     qw: QuantizedWeight, allow_nk: bool = True, allow_frag: bool = True, allow_e2m1_a8: bool = True,
     allow_int4_codes: bool = False, allow_frag3: bool = False,
@@ -243,7 +248,7 @@ def to_triton_layout(
         raise ValueError(f"the dense Triton layout takes an (N, K) weight, got {qw.shape}")
     scheme = qw.scheme
     nk = allow_nk and fp8_as_is(scheme)
-    frag = allow_frag and (frag_format(scheme) or (allow_frag3 and frag3_format(scheme)))
+    frag = allow_frag and (dense_frag_format(scheme) if allow_frag3 else frag_format(scheme))
     bn, bk = qw.block
     zeros = qw.zeros.t().contiguous() if qw.zeros is not None else None
     gs = qw.global_scale.reshape(1).float().contiguous() if qw.global_scale is not None else None

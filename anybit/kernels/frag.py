@@ -111,6 +111,16 @@ def frag3_words(lo, hi, kt):
 
 
 @triton.jit
+def frag3_units(w_ptrs, kt, K, mask_n, PANEL: tl.constexpr):
+    """Block kt's low and high units of the 3-bit layout (`pack_frag3`: 2 * ceil(K / 512) low units a row, then the
+    high ones; w_ptrs: each row's first unit, 16 words): two [BN, 16] loads."""
+    WSTEP: tl.constexpr = 16 * PANEL
+    lo = tl.load(w_ptrs + (kt // 2) * WSTEP, mask=mask_n[:, None], other=0)
+    hi = tl.load(w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP, mask=mask_n[:, None], other=0)
+    return lo, hi
+
+
+@triton.jit
 def frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                   S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                   PTX: tl.constexpr, FOLD: tl.constexpr, W_SIGNED: tl.constexpr, dtype: tl.constexpr):
@@ -379,8 +389,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 xsum = None
             if W_BITS == 3:  # block kt's words from its low and high units (`pack_frag3`; PAIRS: kt even, one
                 # load of each for both blocks)
-                lo_w = tl.load(w_ptrs + (kt // 2) * WSTEP, mask=mask_n[:, None], other=0)
-                hi_w = tl.load(w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP, mask=mask_n[:, None], other=0)
+                lo_w, hi_w = frag3_units(w_ptrs, kt, K, mask_n, PANEL)
                 words = frag3_words(lo_w, hi_w, kt)
             else:
                 words = None

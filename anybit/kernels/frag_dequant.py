@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from anybit.kernels.dequant import cdiv, load_scale
-from anybit.kernels.frag import code_offset, frag3_words, frag_constexprs, frag_ptx, frag_row_words
+from anybit.kernels.frag import code_offset, frag3_units, frag3_words, frag_constexprs, frag_ptx, frag_row_words
 from anybit.kernels.frag_decode import unpack_a8, unpack_bytes, unpack_e2m1, unpack_e2m1_a8, unpack_pairs, unpack_pairs2
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k, frag_mask
 from anybit.kernels.launch import Launcher
@@ -37,8 +37,8 @@ def _frag_dequant_kernel(w_ptr, s_ptr, z_ptr, gs_ptr, out_ptr, N, K, stride_wn, 
     WSTEP: tl.constexpr = 16 * PANEL
     w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
     if W_BITS == 3:  # block kt's 4-bit words from its low and high units (`pack_frag3`)
-        p = frag3_words(tl.load(w_ptrs + (kt // 2) * WSTEP, mask=mask_n[:, None], other=0),
-                        tl.load(w_ptrs + (2 * tl.cdiv(K, 512) + kt // 4) * WSTEP, mask=mask_n[:, None], other=0), kt)
+        lo, hi = frag3_units(w_ptrs, kt, K, mask_n, PANEL)
+        p = frag3_words(lo, hi, kt)
     else:
         p = tl.load(w_ptrs + kt * WSTEP, mask=mask_n[:, None], other=0)
     G: tl.constexpr = KB // GROUP_K if GROUP_K < KB else 1  # scale groups per block

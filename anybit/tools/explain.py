@@ -35,10 +35,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         a8_mma,
         a16_twin,
         codes_a16,
+        dense_frag_format,
         e2m1_rows_scheme,
         fp8_as_is,
-        frag3_format,
-        frag_format,
         int4_codes_scheme,
     )
     from anybit.kernels.frag import two_parts
@@ -57,7 +56,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                 "x per 128 columns, Triton writes the int weight's e4m3 codes (N*K bytes), cuBLAS block-scaled FP8 "
                 "GEMM (1x128 weight scales)")  # fmt: skip
     cuda = device.type == "cuda"
-    frag = frag_format(scheme) or frag3_format(scheme)  # (3-bit: the dense backend's planes, `pack_frag3`)
+    frag = dense_frag_format(scheme)
     codes = codes_a16(scheme)  # FP8 codes in x's dtype on the A16 kernels
     rows = e2m1_rows_scheme(scheme)  # MXFP4 under e4m3 x: the FP8 MMA / row-wise FP8 route where the weight allows
     rowwise = ""

@@ -29,7 +29,7 @@ from anybit.backends.triton import (
     pick_config,
     tuning_cache,
 )
-from anybit.backends.triton_layout import a8_mma, frag3_format, frag_format
+from anybit.backends.triton_layout import a8_mma, dense_frag_format
 from anybit.bench.recipe import Recipe
 from anybit.bench.runner import _copies, _weight
 from anybit.bench.timing import median, time_eager, time_graph
@@ -51,7 +51,7 @@ def time_us(fns: list[Callable[[], object]], m: int, recipe: Recipe) -> float:
 
 def _uses_tiles(scheme: Scheme, m: int, n: int, k: int, device: torch.device) -> bool:
     """Whether the Triton backend's call at this M runs the tiled GEMM (not dequantize + cuBLAS or `frag_ws`)."""
-    if (frag_format(scheme) or frag3_format(scheme)) and not a8_mma(scheme):  # FP8-MMA frag: their kernel at every M
+    if dense_frag_format(scheme) and not a8_mma(scheme):  # FP8-MMA frag weights run their kernel at every M
         return m <= FRAG_MAX_M or frag_mid(scheme, m, n, k, torch.bfloat16, device)  # tune_problem's x is bf16
     return a8_mma(scheme) or m <= DEQUANT_MATMUL_MIN_M
 
