@@ -33,7 +33,9 @@ def interpret():
 def fake_hopper(monkeypatch):
     """The Triton backend's route decisions as on an H200: Gluon's Hopper kernels available, 132 SMs (no launch)."""
     import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_rs as frag_rs
     import anybit.kernels.frag_ws as frag_ws
 
     monkeypatch.setattr(frag_ws, "gluon_hopper_why_not", lambda device: None)
+    monkeypatch.setattr(frag_rs, "gluon_hopper_why_not", lambda device: None)
     monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)

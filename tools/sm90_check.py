@@ -215,7 +215,7 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     """The experimental register-operand Gluon kernel (`anybit.kernels.frag_rs`) on a frag weight."""
     from anybit.kernels.frag_rs import gemm_frag_rs
 
-    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
+    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt), allow_frag3=True)
     tile = dict(block_m=128) | (tiles or {})
     _compiled.clear()
     gemm_frag_rs(torch.randn(m, k, dtype=dtype), tw, **tile)

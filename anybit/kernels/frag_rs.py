@@ -1,18 +1,26 @@
 """A16 with the decoded weight as the wgmma's register operand (`frag_rs_kernel`), for the mid-M calls (33-512 rows)
 where the warp-specialised kernel's shared-memory round trip of the decoded tile costs most. The weights the
-warp-specialised kernel takes (4-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales). Routed by
-`rs_tile` (the Triton backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
+warp-specialised kernel takes (4- and 8-bit integers, NVFP4, MXFP4; FP8 x as codes with per-row scales), and integer
+weights it does not (`rs_int_why_not`): 3- and 4-bit codes with integer zero points (GPTQ / AWQ asymmetric), 3-bit
+codes in the dense backend's 3-bit planes, and scales of the other 16-bit float type. Routed by `rs_tile` (the Triton
+backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
 """
 
 from __future__ import annotations
 
 import torch
 
+from anybit.formats.dtypes import IntType
+from anybit.formats.scheme import ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k
 from anybit.kernels.frag_ws import (
     call_output,
+    flat_layout,
+    frag_ws_scheme_why_not,
     frag_ws_weight_why_not,
+    gluon_api,
+    gluon_hopper_why_not,
     row_scales,
     swap_block_m,
     swap_parts,
@@ -21,9 +29,10 @@ from anybit.kernels.frag_ws import (
 )
 from anybit.kernels.launch import Launcher
 
-# The code widths the route sends to this kernel: 4-bit integers and e2m1, and 8-bit integers (`W8`: a 64-K block
-# of their layout is one x slice and one wgmma; `rs_tile` sends them 65-256 rows)
-RS_BITS = (4, 8)
+# The code widths the route sends to this kernel: 4-bit integers and e2m1, 8-bit integers (`W8`: a 64-K block of
+# their layout is one x slice and one wgmma; `rs_tile` sends them 65-256 rows), and 3-bit integers (`W3`: each
+# 128-K block's 4-bit words rebuilt from a low and a high unit of the 3-bit planes, `frag_layout.pack_frag3`)
+RS_BITS = (3, 4, 8)
 
 
 def rs_scheme_why_not(scheme) -> str | None:
@@ -33,11 +42,54 @@ def rs_scheme_why_not(scheme) -> str | None:
     return None
 
 
+def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None for the integer weights the kernel decodes (in the fragment layout, `frag_rs_why_not`): 3-, 4- or 8-bit
+    codes, integer zero points on 3- and 4-bit ones (subtracted exactly in x's dtype: `frag_ws_kernel._pairs_zp`), no
+    global scale, bf16/fp16 scales per channel or per whole blocks of the layout (128 K; 64 for 8 bits) — the decode
+    multiplies in x's dtype, so scales of the other 16-bit type are rounded to x's once (as Marlin and Humming keep
+    them: each decoded weight within one unit in the last place of x's dtype instead of half; exact where the scales
+    are x's dtype); else why not."""
+    w, g = scheme.weight, scheme.granularity
+    if not isinstance(w, IntType) or w.bits not in RS_BITS or scheme.act.quantized:
+        return f"{RS_BITS}-bit integer weights with bf16/fp16 activations only ({scheme})"
+    if x_dtype not in (torch.bfloat16, torch.float16):
+        return f"bf16/fp16 activations only, got {x_dtype}"
+    zp = scheme.zero_point
+    if zp is ZeroPoint.FLOAT or (zp is ZeroPoint.INT and w.bits == 8):
+        return f"integer zero points of 3- and 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"
+    if scheme.global_scale or scheme.scale_dtype.name not in ("bf16", "fp16"):
+        return f"bf16/fp16 scales without a global scale only ({scheme})"
+    block = frag_block_k(w.bits)
+    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % block == 0)):
+        return f"scales per channel or per whole {block}-K blocks only ({g.token()})"
+    if k % 8:
+        return f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
+    if n % (16 if zp is ZeroPoint.INT else 8):
+        return (
+            f"N={n} must be a multiple of {16 if zp is ZeroPoint.INT else 8} (TMA reads scale and zero-point rows "
+            "16-byte aligned)"
+        )
+    return gluon_hopper_why_not(device)
+
+
+def rs_kernel_scheme_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when the kernel runs weights of `scheme` (K = k, N = n) with x of `x_dtype` on `device`: e2m1 ones as the
+    warp-specialised kernel takes them (`frag_ws_scheme_why_not`; a prepared weight's scales must also fold exactly,
+    `frag_rs_why_not`), integer ones by `rs_int_why_not`; else why not."""
+    if scheme.weight.is_float:
+        return frag_ws_scheme_why_not(scheme, k, x_dtype, device, n)
+    return rs_int_why_not(scheme, k, n, x_dtype, device)
+
+
 def frag_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None:
-    """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: the weights and GPUs of
-    the warp-specialised kernel (`frag_ws_weight_why_not`); else why not. (Which of them the route sends here:
-    `rs_scheme_why_not`.)"""
-    return frag_ws_weight_why_not(tw, x_dtype, device)
+    """None when `gemm_frag_rs` runs this prepared weight with x of `x_dtype` on `device`: e2m1 weights as the
+    warp-specialised kernel takes them (`frag_ws_weight_why_not`), integer ones in the fragment layout by
+    `rs_int_why_not`; else why not. (Which of them the route sends here: `rs_scheme_why_not`.)"""
+    if tw.fmt["W_FLOAT"]:
+        return frag_ws_weight_why_not(tw, x_dtype, device)
+    if not tw.frag:
+        return "bit-plane weights: the kernel reads the fragment layout"
+    return rs_kernel_scheme_why_not(tw.kernel_scheme, tw.k, tw.n, x_dtype, device)
 
 
 RS_MAX_STAGES = 6
@@ -64,10 +116,12 @@ _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers 
 
 def rs_stages(block_m: int, bits: int = 4) -> int:
     """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
-    64 bytes) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160:
-    5, 192: 4, 256: 3. 8-bit codes: a 64-K block holds one x slice (block_m x 64 x 2 bytes; the reduction reuses x
-    slots 0 and 1), so 6 slots at every tile up to 256 tokens, 5 at 272-320."""
-    return min(RS_MAX_STAGES, _SMEM // (4096 + 512 + block_m * (128 if bits == 8 else 256)))
+    64 bytes; or a scale and a zero-point row) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one
+    slot's); 96 or 128 tokens: 6, 160: 5, 192: 4, 256: 3. 8-bit codes: a 64-K block holds one x slice (block_m x 64 x 2
+    bytes; the reduction reuses x slots 0 and 1), so 6 slots at every tile up to 256 tokens, 5 at 272-320. 3-bit codes:
+    two 4 KB units a slot (96 tokens: 6, 128: 5, 160: 4, 192 and 256: 3)."""
+    words = 8192 if bits == 3 else 4096
+    return min(RS_MAX_STAGES, _SMEM // (words + 512 + block_m * (128 if bits == 8 else 256)))
 
 
 def rs_block_m(m: int, n: int, num_sms: int = 132, bits: int = 4) -> int | None:
@@ -158,11 +212,11 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
         if RS_SMALL_MIN_FILL * num_sms <= RS_SPLIT * tiles <= num_sms and k > 128:
             return tile | dict(split_k=RS_SPLIT)  # two CTAs a tile fill one wave (4096-row weights)
         # one filled wave, not long K (4-bit codes; 8-bit ones keep the decode there)
-        takes = bits == 4 and RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n
+        takes = bits in (3, 4) and RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n
     elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)
     else:
-        takes = k >= 2 * n or (m <= 128 and bits == 4) or tiles <= num_sms
+        takes = k >= 2 * n or (m <= 128 and bits in (3, 4)) or tiles <= num_sms
     return tile if takes else None
 
 
@@ -221,7 +275,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
     x1 = x_desc(x, bm1)
     x2 = x_desc(x, bm2) if bm2 else x1
-    w_desc, s_desc = weight_descs(tw, 64)
+    w_desc, s_desc, z_desc = rs_descs(tw, x.dtype)
     gs = tw.global_scale
     xs = row_scales(x_scales, m, y)
     tiles = cdiv(m, block_m) * cdiv(n, 64)
@@ -233,7 +287,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         if workspace.numel() < split_k * m * n or counters.numel() < tiles:
             raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
                              f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
-    launch((tiles, split_k), x1, x2, w_desc, s_desc, xs, gs if gs is not None else y,
+    launch((tiles, split_k), x1, x2, w_desc, s_desc, z_desc, xs, gs if gs is not None else y,
            bias if bias is not None else y, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
            tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))  # fmt: skip
     return y
@@ -241,7 +295,25 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
 
 # the arguments of `frag_rs_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
 # absent), bias, workspace, counters, M, y's row stride
-_RS_LIVE = (0, 1, 4, 5, 6, 7, 8, 9, 10, 14)
+_RS_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15)
+
+
+def rs_descs(tw, dtype: torch.dtype) -> tuple:
+    """The TMA descriptors of a frag weight for the kernel with x of `dtype`: its words and scales (`weight_descs`;
+    integer scales of the other 16-bit type rounded to x's once, `rs_int_why_not`) and its zero points as [groups, N]
+    uint8 rows of 64 (the scale descriptor standing in without them); cached on the weight."""
+    key = ("rs", dtype)
+    if key not in tw.ws_desc:
+        w_desc, s_desc = weight_descs(tw, 64)
+        TensorDescriptor = gluon_api()[1]
+        if not tw.fmt["W_FLOAT"] and tw.scales.dtype != dtype:
+            scales = tw.scales.to(dtype).reshape(-1, tw.scales.shape[-1])
+            s_desc = TensorDescriptor.from_tensor(scales, [1, 64], flat_layout(16))
+        z_desc = s_desc
+        if tw.fmt["ZP"]:
+            z_desc = TensorDescriptor.from_tensor(tw.zeros.reshape(-1, tw.zeros.shape[-1]), [1, 64], flat_layout(8))
+        tw.ws_desc[key] = (w_desc, s_desc, z_desc)
+    return tw.ws_desc[key]
 
 
 def _rs_launch(tw, key: tuple) -> Launcher:
@@ -279,5 +351,5 @@ def rs_consts(tw, block_m: int, stages: int | None, mma_regs: int) -> dict:
         STAGES=stages, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(bits)),
         SIGNED=bool(tw.fmt["W_SIGNED"]), PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None, TWO=bm2 > 0,
-        W8=bits == 8, num_warps=4,
+        W8=bits == 8, W3=bits == 3, ZP=bool(tw.fmt["ZP"]), num_warps=4,
     )  # fmt: skip

@@ -26,16 +26,21 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
+from anybit.kernels.frag_layout import HIGH1, LOW2
 from anybit.kernels.frag_ws_kernel import (
     _byte_values,
     _e2m1_scales,
     _pairs,
+    _pairs_zp,
     _pow2,
     _store_tile,
     _tile_origin,
     _w_fetch,
     _x_issue2,
 )
+
+_LOW2 = gl.constexpr(LOW2)  # the 3-bit planes' masks (`frag_layout.pack_frag3`)
+_HIGH1 = gl.constexpr(HIGH1)
 
 
 @gluon.constexpr_function
@@ -75,44 +80,65 @@ def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexpr):
+def _row_values(buf, DTYPE: gl.constexpr):
+    """A slot's 64 per-row values (scales, zero points) as [64, 1, 1] in `_words_layout`'s rows."""
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    v = buf._reinterpret(DTYPE, [64], flat1).load(gl.SliceLayout(1, gl.SliceLayout(2, _words_layout())))
+    return gl.expand_dims(gl.expand_dims(v, 1), 2)
+
+
+@gluon.jit
+def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexpr, zq=None, kb=0,
+                 W3: gl.constexpr = False, ZP: gl.constexpr = False):
     """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
     and c), from its slot of the word ring once the slot has landed. With an odd number D of slots, first the
     release of the slot's previous block b - D (the other warpgroup's): the parity wait on `ready` cannot tell b's
     phase from b - 2D's, so it would pass at once while b - D is still in flight (`frag_rs.RS_MIN_STAGES`); b - 2D
-    is this warpgroup's own, so this wait is exact. With an even D, b - D is this warpgroup's own already."""
+    is this warpgroup's own, so this wait is exact. With an even D, b - D is this warpgroup's own already.
+    W3: the 4-bit words rebuilt from the slot's low and high units (`frag_layout.pack_frag3`; kb: the block's index in
+    the whole K, whose parity picks the units' bits). ZP: the third value is each row's MAGIC + zero point in x's
+    dtype (`_pairs_zp`) instead of the scales of pairs 2, 3."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
-    flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     s = b % D
     if D % 2 == 1:  # (a fresh barrier passes the parity-1 wait: blocks 0 .. D - 1 have no predecessor)
         mbarrier.wait(empty.index(s), ((b // D) & 1) ^ 1)
     mbarrier.wait(ready.index(s), (b // D) & 1)
-    words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)
+    flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    if W3:  # the slot's low unit, then its high unit
+        units = wq.index(s)._reinterpret(gl.int32, [128, 4, 4], flat3)
+        lo = units.slice(0, 64, dim=0).load(wl)
+        hi = units.slice(64, 64, dim=0).load(wl)
+        words = ((lo >> (2 * (kb % 2))) & _LOW2) | (((hi >> (kb % 4)) & _HIGH1) << 2)
+    else:
+        words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)
     if E2M1:  # each word's group scales (`frag_ws_kernel._e2m1_scales`, the same (n, t, c) view of the words)
         lo, hi = _e2m1_scales(sq.index(s), wl, E2M1, DTYPE)
     else:  # the row's scale beside each of its words
-        flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        lo = sq.index(s)._reinterpret(DTYPE, [64], flat1).load(gl.SliceLayout(1, gl.SliceLayout(2, wl)))
-        lo = gl.expand_dims(gl.expand_dims(lo, 1), 2)
+        lo = _row_values(sq.index(s), DTYPE)
         hi = lo
+        if ZP:  # MAGIC (`frag_ws_kernel._pairs_off`) + z: exact in x's dtype
+            hi = (_row_values(zq.index(s), gl.uint8).to(gl.float32) + (128.0 if DTYPE == gl.bfloat16 else 1024.0))
+            hi = hi.to(DTYPE)
     return words, lo, hi  # the scales [64, 1, 4] (ints [64, 1, 1]): broadcast where they are used
 
 
 @gluon.jit
 def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
             num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr,
-            W8: gl.constexpr = False, w_row0=0, s_row0=0):
+            W8: gl.constexpr = False, w_row0=0, s_row0=0, z_desc=None, zq=None, lo_units=0,
+            W3: gl.constexpr = False, ZP: gl.constexpr = False):
     """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
     (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
     slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot b of x rings of STAGES slots. w_row0, s_row0:
-    the first word and scale rows of the weight (an expert of a stack, `moe_rs_kernel`)."""
+    the first word and scale rows of the weight (an expert of a stack, `moe_rs_kernel`). W3, ZP: 3-bit units, zero
+    points (`_w_fetch`)."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
         _w_fetch(w_desc, s_desc, wq, sq, ready, s, w_row0, s_row0, off_n // PANEL, nb, off_n, k0 + b,
-                 k0 + num_blocks, GB, SCALE_PER_BLOCK)
+                 k0 + num_blocks, GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP)
         if W8:  # slot b, x's K step k0 + b
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, b, num_blocks, STAGES, TWO, k0)
         else:
@@ -124,11 +150,13 @@ def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_r
 
 @gluon.jit
 def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
-                   E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr = False):
+                   E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr = False, zq=None, k0=0,
+                   W3: gl.constexpr = False, ZP: gl.constexpr = False):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
     tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
     Humming's mainloop does; up to 192 tokens), waited for. Returns the fp32 [64, BM1] and [64, BM2]
-    partial products (the second a copy of the first without TWO). (Decoding the next block into a second set of
+    partial products (the second a copy of the first without TWO). W3, ZP (k0: the first block's index in the whole
+    K): 3-bit codes, zero points (`_block_words`). (Decoding the next block into a second set of
     registers while this block's wgmma run, both kept alive by the wait's deps, made ptxas wait after every
     wgmma: sm_90a, session 21.)"""
     BM1: gl.constexpr = x_bufs.type.shape[1]
@@ -146,11 +174,12 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     mine = gl.cdiv(num_blocks - me, 2)
     last = me + 2 * gl.maximum(mine - 1, 0)  # this warpgroup's last block
     if AHEAD:  # its first block's words (with no block of its own, block 0's: landed, read, never used)
-        w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(me, num_blocks - 1), DTYPE, E2M1)
+        first = gl.minimum(me, num_blocks - 1)
+        w, lo, hi = _block_words(wq, sq, ready, empty, first, DTYPE, E2M1, zq, k0 + first, W3, ZP)
     for i in range(mine):
         b = 2 * i + me
         if not AHEAD:
-            w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1)
+            w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1, zq, k0 + b, W3, ZP)
         if W8:  # one 64-K block of bytes, one x slice (slot b), one wgmma per token tile
             s_lo, _ = gl.broadcast(lo, w)
             a0 = _a_operand_bytes(w, s_lo, SIGNED, a1_layout)
@@ -161,7 +190,8 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 b0 = gl.convert_layout(a0, a2_layout)
                 acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
             if AHEAD:
-                w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(b + 2, last), DTYPE, E2M1)
+                nxt = gl.minimum(b + 2, last)
+                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP)
             if TWO:
                 acc, acc2, a0, b0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, b0))
             else:
@@ -173,7 +203,10 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
             else:
                 s_lo, _ = gl.broadcast(lo, w)
                 s_hi, _ = gl.broadcast(hi, w)
-                r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1)
+                if ZP:
+                    r0, r1, r2, r3 = _pairs_zp(w, s_lo, s_hi)
+                else:
+                    r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1, W3)
                 a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
             x0 = (2 * b) % (2 * STAGES)
             mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
@@ -186,7 +219,8 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
                 acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
             if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
-                w, lo, hi = _block_words(wq, sq, ready, empty, gl.minimum(b + 2, last), DTYPE, E2M1)
+                nxt = gl.minimum(b + 2, last)
+                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP)
             if TWO:
                 acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
             else:
@@ -233,11 +267,12 @@ def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPL
 
 @gluon.jit
 def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
-            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr):
+            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr, zq=None, k0=0,
+            W3: gl.constexpr = False, ZP: gl.constexpr = False):
     """The first warpgroup's part: the even blocks (`_consumer_loop`), plus the odd ones' partial products from
     shared memory (`_partial`, once `_second` has stored them): the tile's fp32 [64, BM1] and [64, BM2] products."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
-                               W8)
+                               W8, zq, k0, W3, ZP)
     if W8:  # this warpgroup's wgmma no longer read x: the second may take slots 0 and 1 (`_partial`)
         mbarrier.arrive(red_bar.index(1), count=1)
     mbarrier.wait(red_bar.index(0), 0)
@@ -251,14 +286,14 @@ def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
            M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-           DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr):
+           DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr, zq, k0, W3: gl.constexpr, ZP: gl.constexpr):
     """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
     tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
     that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
     adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG,
-                        W8)
+                        W8, zq, k0, W3, ZP)
     if SPLIT == 1:
         _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                     _pow2(E2M1), HAS_GS, True)
@@ -283,10 +318,11 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
 
 @gluon.jit
 def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
-            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr):
+            E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr, zq=None, k0=0,
+            W3: gl.constexpr = False, ZP: gl.constexpr = False):
     """The odd blocks; their partial products into shared memory for `_first`."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG,
-                               W8)
+                               W8, zq, k0, W3, ZP)
     if W8:
         mbarrier.wait(red_bar.index(1), 0)
     _partial(x_bufs, num_blocks, W8).store(acc)
@@ -296,10 +332,11 @@ def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 
 
 @gluon.jit
-def _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES: gl.constexpr, TWO: gl.constexpr, W8: gl.constexpr):
+def _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES: gl.constexpr, TWO: gl.constexpr, W8: gl.constexpr,
+             W3: gl.constexpr = False):
     """The kernel's shared memory: x rings of 2 STAGES slots (W8: STAGES, a block's x is one slice) of BM1 (and, TWO,
-    BM2) tokens by 64 K, the word and scale ring of STAGES slots, their barriers, and `red_bar` (the second
-    warpgroup's partial landed; W8: x slots 0 and 1 free for it)."""
+    BM2) tokens by 64 K, the word and scale ring of STAGES slots (W3: a block's two 3-bit units a slot), their
+    barriers, and `red_bar` (the second warpgroup's partial landed; W8: x slots 0 and 1 free for it)."""
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -312,7 +349,7 @@ def _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES: gl.constexpr, TWO: gl.cons
         x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BM2, BK], x2_desc.layout)
     else:
         x2_bufs = x_bufs
-    wq = gl.allocate_shared_memory(gl.int32, [STAGES, 4, 256], w_desc.layout)
+    wq = gl.allocate_shared_memory(gl.int32, [STAGES, 8 if W3 else 4, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -339,24 +376,31 @@ def _rs_blocks(K, BK: gl.constexpr, W8: gl.constexpr):
 
 
 @gluon.jit
-def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb,
-                   stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                   nb, stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                    GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                    MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False):
+                   TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False,
+                   W3: gl.constexpr = False, ZP: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block (W8: a whole 64-K one)")
     gl.static_assert(not (W8 and (E2M1 or DIAG)), "8-bit integer codes: no e2m1 scales, no diag")
+    gl.static_assert(not ((W3 or ZP) and (W8 or E2M1)), "3-bit codes and zero points: 4-bit integer words")
     if TWO:
         BM: gl.constexpr = BM1 + BM2
     else:
         BM: gl.constexpr = BM1
     off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
     x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
-                                                                       W8)
+                                                                       W8, W3)
+    if ZP:  # the blocks' zero-point rows beside their scale rows
+        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, 1, 64], z_desc.layout)
+    else:
+        zq = sq
     num_blocks = _rs_blocks(K, BK, W8)
+    lo_units = 2 * gl.cdiv(K, 512)  # W3: where a row's high units start (`frag_layout.frag3_low_units`)
     k0 = 0
     if SPLIT > 1:  # this CTA's share of the K blocks (the host keeps every split's share non-empty)
         per = gl.cdiv(num_blocks, SPLIT)
@@ -365,9 +409,10 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_
     gl.warp_specialize([
         (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO,
-                  DIAG, SPLIT, W8)),
-        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG, W8)),
+                  DIAG, SPLIT, W8, zq, k0, W3, ZP)),
+        (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG, W8, zq,
+                   k0, W3, ZP)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO, W8)),
+                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO, W8, 0, 0, z_desc, zq, lo_units, W3, ZP)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on

@@ -92,7 +92,7 @@ def x_desc(x: torch.Tensor, block_m: int):
 
 
 @functools.cache
-def _flat_layout(bits: int):
+def flat_layout(bits: int):
     """The unswizzled shared layout of the decoder's TMA ring (words: 32 bits, scales: their width)."""
     return gluon_api()[0].NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
@@ -111,8 +111,8 @@ def weight_descs(tw, block_n: int) -> tuple:
         rows = 1  # scale rows a block: one (ints), or the block's groups as uint8 codes (e2m1)
         if tw.fmt["W_FLOAT"]:
             scales, rows = scales.view(torch.uint8), FRAG_K // tw.group_k
-        s_layout = _flat_layout(8 * scales.element_size())
-        tw.ws_desc[block_n] = (TensorDescriptor.from_tensor(words, [4, 256], _flat_layout(32)),
+        s_layout = flat_layout(8 * scales.element_size())
+        tw.ws_desc[block_n] = (TensorDescriptor.from_tensor(words, [4, 256], flat_layout(32)),
                                TensorDescriptor.from_tensor(scales, [rows, block_n], s_layout))  # fmt: skip
     return tw.ws_desc[block_n]
 

@@ -63,18 +63,29 @@ def _pairs_scaled(op: str, magic: str, off: str) -> str:
     return _PAIRS_SCALED.replace("OP", op).replace("MAGIC", magic).replace("OFF", off)
 
 
-# (x is bf16, codes are signed int4 stored biased) -> the block; MAGIC 128 (bf16) / 1024 (fp16), minus it (+ 8)
+# (x is bf16 or fp16, codes stored biased: bias 8 for signed 4-bit codes, 4 for signed 3-bit ones rebuilt as 4-bit
+# words, 0 unsigned) -> the block; MAGIC 128 (bf16) / 1024 (fp16), minus it plus the bias. "zp": minus a register
+# ($6, each row's MAGIC + zero point in x's dtype: exact, the zero point is an integer below 256)
+def _pairs_off(bf16: bool, bias) -> str:
+    magic = 0x4300 if bf16 else 0x6400
+    return "{$6, $6}" if bias == "zp" else f"{magic + bias:#06x}{magic + bias:04x}"
+
+
 _ASM = {
-    (True, True): _pairs_scaled("bf16x2", "0x43004300", "0x43084308"),
-    (True, False): _pairs_scaled("bf16x2", "0x43004300", "0x43004300"),
-    (False, True): _pairs_scaled("f16x2", "0x64006400", "0x64086408"),
-    (False, False): _pairs_scaled("f16x2", "0x64006400", "0x64006400"),
+    (bf16, bias): _pairs_scaled("bf16x2" if bf16 else "f16x2", _pairs_off(bf16, 0), _pairs_off(bf16, bias))
+    for bf16 in (True, False)
+    for bias in (0, 4, 8, "zp")
 }
 
 
 @gluon.constexpr_function
-def _pairs_asm(dtype, signed):
-    return _ASM[(dtype == gl.bfloat16, bool(signed))]
+def _pairs_asm(dtype, signed, bias3=False):
+    return _ASM[(dtype == gl.bfloat16, (4 if bias3 else 8) if signed else 0)]
+
+
+@gluon.constexpr_function
+def _pairs_zp_asm(dtype):
+    return _ASM[(dtype == gl.bfloat16, "zp")]
 
 
 def _e2m1_asm(bf16: bool) -> str:
@@ -159,20 +170,31 @@ def _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, k_
 
 
 @gluon.jit
-def _pairs(words, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr):
+def _pairs(words, s, t, SIGNED: gl.constexpr, E2M1: gl.constexpr, W3: gl.constexpr = False):
     """Words (any shape) -> the four pairs of each, int32 holding two values of x's dtype: pair j of a word holds the
     codes of nibbles j (e = 0) and j + 4 (e = 1), i.e. k = 32 c + 8 j + 2 t + e of word 4t + c
     (`anybit.kernels.frag_layout`). 4-bit integers: (q - bias) * s, s each word's scale; e2m1
     (`frag_layout.e2m1_bit_order`): s the scales of pairs 0, 1 and t of pairs 2, 3 (the same for 32-K groups), as
-    `_scale_bits` builds them — the values come out times 2**-8 (the epilogue's `_pow2` puts it back)."""
+    `_scale_bits` builds them — the values come out times 2**-8 (the epilogue's `_pow2` puts it back). W3: 3-bit
+    codes rebuilt as 4-bit words (`frag_layout.pack_frag3`), whose signed ones are biased by 4."""
     if E2M1:
         r0, r1, r2, r3 = gl.inline_asm_elementwise(_e2m1_pairs_asm(s.dtype), "=r,=r,=r,=r,r,h,h", [words, s, t],
                                                    dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
                                                    pack=1)  # fmt: skip
     else:
-        r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(s.dtype, SIGNED), "=r,=r,=r,=r,r,h", [words, s],
+        r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_asm(s.dtype, SIGNED, W3), "=r,=r,=r,=r,r,h", [words, s],
                                                    dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
                                                    pack=1)  # fmt: skip
+    return r0, r1, r2, r3
+
+
+@gluon.jit
+def _pairs_zp(words, s, zo):
+    """`_pairs` of integer codes with zero points: (q - z) * s, zo each word's MAGIC + z beside it in x's dtype (the
+    subtraction exact, the multiply rounded once)."""
+    r0, r1, r2, r3 = gl.inline_asm_elementwise(_pairs_zp_asm(s.dtype), "=r,=r,=r,=r,r,h,h", [words, s, zo],
+                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+                                               pack=1)  # fmt: skip
     return r0, r1, r2, r3
 
 
@@ -238,17 +260,32 @@ def _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, ki, STAGES: gl.co
 
 @gluon.jit
 def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n, b, num_blocks, GB: gl.constexpr,
-             SCALE_PER_BLOCK: gl.constexpr):
+             SCALE_PER_BLOCK: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
+             ZP: gl.constexpr = False):
     """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into `slot` of the word
     ring (nothing past the last block). TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA +
     FENCE.VIEW.ASYNC) waits for every load the thread has in flight, so loads issued ahead were waited on once per
-    block anyway."""
-    PANELS: gl.constexpr = wq.type.shape[1] // 4
+    block anyway. W3 (3-bit codes, `frag_layout.pack_frag3`; the register-operand kernel): the block's low unit b // 2
+    and its high unit lo_units + b // 4 into the two halves of a panel's slot. ZP: its zero-point row (the scale row's
+    place in `z_desc`) into `zq`."""
+    UNITS: gl.constexpr = 2 if W3 else 1
+    PANELS: gl.constexpr = wq.type.shape[1] // (4 * UNITS)
     p = b < num_blocks
-    mbarrier.expect(wq_bar.index(slot), PANELS * w_desc.block_type.nbytes + s_desc.block_type.nbytes, pred=p)
+    nbytes: gl.constexpr = PANELS * UNITS * w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    if ZP:
+        mbarrier.expect(wq_bar.index(slot), nbytes + z_desc.block_type.nbytes, pred=p)
+    else:
+        mbarrier.expect(wq_bar.index(slot), nbytes, pred=p)
     for q in gl.static_range(PANELS):
-        tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + b) * 4, 0], wq_bar.index(slot),
-                                        wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
+        if W3:
+            row = w_row0 + (p0 + q) * nb * 4
+            tma.async_copy_global_to_shared(w_desc, [row + (b // 2) * 4, 0], wq_bar.index(slot),
+                                            wq.index(slot).slice(8 * q, 4, dim=0), pred=p)
+            tma.async_copy_global_to_shared(w_desc, [row + (lo_units + b // 4) * 4, 0], wq_bar.index(slot),
+                                            wq.index(slot).slice(8 * q + 4, 4, dim=0), pred=p)
+        else:
+            tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + b) * 4, 0], wq_bar.index(slot),
+                                            wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
     SG: gl.constexpr = sq.type.shape[1]  # scale rows a block (e2m1: its groups)
     if SG > 1:
         srow = s_row0 + b * SG
@@ -257,6 +294,8 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n
     else:
         srow = s_row0
     tma.async_copy_global_to_shared(s_desc, [srow, off_n], wq_bar.index(slot), sq.index(slot), pred=p)
+    if ZP:
+        tma.async_copy_global_to_shared(z_desc, [srow, off_n], wq_bar.index(slot), zq.index(slot), pred=p)
 
 
 @gluon.jit

@@ -21,8 +21,8 @@ import triton.language as tl
 from anybit import settings
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL
-from anybit.kernels.frag_rs import RS_BITS, frag_rs_why_not, rs_consts, rs_token_parts
-from anybit.kernels.frag_ws import weight_descs, x_desc
+from anybit.kernels.frag_rs import RS_BITS, rs_consts, rs_token_parts
+from anybit.kernels.frag_ws import frag_ws_weight_why_not, weight_descs, x_desc
 from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 
 # Token tiles a block may take, and a block's fixed cost in tokens of MMA work: H200 graphs (session 30,
@@ -49,7 +49,8 @@ def moe_rs_why_not(tw, x_dtype: torch.dtype, device: torch.device) -> str | None
         return "A16 schemes only (FP8 x: moe_gemm)"
     if tw.n % FRAG_PANEL:
         return f"N={tw.n} must be a multiple of {FRAG_PANEL} (an expert's rows are whole 64-row panels of the stack)"
-    return frag_rs_why_not(tw, x_dtype, device)
+    # the warp-specialised kernel's weights: no zero points, scales in x's dtype (the dense kernel takes more)
+    return frag_ws_weight_why_not(tw, x_dtype, device)
 
 
 def moe_rs_plan(gate_up, down, rows: int, experts: int, x_dtype: torch.dtype, device: torch.device) -> tuple:

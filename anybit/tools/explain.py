@@ -41,7 +41,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         int4_codes_scheme,
     )
     from anybit.kernels.frag import two_parts
-    from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_scheme_why_not
+    from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_kernel_scheme_why_not, rs_scheme_why_not
     from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
@@ -68,15 +68,19 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
            if codes else "")  # fmt: skip
     bits = scheme.weight.bits
     rs = rs_scheme_why_not(scheme) is None  # the route sends these codes to the register-operand kernel
-    small_rs = frag and cuda and rs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
-    if small_rs and frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None:
+    # the register-operand kernel runs these weights (zero points, 3-bit codes: it alone)
+    rs_runs = rs and cuda and rs_kernel_scheme_why_not(scheme, k, n, dtype, device) is None
+    small_rs = frag and rs_runs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
+    if small_rs:
         t = ws_route_tile(m, n, k, _sm_count(device), bits)  # at these rows a register-operand tile or None
         if t is not None:
             return _rs_plan(via, scheme, t)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
-        t = ws_route_tile(m, n, k, _sm_count(device), bits) if why is None else None
+        t = None
+        if m <= limit and (why is None or rs_runs):
+            t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=why is None)
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip

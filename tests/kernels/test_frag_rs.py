@@ -284,3 +284,101 @@ def test_explain_says_two_launches(fake_hopper, monkeypatch, on):
         assert "rows 0-255: 4-bit fragment layout, 256-token tile" in got and "the other 128: " in got, got
     else:
         assert "warp-specialised" in got, got
+
+
+def test_three_bit_blocks_are_rebuilt_from_the_units_the_loader_fetches():
+    """3-bit codes (`W3`): block b's slot holds low unit b // 2 and high unit lo_units + b // 4 of its panel
+    (`frag_ws_kernel._w_fetch`, rows of 256 words as `weight_descs` views them); `_block_words` rebuilds the 4-bit
+    words from them by b's parity — the 4-bit layout of the same codes, every block of a K off the 512-K unit."""
+    from anybit.kernels.frag_layout import HIGH1, LOW2, frag3_low_units, pack_frag3
+
+    n, k = 2 * FRAG_PANEL, 640
+    codes = torch.randint(0, 8, (n, k), dtype=torch.uint8)
+    rows = pack_frag3(codes).to(torch.int64).reshape(-1, 256) & 0xFFFFFFFF  # the TMA descriptor's view
+    want = from_panels(pack_frag(codes), n, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    nb, lo_units = pack_frag3(codes).shape[-1] // 16, frag3_low_units(k)
+    for p in range(n // FRAG_PANEL):
+        for b in range(-(-k // 128)):
+            lo = rows[(p * nb + b // 2) * 4 : (p * nb + b // 2) * 4 + 4].reshape(64, 16)
+            hi = rows[(p * nb + lo_units + b // 4) * 4 :][:4].reshape(64, 16)
+            words = ((lo >> (2 * (b % 2))) & LOW2) | (((hi >> (b % 4)) & HIGH1) << 2)
+            assert torch.equal(words, want[64 * p : 64 * (p + 1), 16 * b : 16 * (b + 1)])
+
+
+def test_decode_offsets_are_the_magic_plus_the_code_bias():
+    """The decode's packed subtraction (`frag_ws_kernel._ASM`): MAGIC (128 bf16, 1024 fp16) plus the bias of signed
+    4-bit (8) and 3-bit (4) codes, in both halves; with zero points a register."""
+    from anybit.kernels.frag_ws_kernel import _pairs_off
+
+    for bf16, dtype, magic in ((True, torch.bfloat16, 128), (False, torch.float16, 1024)):
+        for bias in (0, 4, 8):
+            word = int(_pairs_off(bf16, bias), 16)
+            halves = torch.tensor([word & 0xFFFF, word >> 16], dtype=torch.int32).to(torch.int16).view(dtype)
+            assert halves.tolist() == [magic + bias] * 2
+        assert _pairs_off(bf16, "zp") == "{$6, $6}"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("w4a16:uint4:g128:bf16:zp-int", None), ("w3a16", None), ("w3a16:int3:g128:bf16", None),
+    ("w4a16:int4:g128:fp16", None),  # scales of the other 16-bit type: rounded to x's once
+    ("w8a16:int8:ch:bf16", None), ("w4a16:uint4:g128:bf16:zp-float", "integer zero points of 3- and 4-bit"),
+    ("w8a16:uint8:ch:bf16:zp-int", "integer zero points of 3- and 4-bit"), ("w2a16", "integer weights"),
+    ("w4a16:int4:g64:bf16", "whole 128-K blocks"), ("nvfp4", "integer weights"),
+    ("w4a8:int4:g128:bf16", "integer weights"),
+])  # fmt: skip
+def test_integer_weights_the_kernel_decodes(text, why):
+    """`rs_int_why_not`: zero points (integer, 3 and 4 bits), 3-bit codes and scales of either 16-bit type — beyond
+    the warp-specialised kernel's weights; the GPU is asked last (here: the CPU's reason)."""
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag_rs import rs_int_why_not
+
+    got = rs_int_why_not(Scheme.parse(text), 4096, 4096, torch.bfloat16, torch.device("cpu"))
+    assert why in got if why else "GPU" in got
+
+
+def test_zero_points_need_n_a_multiple_of_16():
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag_rs import rs_int_why_not
+
+    why = rs_int_why_not(Scheme.parse("w3a16"), 4096, 4104, torch.bfloat16, torch.device("cpu"))
+    assert "N=4104 must be a multiple of 16" in why
+    assert "GPU" in rs_int_why_not(Scheme.parse("w3a16:int3:g128:bf16"), 4096, 4104, torch.bfloat16,
+                                   torch.device("cpu"))  # fmt: skip
+
+
+def test_three_bit_tiles_take_the_four_bit_rule():
+    """`rs_tile` for 3-bit codes: the 4-bit rule; two 4 KB units a slot still leave 3 slots at 256 tokens (sm_90a: 217
+    KB, 168 registers, no spill)."""
+    from anybit.kernels.frag_rs import RS_MIN_STAGES, rs_stages, rs_tile
+
+    assert [rs_stages(bm, bits=3) for bm in (64, 96, 128, 160, 192, 256)] == [6, 6, 5, 4, 3, 3]
+    for m in range(33, 513):
+        for n, k in ((4096, 4096), (8192, 8192), (8192, 28672), (28672, 8192)):
+            t = rs_tile(m, n, k, bits=3)
+            assert t == rs_tile(m, n, k, bits=4) if t is None else t["block_m"] == rs_tile(m, n, k)["block_m"]
+            assert t is None or t["stages"] >= RS_MIN_STAGES
+
+
+@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16"])
+@pytest.mark.parametrize("m, n, k, plan", [(96, 8192, 8192, "register-operand"), (160, 4096, 14336, "K split 2"),
+                                           (64, 8192, 8192, "register-operand"), (1024, 8192, 8192, "dequantize"),
+                                           (256, 28672, 8192, "dequantize")])  # fmt: skip
+def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, text, m, n, k, plan):
+    """Zero points, 3-bit codes and scales of the other 16-bit type on a faked Hopper: the register-operand kernel
+    where `rs_tile` takes the call, else dequantize + cuBLAS (the warp-specialised kernel does not run them) — the
+    backend's tile and `anybit explain` agree."""
+    import anybit.backends.triton as triton_backend
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    qw = quantize(torch.randn(64, 512) * 0.05, text)
+    tw = to_triton_layout(qw, allow_frag3=True)
+    assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    tw.n, tw.k = n, k  # (the route reads the shape only)
+    tw.ws_ok.clear()
+    tile = triton_backend.TritonBackend._ws_tile(x, tw)
+    assert tw.ws_ok[torch.bfloat16] == (False, True)
+    assert bool(tile and tile.get("rs")) == (plan != "dequantize")
+    got = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
+    assert plan in got, got

@@ -5,6 +5,7 @@ bias, a NaN-poisoned output, bit-equal relaunches; NVFP4 with FP8 x as its codes
 import pytest
 import torch
 
+from anybit.backends.triton_layout import to_triton_layout
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
 from anybit.kernels.frag_ws import swap_block_m
@@ -224,3 +225,64 @@ def test_two_launches_where_the_tiles_would_overfill_a_wave(text, m, n, k):
         row += rows
     ref = x.double() @ qw.dequantize().double().T
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.bfloat16]
+
+
+ONLY_RS = [("w3a16", torch.bfloat16), ("w3a16", torch.float16), ("w3a16:int3:g128:bf16", torch.bfloat16),
+           ("w3a16:int3:ch:fp16", torch.float16), ("w4a16:uint4:g128:bf16:zp-int", torch.bfloat16),
+           ("w4a16:uint4:g128:fp16:zp-int", torch.float16), ("w4a16:int4:g128:fp16", torch.bfloat16)]  # fmt: skip
+
+
+def _only_rs_case(text, m, n, k, dtype, seed):
+    """x, the weight as the dense backend lays it out (3-bit planes), and the float64 product of `dequantize()`."""
+    x, qw = random_case(text, m, n, k, dtype, seed)
+    tw = to_triton_layout(qw, allow_frag3=True)
+    assert frag_rs_why_not(tw, dtype, x.device) is None
+    return x, tw, x.double() @ qw.dequantize().double().T
+
+
+@pytest.mark.parametrize("text, dtype", ONLY_RS)
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1008, 2944), (96, 1040, 128),
+                                     (70, 2048, 1664)])  # fmt: skip
+@pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=96), dict(block_m=128), dict(block_m=192),
+                                  dict(block_m=256), dict(block_m=96, split_k=2)],
+                         ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
+def test_zero_points_and_three_bit_codes(text, dtype, m, n, k, tile):
+    """Weights only this kernel runs (`rs_int_why_not`): integer zero points (3 and 4 bits), 3-bit codes rebuilt from
+    their planes (every block parity, K off the 512-K unit: 1664, 2944), scales of the other 16-bit type (rounded to
+    x's once: within the same budget) — against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
+    if "ch" not in text and k % 128:
+        pytest.skip("group 128")
+    if tile.get("split_k", 1) > -(-k // 128):
+        pytest.skip("a split a block at least")
+    x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rs(x, tw, b, out=out, **tile)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))
+
+
+@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16"])
+@pytest.mark.parametrize("m, n, k", [(40, 8192, 4096), (96, 8192, 4096), (200, 4096, 4096), (160, 4096, 14336),
+                                     (300, 4096, 4096)])  # fmt: skip
+def test_route_sends_them_here(text, m, n, k):
+    """anybit.gemm of these weights at 33-512 rows where `rs_tile` (or `rs_parts`) takes the call: the register-operand
+    kernel's bits (the warp-specialised kernel does not run them), the exact product; under a CUDA graph too."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.backends.triton import ws_route_tile
+
+    x, qw = random_case(text, m, n, k, seed=m)
+    p = prepare(qw, backend="triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tile = ws_route_tile(m, n, k, sms, qw.scheme.weight.bits, ws=False)
+    assert tile is not None and tile.get("rs") and "parts" not in tile
+    backend = get_backend("triton")
+    y = backend.gemm(x, p)
+    assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
+    assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = backend.gemm(x, p)
+    g.replay()
+    assert torch.equal(yg, y)
