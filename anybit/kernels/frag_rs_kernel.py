@@ -395,8 +395,9 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
     off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
     x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
                                                                        W8, W3)
-    if ZP:  # the blocks' zero-point rows beside their scale rows
-        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, 1, 64], z_desc.layout)
+    if ZP:  # the blocks' zero-point rows beside their scale rows (64 bytes in 128: a TMA copy's shared-memory
+        # destination must be 128-byte aligned — slots of 64 bytes made every odd one a misaligned address)
+        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, 2, 64], z_desc.layout)
     else:
         zq = sq
     num_blocks = _rs_blocks(K, BK, W8)

@@ -295,7 +295,8 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n
         srow = s_row0
     tma.async_copy_global_to_shared(s_desc, [srow, off_n], wq_bar.index(slot), sq.index(slot), pred=p)
     if ZP:
-        tma.async_copy_global_to_shared(z_desc, [srow, off_n], wq_bar.index(slot), zq.index(slot), pred=p)
+        tma.async_copy_global_to_shared(z_desc, [srow, off_n], wq_bar.index(slot), zq.index(slot).slice(0, 1, dim=0),
+                                        pred=p)
 
 
 @gluon.jit
