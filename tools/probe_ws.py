@@ -27,7 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
-from anybit.kernels.frag_rs import gemm_frag_rs, rs_block_m  # noqa: E402
+from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -55,10 +55,11 @@ def main() -> int:
             w = torch.randn(n, k, device=dev) * 0.02
             qws.append(quantize(w, scheme))
             ws_list.append(w)
-        tws = [to_triton_layout(qw) for qw in qws]
+        tws = [to_triton_layout(qw, allow_frag3=True) for qw in qws]  # (as the dense backend lays them out)
         ws_why = frag_ws_weight_why_not(tws[0], torch.bfloat16, dev)
-        if ws_why:  # the other cells still run
-            errors[shape] = ws_why
+        rs_why = frag_rs_why_not(tws[0], torch.bfloat16, dev)  # (zero points, 3-bit codes: this kernel alone)
+        if ws_why or rs_why:  # the other cells still run
+            errors[shape] = f"warp-specialised: {ws_why}; register-operand: {rs_why}"
         wdeq = [dequantize_frag(tw, dtype=torch.bfloat16) for tw in tws]
         humm = humming_peers(ws_list, scheme, args.peers, errors, shape)
         del ws_list
@@ -81,7 +82,9 @@ def main() -> int:
                     cells["route"] = [lambda p=p, x=x: get_backend("triton").gemm(x, p) for p in preps]
                 else:
                     errors[f"route {shape} M={m}"] = why
-            for tile in [] if ws_why else _tiles(args.tiles):
+            for tile in _tiles(args.tiles):
+                if rs_why if tile.get("rs") else ws_why:
+                    continue
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 if tile.get("rs"):  # the experimental register-operand kernel (`frag_rs`): its own options only
                     fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
