@@ -30,7 +30,15 @@ from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
-from anybit.kernels.frag_rs import RS_BITS, RS_SMALL_MIN_M, frag_rs_why_not, gemm_frag_rs, rs_parts, rs_tile
+from anybit.kernels.frag_rs import (
+    RS_BITS,
+    RS_SMALL_MIN_M,
+    frag_rs_why_not,
+    gemm_frag_rs,
+    rs_only_tile,
+    rs_parts,
+    rs_tile,
+)
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -214,9 +222,9 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, ws: bool 
     wave, or split in two along K where two CTAs a tile do), else None. bits: the weight's code width (the
     register-operand kernel only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's,
     `ws_tile`). ws=False: a weight only the register-operand kernel runs (`frag_rs.rs_int_why_not`: zero points, 3-bit
-    codes, scales of the other 16-bit type) — its tile or None."""
+    codes, scales of the other 16-bit type) — its tile (`rs_only_tile`) or None."""
     rs = bits in RS_BITS and settings.frag_rs()
-    tile = rs_tile(m, n, k, num_sms, bits) if rs else None
+    tile = (rs_tile if ws else rs_only_tile)(m, n, k, num_sms, bits) if rs else None
     if tile is None and rs and settings.frag_rs_parts():
         tile = rs_parts(m, n, k, num_sms, bits)
     if tile is not None or m <= FRAG_MAX_M or not ws:

@@ -220,6 +220,25 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
     return tile if takes else None
 
 
+RS_ONLY_MAX_M = 256  # weights only this kernel runs: every shape up to here (`rs_only_tile`)
+
+
+def rs_only_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
+    """The tile for weights only this kernel runs among the large-M ones (`rs_int_why_not`: zero points, 3-bit codes,
+    scales of the other 16-bit type — the warp-specialised kernel and the frag kernel's 128/256-token tiles do not
+    take them, so the alternative above 64 rows is dequantize + cuBLAS): `rs_tile`'s, else its token tile
+    (`rs_block_m`) at 65-RS_ONLY_MAX_M rows on every shape, and 3-bit codes from RS_SMALL_MIN_M rows (their decode
+    tiles cost more than 4-bit ones'); else None. H200 graphs (tools/probe_ws.py, session 34), uint3 g128 with zero
+    points, µs, the route before (frag decode at 64 rows, dequantize + cuBLAS above) -> this kernel (Humming):
+    28672x8192 M=64 117.7 -> 102.7 (83.8), M=256 336.5 -> 218.7 (208.8); 8192x28672 M=64 114.3 -> 88.4 (82.2); at 512
+    rows dequantize + cuBLAS stays faster (28672x8192 489.3 vs 533.2, 8192^2 140.5 vs 152.3)."""
+    tile = rs_tile(m, n, k, num_sms, bits)
+    if tile is not None or not (RS_SMALL_MIN_M < m <= RS_ONLY_MAX_M) or (m <= 64 and bits != 3):
+        return tile
+    bm = rs_block_m(m, n, num_sms, bits)
+    return dict(rs=True, block_m=bm, stages=rs_stages(bm, bits))
+
+
 def rs_parts(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
     """Where a 257-RS_PARTS_MAX_M-row call that `rs_tile` does not take (weights whose 256-token tiles overfill a wave
     at these rows: 6144- and 8192-row, the warp-specialised kernel's or dequantize + cuBLAS's) runs as two launches of

@@ -71,8 +71,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     # the register-operand kernel runs these weights (zero points, 3-bit codes: it alone)
     rs_runs = rs and cuda and rs_kernel_scheme_why_not(scheme, k, n, dtype, device) is None
     small_rs = frag and rs_runs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
-    if small_rs:
-        t = ws_route_tile(m, n, k, _sm_count(device), bits)  # at these rows a register-operand tile or None
+    if small_rs:  # at these rows a register-operand tile or None
+        ws = frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None
+        t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws)
         if t is not None:
             return _rs_plan(via, scheme, t)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):

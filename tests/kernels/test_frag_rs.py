@@ -362,7 +362,8 @@ def test_three_bit_tiles_take_the_four_bit_rule():
 @pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16"])
 @pytest.mark.parametrize("m, n, k, plan", [(96, 8192, 8192, "register-operand"), (160, 4096, 14336, "K split 2"),
                                            (64, 8192, 8192, "register-operand"), (1024, 8192, 8192, "dequantize"),
-                                           (256, 28672, 8192, "dequantize")])  # fmt: skip
+                                           (256, 28672, 8192, "register-operand"), (512, 8192, 8192, "dequantize"),
+                                           (200, 8192, 28672, "register-operand")])  # fmt: skip
 def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, text, m, n, k, plan):
     """Zero points, 3-bit codes and scales of the other 16-bit type on a faked Hopper: the register-operand kernel
     where `rs_tile` takes the call, else dequantize + cuBLAS (the warp-specialised kernel does not run them) — the
@@ -382,3 +383,14 @@ def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, 
     assert bool(tile and tile.get("rs")) == (plan != "dequantize")
     got = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert plan in got, got
+
+
+@pytest.mark.parametrize("text, rs", [("w3a16", True), ("w4a16:uint4:g128:bf16:zp-int", False)])
+def test_three_bit_codes_take_the_kernel_from_33_rows_on_every_shape(fake_hopper, text, rs):
+    """`rs_only_tile`: 33-64 rows of tall or long-K weights — 4-bit codes keep the frag kernel's decode tiles there,
+    3-bit ones (whose decode costs more) take this kernel (H200, session 34: 28672x8192 M=64 117.7 -> 102.7 µs)."""
+    import anybit.backends.triton as triton_backend
+
+    for n, k in ((28672, 8192), (8192, 28672)):
+        tile = triton_backend.ws_route_tile(64, n, k, 132, bits=3 if rs else 4, ws=False)
+        assert bool(tile and tile["rs"]) == rs
