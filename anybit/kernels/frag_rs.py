@@ -31,8 +31,10 @@ from anybit.kernels.launch import Launcher
 
 # The code widths the route sends to this kernel: 4-bit integers and e2m1, 8-bit integers (`W8`: a 64-K block of
 # their layout is one x slice and one wgmma; `rs_tile` sends them 65-256 rows), and 3-bit integers (`W3`: each
-# 128-K block's 4-bit words rebuilt from a low and a high unit of the 3-bit planes, `frag_layout.pack_frag3`)
-RS_BITS = (3, 4, 8)
+# 128-K block's 4-bit words rebuilt from a low and a high unit of the 3-bit planes, `frag_layout.pack_frag3`), and
+# 2-bit integers (`W2`: each half of the layout's 256-K block a block of the kernel, its 64-K words decoded straight
+# into the 4-bit words' pairs, `frag_ws_kernel._pairs2`)
+RS_BITS = (2, 3, 4, 8)
 
 
 def rs_scheme_why_not(scheme) -> str | None:
@@ -42,10 +44,17 @@ def rs_scheme_why_not(scheme) -> str | None:
     return None
 
 
+def rs_block_k(bits: int) -> int:
+    """K per block of the kernel's loop: 64 for 8-bit codes (one x slice), else 128 (2-bit codes: half a layout
+    block)."""
+    return 64 if bits == 8 else 128
+
+
 def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
-    """None for the integer weights the kernel decodes (in the fragment layout, `frag_rs_why_not`): 3-, 4- or 8-bit
-    codes, integer zero points on 3- and 4-bit ones (subtracted exactly in x's dtype: `frag_ws_kernel._pairs_zp`), no
-    global scale, bf16/fp16 scales per channel or per whole blocks of the layout (128 K; 64 for 8 bits) — the decode
+    """None for the integer weights the kernel decodes (in the fragment layout, `frag_rs_why_not`): 2-, 3-, 4- or 8-bit
+    codes, integer zero points on 2- to 4-bit ones (subtracted exactly in x's dtype: `frag_ws_kernel._pairs_zp`), no
+    global scale, bf16/fp16 scales per channel or per whole blocks of the layout (128 K; 64 for 8 bits; 256 for 2 bits,
+    or every 64 K: a 2-bit word's quarter of its block) — the decode
     multiplies in x's dtype, so scales of the other 16-bit type are rounded to x's once (as Marlin and Humming keep
     them: each decoded weight within one unit in the last place of x's dtype instead of half; exact where the scales
     are x's dtype); else why not."""
@@ -56,12 +65,16 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
         return f"bf16/fp16 activations only, got {x_dtype}"
     zp = scheme.zero_point
     if zp is ZeroPoint.FLOAT or (zp is ZeroPoint.INT and w.bits == 8):
-        return f"integer zero points of 3- and 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"
+        return f"integer zero points of 2- to 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"
     if scheme.global_scale or scheme.scale_dtype.name not in ("bf16", "fp16"):
         return f"bf16/fp16 scales without a global scale only ({scheme})"
     block = frag_block_k(w.bits)
-    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and g.k % block == 0)):
-        return f"scales per channel or per whole {block}-K blocks only ({g.token()})"
+    quarters = w.bits == 2 and g.k == 64  # (a 2-bit word's 64 K: one group)
+    if not (g.kind is ScaleKind.CHANNEL or (g.kind is ScaleKind.GROUP and (g.k % block == 0 or quarters))):
+        return (
+            f"scales per channel or per whole {block}-K blocks only{' (or every 64 K)' if w.bits == 2 else ''} "
+            f"({g.token()})"
+        )
     if k % 8:
         return f"K={k} must be a multiple of 8 (TMA reads x rows 16-byte aligned)"
     if n % (16 if zp is ZeroPoint.INT else 8):
@@ -116,12 +129,13 @@ _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers 
 
 def rs_stages(block_m: int, bits: int = 4) -> int:
     """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
-    64 bytes; or a scale and a zero-point row) and x's two halves (block_m x 128 x 2 bytes; the reduction reuses one
-    slot's); 96 or 128 tokens: 6, 160: 5, 192: 4, 256: 3. 8-bit codes: a 64-K block holds one x slice (block_m x 64 x 2
-    bytes; the reduction reuses x slots 0 and 1), so 6 slots at every tile up to 256 tokens, 5 at 272-320. 3-bit codes:
-    two 4 KB units a slot (96 tokens: 6, 128: 5, 160: 4, 192 and 256: 3)."""
+    64 bytes; or scale and zero-point rows, 2-bit codes in 64-K groups four of each: 768 bytes) and x's two halves
+    (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160: 5, 192: 4, 256: 3. 8-bit
+    codes: a 64-K block holds one x slice (block_m x 64 x 2 bytes; the reduction reuses x slots 0 and 1), so 6 slots
+    at every tile up to 256 tokens, 5 at 272-320. 3-bit codes: two 4 KB units a slot (96 tokens: 6, 128: 5, 160: 4,
+    192 and 256: 3)."""
     words = 8192 if bits == 3 else 4096
-    return min(RS_MAX_STAGES, _SMEM // (words + 512 + block_m * (128 if bits == 8 else 256)))
+    return min(RS_MAX_STAGES, _SMEM // (words + 1024 + block_m * (128 if bits == 8 else 256)))
 
 
 def rs_block_m(m: int, n: int, num_sms: int = 132, bits: int = 4) -> int | None:
@@ -212,11 +226,11 @@ def rs_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict |
         if RS_SMALL_MIN_FILL * num_sms <= RS_SPLIT * tiles <= num_sms and k > 128:
             return tile | dict(split_k=RS_SPLIT)  # two CTAs a tile fill one wave (4096-row weights)
         # one filled wave, not long K (4-bit codes; 8-bit ones keep the decode there)
-        takes = bits in (3, 4) and RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n
+        takes = bits in (2, 3, 4) and RS_SMALL_MIN_FILL * num_sms <= tiles <= num_sms and k < 2 * n
     elif m <= 256 and k >= 2 * n and 2 * tiles * cdiv(m, bm) <= num_sms:  # (256 tokens split: a spill, sm_90a)
         return tile | dict(split_k=RS_SPLIT)
     else:
-        takes = k >= 2 * n or (m <= 128 and bits in (3, 4)) or tiles <= num_sms
+        takes = k >= 2 * n or (m <= 128 and bits in (2, 3, 4)) or tiles <= num_sms
     return tile if takes else None
 
 
@@ -325,12 +339,14 @@ def rs_descs(tw, dtype: torch.dtype) -> tuple:
     if key not in tw.ws_desc:
         w_desc, s_desc = weight_descs(tw, 64)
         TensorDescriptor = gluon_api()[1]
-        if not tw.fmt["W_FLOAT"] and tw.scales.dtype != dtype:
+        rows = 4 if tw.fmt["W_BITS"] == 2 and tw.group_k == 64 else 1  # a 2-bit block's four 64-K groups
+        if not tw.fmt["W_FLOAT"] and (tw.scales.dtype != dtype or rows > 1):
             scales = tw.scales.to(dtype).reshape(-1, tw.scales.shape[-1])
-            s_desc = TensorDescriptor.from_tensor(scales, [1, 64], flat_layout(16))
+            s_desc = TensorDescriptor.from_tensor(scales, [rows, 64], flat_layout(16))
         z_desc = s_desc
         if tw.fmt["ZP"]:
-            z_desc = TensorDescriptor.from_tensor(tw.zeros.reshape(-1, tw.zeros.shape[-1]), [1, 64], flat_layout(8))
+            zeros = tw.zeros.reshape(-1, tw.zeros.shape[-1])
+            z_desc = TensorDescriptor.from_tensor(zeros, [rows, 64], flat_layout(8))
         tw.ws_desc[key] = (w_desc, s_desc, z_desc)
     return tw.ws_desc[key]
 
@@ -340,7 +356,7 @@ def _rs_launch(tw, key: tuple) -> Launcher:
     decide: worked out once per weight (an eager call's host time)."""
     _, block_m, stages, group_m, mma_regs, diag, split_k, _, no_bias, no_xs = key
     consts = rs_consts(tw, block_m, stages, mma_regs)
-    block_k = frag_block_k(tw.fmt["W_BITS"])
+    block_k = rs_block_k(tw.fmt["W_BITS"])
     blocks = cdiv(tw.k, block_k)
     if split_k < 1 or (split_k - 1) * cdiv(blocks, split_k) >= blocks:
         most = max(s for s in range(1, blocks + 1) if (s - 1) * cdiv(blocks, s) < blocks)
@@ -370,5 +386,5 @@ def rs_consts(tw, block_m: int, stages: int | None, mma_regs: int) -> dict:
         STAGES=stages, SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(bits)),
         SIGNED=bool(tw.fmt["W_SIGNED"]), PANEL=FRAG_PANEL, MMA_REGS=mma_regs,
         E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0, HAS_GS=tw.global_scale is not None, TWO=bm2 > 0,
-        W8=bits == 8, W3=bits == 3, ZP=bool(tw.fmt["ZP"]), num_warps=4,
+        W8=bits == 8, W3=bits == 3, W2=bits == 2, ZP=bool(tw.fmt["ZP"]), num_warps=4,
     )  # fmt: skip

@@ -31,6 +31,7 @@ from anybit.kernels.frag_ws_kernel import (
     _byte_values,
     _e2m1_scales,
     _pairs,
+    _pairs2,
     _pairs_zp,
     _pow2,
     _store_tile,
@@ -57,6 +58,20 @@ def _words_layout():
     )
 
 
+@gluon.constexpr_function
+def _words2_layout():
+    """Half a 2-bit block's words as [64 rows, 4 (t), 2 (q)] (word 4t + 2h + q of the slot, `_block_words`): the
+    layout `_words_layout` leaves after its last register bit (h) is selected away."""
+    lanes = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=lanes,
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[64, 4, 2],
+    )
+
+
 # fmt: off
 @gluon.jit
 def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
@@ -80,16 +95,33 @@ def _a_operand_bytes(words, s, SIGNED: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _row_values(buf, DTYPE: gl.constexpr):
-    """A slot's 64 per-row values (scales, zero points) as [64, 1, 1] in `_words_layout`'s rows."""
+def _row_values(buf, DTYPE: gl.constexpr, layout: gl.constexpr):
+    """A slot's 64 per-row values (scales, zero points) as [64, 1, 1] in the rows of `layout` (of the words)."""
     flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    v = buf._reinterpret(DTYPE, [64], flat1).load(gl.SliceLayout(1, gl.SliceLayout(2, _words_layout())))
+    v = buf._reinterpret(DTYPE, [64], flat1).load(gl.SliceLayout(1, gl.SliceLayout(2, layout)))
     return gl.expand_dims(gl.expand_dims(v, 1), 2)
 
 
 @gluon.jit
+def _group_values(buf, h, DTYPE: gl.constexpr):
+    """Groups 2h and 2h + 1 of a slot's 4 rows of 64 per-row values (a 256-K block's 64-K groups of 2-bit codes) as
+    [64, 1, 2] in `_words2_layout`: group 2h + q beside the row's word q."""
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    v = buf._reinterpret(DTYPE, [2, 2, 64], flat2).index(h).permute((1, 0))
+    return gl.expand_dims(v.load(gl.SliceLayout(1, _words2_layout())), 1)
+
+
+@gluon.jit
+def _half_words(words, h):
+    """A slot's 2-bit words [64, 4 (t), 4 (q)] -> words 2h and 2h + 1 of each thread's [64, 4, 2] in
+    `_words2_layout` (h a run-time 0 or 1: one select a register)."""
+    a, b = gl.split(gl.permute(gl.reshape(words, [64, 4, 2, 2]), [0, 1, 3, 2]))
+    return gl.convert_layout(gl.where(h == 0, a, b), _words2_layout())
+
+
+@gluon.jit
 def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexpr, zq=None, kb=0,
-                 W3: gl.constexpr = False, ZP: gl.constexpr = False):
+                 W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """Block b's words [64, 4 (t), 4 (c)] (`_words_layout`) and the scales of each word's pairs 0, 1 and 2, 3 (per row
     and c), from its slot of the word ring once the slot has landed. With an odd number D of slots, first the
     release of the slot's previous block b - D (the other warpgroup's): the parity wait on `ready` cannot tell b's
@@ -97,7 +129,9 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
     is this warpgroup's own, so this wait is exact. With an even D, b - D is this warpgroup's own already.
     W3: the 4-bit words rebuilt from the slot's low and high units (`frag_layout.pack_frag3`; kb: the block's index in
     the whole K, whose parity picks the units' bits). ZP: the third value is each row's MAGIC + zero point in x's
-    dtype (`_pairs_zp`) instead of the scales of pairs 2, 3."""
+    dtype (`_pairs_zp`) instead of the scales of pairs 2, 3. W2: the slot holds the layout's 256-K block of 2-bit
+    words; block kb is its half kb % 2 — words 2h, 2h + 1 of each row [64, 4, 2], and their groups' scales (and zero
+    points) [64, 1, 2] where groups are 64 K (four scale rows a slot), else the row's [64, 1, 1]."""
     D: gl.constexpr = wq.type.shape[0]
     wl: gl.constexpr = _words_layout()
     s = b % D
@@ -112,14 +146,26 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
         words = ((lo >> (2 * (kb % 2))) & _LOW2) | (((hi >> (kb % 4)) & _HIGH1) << 2)
     else:
         words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)
+    SG: gl.constexpr = sq.type.shape[1]
+    if W2:  # this block's half of the 256-K block
+        words = _half_words(words, kb % 2)
+        vl: gl.constexpr = _words2_layout()
+    else:
+        vl: gl.constexpr = wl
     if E2M1:  # each word's group scales (`frag_ws_kernel._e2m1_scales`, the same (n, t, c) view of the words)
         lo, hi = _e2m1_scales(sq.index(s), wl, E2M1, DTYPE)
+    elif W2 and SG == 4:  # each 2-bit word's 64-K group
+        lo = _group_values(sq.index(s), kb % 2, DTYPE)
+        hi = lo
+        if ZP:
+            hi = _group_values(zq.index(s), kb % 2, gl.uint8).to(gl.float32)
+            hi = (hi + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
     else:  # the row's scale beside each of its words
-        lo = _row_values(sq.index(s), DTYPE)
+        lo = _row_values(sq.index(s), DTYPE, vl)
         hi = lo
         if ZP:  # MAGIC (`frag_ws_kernel._pairs_off`) + z: exact in x's dtype
-            hi = (_row_values(zq.index(s), gl.uint8).to(gl.float32) + (128.0 if DTYPE == gl.bfloat16 else 1024.0))
-            hi = hi.to(DTYPE)
+            hi = _row_values(zq.index(s), gl.uint8, vl).to(gl.float32)
+            hi = (hi + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
     return words, lo, hi  # the scales [64, 1, 4] (ints [64, 1, 1]): broadcast where they are used
 
 
@@ -127,18 +173,18 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
 def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
             num_blocks, k0, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr, TWO: gl.constexpr,
             W8: gl.constexpr = False, w_row0=0, s_row0=0, z_desc=None, zq=None, lo_units=0,
-            W3: gl.constexpr = False, ZP: gl.constexpr = False):
+            W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """This CTA's block b (K block k0 + b) — its words and scales into slot b % STAGES of the word ring, x's halves
     (BM1 rows, and BM2 more: TWO) into slots 2b, 2b + 1 of the x rings (2 STAGES) — once its consumer released the
     slot. W8: a block of 8-bit codes is 64 K, one x slice, into slot b of x rings of STAGES slots. w_row0, s_row0:
-    the first word and scale rows of the weight (an expert of a stack, `moe_rs_kernel`). W3, ZP: 3-bit units, zero
-    points (`_w_fetch`)."""
+    the first word and scale rows of the weight (an expert of a stack, `moe_rs_kernel`). W3, ZP, W2: 3-bit units, zero
+    points, 2-bit blocks (`_w_fetch`)."""
     STAGES: gl.constexpr = wq.type.shape[0]
     for b in range(num_blocks):
         s = b % STAGES
         mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
         _w_fetch(w_desc, s_desc, wq, sq, ready, s, w_row0, s_row0, off_n // PANEL, nb, off_n, k0 + b,
-                 k0 + num_blocks, GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP)
+                 k0 + num_blocks, GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP, W2)
         if W8:  # slot b, x's K step k0 + b
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, b, num_blocks, STAGES, TWO, k0)
         else:
@@ -151,12 +197,12 @@ def _loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_r
 @gluon.jit
 def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, me, SIGNED: gl.constexpr,
                    E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr = False, zq=None, k0=0,
-                   W3: gl.constexpr = False, ZP: gl.constexpr = False):
+                   W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """Blocks me, me + 2, ...: each decoded into the A operand, two wgmma (one a 64-K half; four with TWO: the BM2
     tokens after the first BM1 into a second accumulator), the next block's words loaded while they run (as
     Humming's mainloop does; up to 192 tokens), waited for. Returns the fp32 [64, BM1] and [64, BM2]
-    partial products (the second a copy of the first without TWO). W3, ZP (k0: the first block's index in the whole
-    K): 3-bit codes, zero points (`_block_words`). (Decoding the next block into a second set of
+    partial products (the second a copy of the first without TWO). W3, ZP, W2 (k0: the first block's index in the
+    whole K): 3-bit codes, zero points, 2-bit codes (`_block_words`). (Decoding the next block into a second set of
     registers while this block's wgmma run, both kept alive by the wait's deps, made ptxas wait after every
     wgmma: sm_90a, session 21.)"""
     BM1: gl.constexpr = x_bufs.type.shape[1]
@@ -175,11 +221,11 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     last = me + 2 * gl.maximum(mine - 1, 0)  # this warpgroup's last block
     if AHEAD:  # its first block's words (with no block of its own, block 0's: landed, read, never used)
         first = gl.minimum(me, num_blocks - 1)
-        w, lo, hi = _block_words(wq, sq, ready, empty, first, DTYPE, E2M1, zq, k0 + first, W3, ZP)
+        w, lo, hi = _block_words(wq, sq, ready, empty, first, DTYPE, E2M1, zq, k0 + first, W3, ZP, W2)
     for i in range(mine):
         b = 2 * i + me
         if not AHEAD:
-            w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1, zq, k0 + b, W3, ZP)
+            w, lo, hi = _block_words(wq, sq, ready, empty, b, DTYPE, E2M1, zq, k0 + b, W3, ZP, W2)
         if W8:  # one 64-K block of bytes, one x slice (slot b), one wgmma per token tile
             s_lo, _ = gl.broadcast(lo, w)
             a0 = _a_operand_bytes(w, s_lo, SIGNED, a1_layout)
@@ -191,7 +237,7 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
             if AHEAD:
                 nxt = gl.minimum(b + 2, last)
-                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP)
+                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP, W2)
             if TWO:
                 acc, acc2, a0, b0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, b0))
             else:
@@ -203,7 +249,9 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
             else:
                 s_lo, _ = gl.broadcast(lo, w)
                 s_hi, _ = gl.broadcast(hi, w)
-                if ZP:
+                if W2:
+                    r0, r1, r2, r3 = _pairs2(w, s_lo, s_hi, SIGNED, ZP)
+                elif ZP:
                     r0, r1, r2, r3 = _pairs_zp(w, s_lo, s_hi)
                 else:
                     r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1, W3)
@@ -220,7 +268,7 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
                 acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
             if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
                 nxt = gl.minimum(b + 2, last)
-                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP)
+                w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP, W2)
             if TWO:
                 acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
             else:
@@ -268,11 +316,11 @@ def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPL
 @gluon.jit
 def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
             E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr, zq=None, k0=0,
-            W3: gl.constexpr = False, ZP: gl.constexpr = False):
+            W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """The first warpgroup's part: the even blocks (`_consumer_loop`), plus the odd ones' partial products from
     shared memory (`_partial`, once `_second` has stored them): the tile's fp32 [64, BM1] and [64, BM2] products."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 0, SIGNED, E2M1, TWO, DIAG,
-                               W8, zq, k0, W3, ZP)
+                               W8, zq, k0, W3, ZP, W2)
     if W8:  # this warpgroup's wgmma no longer read x: the second may take slots 0 and 1 (`_partial`)
         mbarrier.arrive(red_bar.index(1), count=1)
     mbarrier.wait(red_bar.index(0), 0)
@@ -286,14 +334,15 @@ def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
            M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-           DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr, zq, k0, W3: gl.constexpr, ZP: gl.constexpr):
+           DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr, zq, k0, W3: gl.constexpr, ZP: gl.constexpr,
+           W2: gl.constexpr):
     """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
     tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
     that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
     adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG,
-                        W8, zq, k0, W3, ZP)
+                        W8, zq, k0, W3, ZP, W2)
     if SPLIT == 1:
         _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
                     _pow2(E2M1), HAS_GS, True)
@@ -319,10 +368,10 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
 @gluon.jit
 def _second(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED: gl.constexpr,
             E2M1: gl.constexpr, TWO: gl.constexpr, DIAG: gl.constexpr, W8: gl.constexpr, zq=None, k0=0,
-            W3: gl.constexpr = False, ZP: gl.constexpr = False):
+            W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """The odd blocks; their partial products into shared memory for `_first`."""
     acc, acc2 = _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, 1, SIGNED, E2M1, TWO, DIAG,
-                               W8, zq, k0, W3, ZP)
+                               W8, zq, k0, W3, ZP, W2)
     if W8:
         mbarrier.wait(red_bar.index(1), 0)
     _partial(x_bufs, num_blocks, W8).store(acc)
@@ -381,13 +430,13 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
                    GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                    MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                    TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False,
-                   W3: gl.constexpr = False, ZP: gl.constexpr = False):
+                   W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block (W8: a whole 64-K one)")
     gl.static_assert(not (W8 and (E2M1 or DIAG)), "8-bit integer codes: no e2m1 scales, no diag")
-    gl.static_assert(not ((W3 or ZP) and (W8 or E2M1)), "3-bit codes and zero points: 4-bit integer words")
+    gl.static_assert(not ((W2 or W3 or ZP) and (W8 or E2M1)), "2- or 3-bit codes and zero points: integer words")
     if TWO:
         BM: gl.constexpr = BM1 + BM2
     else:
@@ -397,7 +446,8 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
                                                                        W8, W3)
     if ZP:  # the blocks' zero-point rows beside their scale rows (64 bytes in 128: a TMA copy's shared-memory
         # destination must be 128-byte aligned — slots of 64 bytes made every odd one a misaligned address)
-        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, 2, 64], z_desc.layout)
+        ZR: gl.constexpr = max(2, z_desc.block_type.shape[0])  # (2-bit codes in 64-K groups: 4 rows a slot)
+        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, ZR, 64], z_desc.layout)
     else:
         zq = sq
     num_blocks = _rs_blocks(K, BK, W8)
@@ -410,10 +460,10 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
     gl.warp_specialize([
         (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO,
-                  DIAG, SPLIT, W8, zq, k0, W3, ZP)),
+                  DIAG, SPLIT, W8, zq, k0, W3, ZP, W2)),
         (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG, W8, zq,
-                   k0, W3, ZP)),
+                   k0, W3, ZP, W2)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,
-                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO, W8, 0, 0, z_desc, zq, lo_units, W3, ZP)),
+                   num_blocks, k0, SCALE_PER_BLOCK, GB, PANEL, TWO, W8, 0, 0, z_desc, zq, lo_units, W3, ZP, W2)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on

@@ -32,60 +32,55 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from anybit.kernels.frag_layout import e2m1_pair_terms
 
-# word -> four pairs ((MAGIC + nibble j of each half) - OFF) * (s, s), j = 0..3: one LOP3, one packed
-# subtraction and one packed multiply per pair (the subtraction is exact, the multiply rounds once: the bits
-# of dequantize() rounded to x's dtype, as the dequantize-then-cuBLAS path gives)
-_PAIRS_SCALED = """{
-.reg .b32 t, m, g, c, s;
-mov.b32 m, 0x000F000F;
-mov.b32 g, MAGIC;
-mov.b32 c, OFF;
-mov.b32 s, {$5, $5};
-lop3.b32 $0, $4, m, g, 0xea;
-sub.rn.OP $0, $0, c;
-mul.rn.OP $0, $0, s;
-shr.u32 t, $4, 4;
-lop3.b32 $1, t, m, g, 0xea;
-sub.rn.OP $1, $1, c;
-mul.rn.OP $1, $1, s;
-shr.u32 t, $4, 8;
-lop3.b32 $2, t, m, g, 0xea;
-sub.rn.OP $2, $2, c;
-mul.rn.OP $2, $2, s;
-shr.u32 t, $4, 12;
-lop3.b32 $3, t, m, g, 0xea;
-sub.rn.OP $3, $3, c;
-mul.rn.OP $3, $3, s;
-}"""
 
-
-def _pairs_scaled(op: str, magic: str, off: str) -> str:
-    return _PAIRS_SCALED.replace("OP", op).replace("MAGIC", magic).replace("OFF", off)
+def _pairs_scaled(bf16: bool, bias, width: int = 4, half: int = 0) -> str:
+    """word $4 -> four pairs ((MAGIC + code j of each half) - OFF) * (s, s), j = 0..3: one LOP3, one packed subtraction
+    and one packed multiply per pair (the subtraction is exact, the multiply rounds once: the bits of dequantize()
+    rounded to x's dtype, as the dequantize-then-cuBLAS path gives). width 4: nibble j of each 16-bit half (shift 4j);
+    2: field j + 4 half of each half (`frag_layout._frag_order`'s 2-bit words: shift 2j + 8 half)."""
+    op = "bf16x2" if bf16 else "f16x2"
+    mask = "0x000F000F" if width == 4 else "0x00030003"
+    lines = [".reg .b32 t, m, g, c, s;", f"mov.b32 m, {mask};", f"mov.b32 g, {_pairs_off(bf16, 0)};",
+             f"mov.b32 c, {_pairs_off(bf16, bias)};", "mov.b32 s, {$5, $5};"]  # fmt: skip
+    for j in range(4):
+        shift = 4 * j if width == 4 else 2 * j + 8 * half
+        src = "$4"
+        if shift:
+            lines.append(f"shr.u32 t, $4, {shift};")
+            src = "t"
+        lines += [f"lop3.b32 ${j}, {src}, m, g, 0xea;", f"sub.rn.{op} ${j}, ${j}, c;", f"mul.rn.{op} ${j}, ${j}, s;"]
+    return "{\n" + "\n".join(lines) + "\n}"
 
 
 # (x is bf16 or fp16, codes stored biased: bias 8 for signed 4-bit codes, 4 for signed 3-bit ones rebuilt as 4-bit
-# words, 0 unsigned) -> the block; MAGIC 128 (bf16) / 1024 (fp16), minus it plus the bias. "zp": minus a register
-# ($6, each row's MAGIC + zero point in x's dtype: exact, the zero point is an integer below 256)
+# words, 2 for signed 2-bit ones, 0 unsigned) -> the block; MAGIC 128 (bf16) / 1024 (fp16), minus it plus the bias.
+# "zp": minus a register ($6, each row's MAGIC + zero point in x's dtype: exact, the zero point is an integer below 256)
 def _pairs_off(bf16: bool, bias) -> str:
     magic = 0x4300 if bf16 else 0x6400
     return "{$6, $6}" if bias == "zp" else f"{magic + bias:#06x}{magic + bias:04x}"
 
 
 _ASM = {
-    (bf16, bias): _pairs_scaled("bf16x2" if bf16 else "f16x2", _pairs_off(bf16, 0), _pairs_off(bf16, bias))
+    (bf16, bias, width, half): _pairs_scaled(bf16, bias, width, half)
     for bf16 in (True, False)
-    for bias in (0, 4, 8, "zp")
+    for bias in (0, 2, 4, 8, "zp")
+    for width, half in ((4, 0), (2, 0), (2, 1))
 }
 
 
 @gluon.constexpr_function
 def _pairs_asm(dtype, signed, bias3=False):
-    return _ASM[(dtype == gl.bfloat16, (4 if bias3 else 8) if signed else 0)]
+    return _ASM[(dtype == gl.bfloat16, (4 if bias3 else 8) if signed else 0, 4, 0)]
 
 
 @gluon.constexpr_function
 def _pairs_zp_asm(dtype):
-    return _ASM[(dtype == gl.bfloat16, "zp")]
+    return _ASM[(dtype == gl.bfloat16, "zp", 4, 0)]
+
+
+@gluon.constexpr_function
+def _pairs2_asm(dtype, signed, zp, half):
+    return _ASM[(dtype == gl.bfloat16, "zp" if zp else (2 if signed else 0), 2, half)]
 
 
 def _e2m1_asm(bf16: bool) -> str:
@@ -199,6 +194,26 @@ def _pairs_zp(words, s, zo):
 
 
 @gluon.jit
+def _pairs2(words, s, zo, SIGNED: gl.constexpr, ZP: gl.constexpr):
+    """2-bit words [..., 2 (q)] — two 64-K quarters of a row's 256-K block, field j + 4l + 8e of quarter q holding
+    k = e + 2t + 8j + 32 (2q + l) (`frag_layout._frag_order`) — and each word's scale (ZP: and MAGIC + z) beside it ->
+    the four pairs of the 4-bit layout's words c = 2q + l [..., 4], as `_pairs` gives them for 4-bit codes."""
+    if ZP:
+        a0, a1, a2, a3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 0), "=r,=r,=r,=r,r,h,h",
+                                                   [words, s, zo], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+        b0, b1, b2, b3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 1), "=r,=r,=r,=r,r,h,h",
+                                                   [words, s, zo], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        a0, a1, a2, a3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 0), "=r,=r,=r,=r,r,h",
+                                                   [words, s], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+        b0, b1, b2, b3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 1), "=r,=r,=r,=r,r,h",
+                                                   [words, s], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    shape: gl.constexpr = [words.shape[0], words.shape[1], 2 * words.shape[2]]
+    return (gl.reshape(gl.join(a0, b0), shape), gl.reshape(gl.join(a1, b1), shape),
+            gl.reshape(gl.join(a2, b2), shape), gl.reshape(gl.join(a3, b3), shape))  # fmt: skip
+
+
+@gluon.jit
 def _half_from_pairs(r0, r1, r2, r3, DTYPE: gl.constexpr):
     """Pair j of every word of a half block [BN, 4 (t), 2 (cl)] -> the half [BN, 64] in natural K order."""
     BN: gl.constexpr = r0.shape[0]
@@ -261,13 +276,18 @@ def _x_gather(x_ptr, x_bufs, x_ready, src_off, rmask, cols, K, ki, STAGES: gl.co
 @gluon.jit
 def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n, b, num_blocks, GB: gl.constexpr,
              SCALE_PER_BLOCK: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
-             ZP: gl.constexpr = False):
+             ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into `slot` of the word
     ring (nothing past the last block). TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA +
     FENCE.VIEW.ASYNC) waits for every load the thread has in flight, so loads issued ahead were waited on once per
     block anyway. W3 (3-bit codes, `frag_layout.pack_frag3`; the register-operand kernel): the block's low unit b // 2
-    and its high unit lo_units + b // 4 into the two halves of a panel's slot. ZP: its zero-point row (the scale row's
-    place in `z_desc`) into `zq`."""
+    and its high unit lo_units + b // 4 into the two halves of a panel's slot. ZP: its zero-point row(s) (the scale
+    rows' place in `z_desc`) into `zq`. W2 (2-bit codes, the register-operand kernel's 128-K blocks): block b's words
+    and scale rows are those of the layout's 256-K block b // 2 (fetched once for each of its halves)."""
+    if W2:
+        bw = b // 2
+    else:
+        bw = b
     UNITS: gl.constexpr = 2 if W3 else 1
     PANELS: gl.constexpr = wq.type.shape[1] // (4 * UNITS)
     p = b < num_blocks
@@ -279,23 +299,23 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n
     for q in gl.static_range(PANELS):
         if W3:
             row = w_row0 + (p0 + q) * nb * 4
-            tma.async_copy_global_to_shared(w_desc, [row + (b // 2) * 4, 0], wq_bar.index(slot),
+            tma.async_copy_global_to_shared(w_desc, [row + (bw // 2) * 4, 0], wq_bar.index(slot),
                                             wq.index(slot).slice(8 * q, 4, dim=0), pred=p)
-            tma.async_copy_global_to_shared(w_desc, [row + (lo_units + b // 4) * 4, 0], wq_bar.index(slot),
+            tma.async_copy_global_to_shared(w_desc, [row + (lo_units + bw // 4) * 4, 0], wq_bar.index(slot),
                                             wq.index(slot).slice(8 * q + 4, 4, dim=0), pred=p)
         else:
-            tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + b) * 4, 0], wq_bar.index(slot),
+            tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + bw) * 4, 0], wq_bar.index(slot),
                                             wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
     SG: gl.constexpr = sq.type.shape[1]  # scale rows a block (e2m1: its groups)
     if SG > 1:
-        srow = s_row0 + b * SG
+        srow = s_row0 + bw * SG
     elif SCALE_PER_BLOCK:
-        srow = s_row0 + b // GB
+        srow = s_row0 + bw // GB
     else:
         srow = s_row0
     tma.async_copy_global_to_shared(s_desc, [srow, off_n], wq_bar.index(slot), sq.index(slot), pred=p)
     if ZP:
-        tma.async_copy_global_to_shared(z_desc, [srow, off_n], wq_bar.index(slot), zq.index(slot).slice(0, 1, dim=0),
+        tma.async_copy_global_to_shared(z_desc, [srow, off_n], wq_bar.index(slot), zq.index(slot).slice(0, SG, dim=0),
                                         pred=p)
 
 

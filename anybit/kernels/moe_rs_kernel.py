@@ -63,8 +63,9 @@ def moe_rs_kernel(x_desc, x2_desc, w_desc, s_desc, gs_ptr, y_ptr, rows_ptr, expe
                   num_rows, N, K, nb, stride_ym, w_rows_e, s_rows_e, STAGES: gl.constexpr,
                   SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, PANEL: gl.constexpr,
                   MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, TWO: gl.constexpr,
-                  W8: gl.constexpr, SCATTER: gl.constexpr, W3: gl.constexpr = False, ZP: gl.constexpr = False):
-    gl.static_assert(not (W3 or ZP), "3-bit codes and zero points: the dense kernel only (`moe_rs.moe_rs_why_not`)")
+                  W8: gl.constexpr, SCATTER: gl.constexpr, W3: gl.constexpr = False, ZP: gl.constexpr = False,
+                  W2: gl.constexpr = False):
+    gl.static_assert(not (W2 or W3 or ZP), "2- and 3-bit codes, zero points: the dense kernel only (`moe_rs_why_not`)")
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]

@@ -152,13 +152,13 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
 def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`; `rs_parts`' two launches, each its own)."""
-    from anybit.kernels.frag_layout import frag_block_k
+    from anybit.kernels.frag_rs import rs_block_k
 
     if t.get("parts"):
         (head, first), (rest, second) = t["parts"]
         return (f"two launches (its last token tile would overfill a wave): rows 0-{head - 1}: "
                 f"{_rs_plan(via, scheme, first)}; the other {rest}: {_rs_plan('', scheme, second)}")  # fmt: skip
-    block_k = frag_block_k(scheme.weight.bits)
+    block_k = rs_block_k(scheme.weight.bits)
     return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
             f"kernel (each MMA warpgroup decodes its {block_k}-K blocks straight into the wgmma's registers, two "
             f"warpgroups on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x{block_k}, "

@@ -14,7 +14,12 @@ from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
 def _a_operand_like_the_kernel(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """words int64 [64, 16] (one 128-K block of 64 rows) -> the codes of its two 64-K halves, by the steps of
     `frag_rs_kernel._a_operand` (gl.join = stack on a new last dim, gl.split = unbind it)."""
-    pairs = [(words.reshape(64, 4, 4) >> (4 * j)) & 0x000F000F for j in range(4)]  # words as (row, t, c)
+    return _halves_like_the_kernel([(words.reshape(64, 4, 4) >> (4 * j)) & 0x000F000F for j in range(4)])
+
+
+def _halves_like_the_kernel(pairs: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The four pairs [64, 4 (t), 4 (c)] of a block's words (pair j: codes k = 32c + 8j + 2t + e, e the half) -> the
+    codes of its two 64-K halves, by `_a_operand`'s steps."""
     rr = torch.stack([torch.stack([pairs[0], pairs[2]], -1), torch.stack([pairs[1], pairs[3]], -1)], -1)
     lo, hi = rr & 0xFFFF, rr >> 16
     v = torch.stack([lo, hi], -1).permute(0, 2, 3, 4, 1, 5)  # (row, t, c, j1, j0, e) -> (row, c, j1, j0, t, e)
@@ -321,8 +326,9 @@ def test_decode_offsets_are_the_magic_plus_the_code_bias():
 @pytest.mark.parametrize("text, why", [
     ("w4a16:uint4:g128:bf16:zp-int", None), ("w3a16", None), ("w3a16:int3:g128:bf16", None),
     ("w4a16:int4:g128:fp16", None),  # scales of the other 16-bit type: rounded to x's once
-    ("w8a16:int8:ch:bf16", None), ("w4a16:uint4:g128:bf16:zp-float", "integer zero points of 3- and 4-bit"),
-    ("w8a16:uint8:ch:bf16:zp-int", "integer zero points of 3- and 4-bit"), ("w2a16", "integer weights"),
+    ("w8a16:int8:ch:bf16", None), ("w4a16:uint4:g128:bf16:zp-float", "integer zero points of 2- to 4-bit"),
+    ("w8a16:uint8:ch:bf16:zp-int", "integer zero points of 2- to 4-bit"), ("w2a16", None),
+    ("w2a16:int2:g256:bf16", None), ("w2a16:int2:g128:bf16", "(or every 64 K)"),
     ("w4a16:int4:g64:bf16", "whole 128-K blocks"), ("nvfp4", "integer weights"),
     ("w4a8:int4:g128:bf16", "integer weights"),
 ])  # fmt: skip
@@ -359,7 +365,7 @@ def test_three_bit_tiles_take_the_four_bit_rule():
             assert t is None or t["stages"] >= RS_MIN_STAGES
 
 
-@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16"])
+@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16"])
 @pytest.mark.parametrize("m, n, k, plan", [(96, 8192, 8192, "register-operand"), (160, 4096, 14336, "K split 2"),
                                            (64, 8192, 8192, "register-operand"), (1024, 8192, 8192, "dequantize"),
                                            (256, 28672, 8192, "register-operand"), (512, 8192, 8192, "dequantize"),
@@ -394,3 +400,25 @@ def test_three_bit_codes_take_the_kernel_from_33_rows_on_every_shape(fake_hopper
     for n, k in ((28672, 8192), (8192, 28672)):
         tile = triton_backend.ws_route_tile(64, n, k, 132, bits=3 if rs else 4, ws=False)
         assert bool(tile and tile["rs"]) == rs
+
+
+def test_two_bit_halves_decode_to_the_four_bit_pairs():
+    """2-bit codes (`W2`): kernel block b is half h = b % 2 of the layout's 256-K block b // 2 — each row's words
+    2h and 2h + 1 (`_half_words`), whose pairs (j, l) at shifts 2j + 8l (`frag_ws_kernel._pairs2`) are the pairs j of
+    the 4-bit words c = 2q + l; through `_a_operand`'s steps they are the block's codes in K order, and each word's
+    64-K group is 2b + q (`_group_values`)."""
+    n, k = FRAG_PANEL, 768
+    codes = torch.randint(0, 4, (n, k), dtype=torch.uint8)
+    words = from_panels(pack_frag(codes, bits=2), n, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    for b in range(k // 128):
+        block = words[:, 16 * (b // 2) : 16 * (b // 2 + 1)].reshape(64, 4, 4)  # (row, t, q)
+        h = b % 2
+        half = block.reshape(64, 4, 2, 2).permute(0, 1, 3, 2)[..., h]  # words 2h + q, q = 0, 1
+        pairs = [torch.stack([(half >> (2 * j + 8 * lo)) & 0x00030003 for lo in (0, 1)], -1).reshape(64, 4, 4)
+                 for j in range(4)]  # fmt: skip
+        v0, v1 = _halves_like_the_kernel(pairs)
+        assert torch.equal(v0, codes[:, 128 * b : 128 * b + 64].to(torch.int64))
+        assert torch.equal(v1, codes[:, 128 * b + 64 : 128 * (b + 1)].to(torch.int64))
+        for q in (0, 1):  # word q's codes: K 64 q .. 64 q + 63 of the block, one 64-K group
+            c = torch.cat([v0, v1], 1)[:, 64 * q : 64 * (q + 1)]
+            assert torch.equal(c, codes[:, 128 * b + 64 * q : 128 * b + 64 * (q + 1)].to(torch.int64))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from anybit.backends.triton_layout import to_triton_layout
+from anybit.formats.scheme import ScaleKind, Scheme
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs
 from anybit.kernels.frag_ws import swap_block_m
@@ -229,7 +230,9 @@ def test_two_launches_where_the_tiles_would_overfill_a_wave(text, m, n, k):
 
 ONLY_RS = [("w3a16", torch.bfloat16), ("w3a16", torch.float16), ("w3a16:int3:g128:bf16", torch.bfloat16),
            ("w3a16:int3:ch:fp16", torch.float16), ("w4a16:uint4:g128:bf16:zp-int", torch.bfloat16),
-           ("w4a16:uint4:g128:fp16:zp-int", torch.float16), ("w4a16:int4:g128:fp16", torch.bfloat16)]  # fmt: skip
+           ("w4a16:uint4:g128:fp16:zp-int", torch.float16), ("w4a16:int4:g128:fp16", torch.bfloat16),
+           ("w2a16", torch.bfloat16), ("w2a16:uint2:g64:fp16:zp-int", torch.float16),
+           ("w2a16:int2:g256:bf16", torch.bfloat16), ("w2a16:int2:ch:bf16", torch.bfloat16)]  # fmt: skip
 
 
 def _only_rs_case(text, m, n, k, dtype, seed):
@@ -247,11 +250,13 @@ def _only_rs_case(text, m, n, k, dtype, seed):
                                   dict(block_m=256), dict(block_m=96, split_k=2)],
                          ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
 def test_zero_points_and_three_bit_codes(text, dtype, m, n, k, tile):
-    """Weights only this kernel runs (`rs_int_why_not`): integer zero points (3 and 4 bits), 3-bit codes rebuilt from
-    their planes (every block parity, K off the 512-K unit: 1664, 2944), scales of the other 16-bit type (rounded to
-    x's once: within the same budget) — against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
-    if "ch" not in text and k % 128:
-        pytest.skip("group 128")
+    """Weights only this kernel runs (`rs_int_why_not`): integer zero points (2 to 4 bits), 3-bit codes rebuilt from
+    their planes (every block parity, K off the 512-K unit: 1664, 2944), 2-bit codes (each half of a 256-K block, 64-K
+    groups, K=128: half a block), scales of the other 16-bit type (rounded to x's once: within the same budget) —
+    against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
+    g = Scheme.parse(text).granularity
+    if g.kind is ScaleKind.GROUP and k % g.k:
+        pytest.skip(f"K={k} is not a multiple of the group {g.k}")
     if tile.get("split_k", 1) > -(-k // 128):
         pytest.skip("a split a block at least")
     x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
@@ -262,7 +267,7 @@ def test_zero_points_and_three_bit_codes(text, dtype, m, n, k, tile):
     assert torch.equal(y, gemm_frag_rs(x, tw, b, **tile))
 
 
-@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16"])
+@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16"])
 @pytest.mark.parametrize("m, n, k", [(40, 8192, 4096), (96, 8192, 4096), (200, 4096, 4096), (160, 4096, 14336),
                                      (300, 4096, 4096)])  # fmt: skip
 def test_route_sends_them_here(text, m, n, k):
