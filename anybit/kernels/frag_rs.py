@@ -35,6 +35,11 @@ from anybit.kernels.launch import Launcher
 # 2-bit integers (`W2`: each half of the layout's 256-K block a block of the kernel, its 64-K words decoded straight
 # into the 4-bit words' pairs, `frag_ws_kernel._pairs2`)
 RS_BITS = (2, 3, 4, 8)
+# 2-bit codes here: built and compile-checked (sm_90a, session 34: uint2 g64 + zero points 3.38-3.53 instr/weight, 168
+# registers, no spill, HAZARD 0) and their index math tested on the CPU, but not yet run on a GPU (no device time was
+# left) — off until tests/kernels/test_frag_rs_gpu.py, which turns it on, passes them; the route keeps the frag
+# kernel's decode tiles and dequantize + cuBLAS meanwhile
+RS_W2 = False
 
 
 def rs_scheme_why_not(scheme) -> str | None:
@@ -63,6 +68,8 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
         return f"{RS_BITS}-bit integer weights with bf16/fp16 activations only ({scheme})"
     if x_dtype not in (torch.bfloat16, torch.float16):
         return f"bf16/fp16 activations only, got {x_dtype}"
+    if w.bits == 2 and not RS_W2:
+        return "2-bit codes: built, not yet run on a GPU (frag_rs.RS_W2 off)"
     zp = scheme.zero_point
     if zp is ZeroPoint.FLOAT or (zp is ZeroPoint.INT and w.bits == 8):
         return f"integer zero points of 2- to 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"

@@ -332,11 +332,15 @@ def test_decode_offsets_are_the_magic_plus_the_code_bias():
     ("w4a16:int4:g64:bf16", "whole 128-K blocks"), ("nvfp4", "integer weights"),
     ("w4a8:int4:g128:bf16", "integer weights"),
 ])  # fmt: skip
-def test_integer_weights_the_kernel_decodes(text, why):
-    """`rs_int_why_not`: zero points (integer, 3 and 4 bits), 3-bit codes and scales of either 16-bit type — beyond
-    the warp-specialised kernel's weights; the GPU is asked last (here: the CPU's reason)."""
+def test_integer_weights_the_kernel_decodes(monkeypatch, text, why):
+    """`rs_int_why_not`: zero points (integer, 2 to 4 bits), 2- and 3-bit codes and scales of either 16-bit type —
+    beyond the warp-specialised kernel's weights; the GPU is asked last (here: the CPU's reason). (2-bit codes with
+    `RS_W2` on; off by default until a GPU has run them.)"""
+    import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_int_why_not
+
+    monkeypatch.setattr(frag_rs, "RS_W2", True)
 
     got = rs_int_why_not(Scheme.parse(text), 4096, 4096, torch.bfloat16, torch.device("cpu"))
     assert why in got if why else "GPU" in got
@@ -370,14 +374,16 @@ def test_three_bit_tiles_take_the_four_bit_rule():
                                            (64, 8192, 8192, "register-operand"), (1024, 8192, 8192, "dequantize"),
                                            (256, 28672, 8192, "register-operand"), (512, 8192, 8192, "dequantize"),
                                            (200, 8192, 28672, "register-operand")])  # fmt: skip
-def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, text, m, n, k, plan):
+def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, monkeypatch, text, m, n, k, plan):
     """Zero points, 3-bit codes and scales of the other 16-bit type on a faked Hopper: the register-operand kernel
     where `rs_tile` takes the call, else dequantize + cuBLAS (the warp-specialised kernel does not run them) — the
     backend's tile and `anybit explain` agree."""
     import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.tools.explain import triton_plan
 
+    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (2-bit codes: off by default until a GPU has run them)
     qw = quantize(torch.randn(64, 512) * 0.05, text)
     tw = to_triton_layout(qw, allow_frag3=True)
     assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
@@ -422,3 +428,18 @@ def test_two_bit_halves_decode_to_the_four_bit_pairs():
         for q in (0, 1):  # word q's codes: K 64 q .. 64 q + 63 of the block, one 64-K group
             c = torch.cat([v0, v1], 1)[:, 64 * q : 64 * (q + 1)]
             assert torch.equal(c, codes[:, 128 * b + 64 * q : 128 * b + 64 * (q + 1)].to(torch.int64))
+
+
+def test_two_bit_codes_stay_off_the_route_until_a_gpu_has_run_them(fake_hopper):
+    """`RS_W2` off (session 34: built and compile-checked, no device time left to run them): the route keeps W2A16 on
+    the frag kernel's decode tiles and dequantize + cuBLAS, and says why."""
+    import anybit.backends.triton as triton_backend
+    from anybit.formats.scheme import Scheme
+    from anybit.kernels.frag_rs import rs_int_why_not
+
+    assert "RS_W2" in rs_int_why_not(Scheme.parse("w2a16"), 4096, 4096, torch.bfloat16, torch.device("cuda"))
+    tw = to_triton_layout(quantize(torch.randn(64, 512) * 0.05, "w2a16"))
+    assert "RS_W2" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda"))
+    x = torch.empty(256, 8192, dtype=torch.bfloat16, device="meta")
+    tw.n, tw.k = 8192, 8192
+    assert triton_backend.TritonBackend._ws_tile(x, tw) is None

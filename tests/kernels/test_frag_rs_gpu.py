@@ -249,11 +249,14 @@ def _only_rs_case(text, m, n, k, dtype, seed):
 @pytest.mark.parametrize("tile", [dict(block_m=64, stages=3), dict(block_m=96), dict(block_m=128), dict(block_m=192),
                                   dict(block_m=256), dict(block_m=96, split_k=2)],
                          ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
-def test_zero_points_and_three_bit_codes(text, dtype, m, n, k, tile):
+def test_zero_points_and_three_bit_codes(monkeypatch, text, dtype, m, n, k, tile):
     """Weights only this kernel runs (`rs_int_why_not`): integer zero points (2 to 4 bits), 3-bit codes rebuilt from
     their planes (every block parity, K off the 512-K unit: 1664, 2944), 2-bit codes (each half of a 256-K block, 64-K
     groups, K=128: half a block), scales of the other 16-bit type (rounded to x's once: within the same budget) —
     against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
+    import anybit.kernels.frag_rs as frag_rs
+
+    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (off by default until this test has passed them on a GPU)
     g = Scheme.parse(text).granularity
     if g.kind is ScaleKind.GROUP and k % g.k:
         pytest.skip(f"K={k} is not a multiple of the group {g.k}")
@@ -270,13 +273,15 @@ def test_zero_points_and_three_bit_codes(text, dtype, m, n, k, tile):
 @pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16"])
 @pytest.mark.parametrize("m, n, k", [(40, 8192, 4096), (96, 8192, 4096), (200, 4096, 4096), (160, 4096, 14336),
                                      (300, 4096, 4096)])  # fmt: skip
-def test_route_sends_them_here(text, m, n, k):
+def test_route_sends_them_here(monkeypatch, text, m, n, k):
     """anybit.gemm of these weights at 33-512 rows where `rs_tile` (or `rs_parts`) takes the call: the register-operand
     kernel's bits (the warp-specialised kernel does not run them), the exact product; under a CUDA graph too."""
+    import anybit.kernels.frag_rs as frag_rs
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.backends.triton import ws_route_tile
 
+    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (off by default until this test has passed them on a GPU)
     x, qw = random_case(text, m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
