@@ -1,7 +1,8 @@
 """The Gluon kernel of `anybit.kernels.frag_rs` (sm_90a): y = x @ dequantize(W)^T for 4-bit integer, e2m1 (NVFP4,
-MXFP4) or 8-bit integer weights in the fragment layout with the decoded weight as the wgmma's register operand — no
-shared-memory round trip of the decoded tile (the warp-specialised `frag_ws_kernel` stores it and its SS wgmma reads
-it back: ~44 KB of shared traffic a 64-K step at 96 tokens, session 21).
+MXFP4) or 8-bit integer weights in the fragment layout — and 2- and 3-bit integers (`W2`, `W3`), integer zero points
+(`ZP`) — with the decoded weight as the wgmma's register operand — no shared-memory round trip of the decoded tile (the
+warp-specialised `frag_ws_kernel` stores it and its SS wgmma reads it back: ~44 KB of shared traffic a 64-K step at 96
+tokens, session 21).
 
 Per CTA: 64 weight rows (the wgmma's M) by BM tokens (its N), three partitions:
 

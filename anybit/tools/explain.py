@@ -9,7 +9,7 @@ from anybit import settings
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
-from anybit.formats.scheme import Scheme
+from anybit.formats.scheme import Scheme, ZeroPoint
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,7 +75,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         ws = frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None
         t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws)
         if t is not None:
-            return _rs_plan(via, scheme, t)
+            return _rs_plan(via, scheme, t, dtype)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         limit = settings.frag_ws_max_m()
         why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
@@ -86,7 +86,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
         if t is not None and t.get("rs"):
-            return _rs_plan(via, scheme, t)
+            return _rs_plan(via, scheme, t, dtype)
         if t is not None:
             fold = ("; e2m1 weights whose scales the decode builds from their bits exactly (checked when prepared; "
                     "else dequantize + cuBLAS)" if scheme.weight.is_float else "")  # fmt: skip
@@ -150,20 +150,33 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     )
 
 
-def _rs_plan(via: str, scheme: Scheme, t: dict) -> str:
+def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`; `rs_parts`' two launches, each its own)."""
     from anybit.kernels.frag_rs import rs_block_k
 
     if t.get("parts"):
         (head, first), (rest, second) = t["parts"]
         return (f"two launches (its last token tile would overfill a wave): rows 0-{head - 1}: "
-                f"{_rs_plan(via, scheme, first)}; the other {rest}: {_rs_plan('', scheme, second)}")  # fmt: skip
-    block_k = rs_block_k(scheme.weight.bits)
+                f"{_rs_plan(via, scheme, first, dtype)}; the other {rest}: "
+                f"{_rs_plan('', scheme, second, dtype)}")  # fmt: skip
+    bits, notes = scheme.weight.bits, []
+    if bits == 3:
+        notes.append("each 128-K block's 4-bit words rebuilt from a 2-bit and a 1-bit plane")
+    if bits == 2:
+        notes.append("each half of a 256-K block of 2-bit codes a block")
+    if scheme.zero_point is ZeroPoint.INT:
+        notes.append("zero points subtracted in the decode, exact")
+    sdt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
+    if not scheme.weight.is_float and sdt is not None and sdt != dtype:
+        notes.append(f"{scheme.scale_dtype.name} scales rounded to {str(dtype).removeprefix('torch.')} once (the "
+                     "decode multiplies in x's dtype: within one ulp instead of half)")  # fmt: skip
+    if t.get("split_k", 1) > 1:
+        notes.insert(0, f"K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)")
+    block_k = rs_block_k(bits)
     return (f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: register-operand Gluon "
             f"kernel (each MMA warpgroup decodes its {block_k}-K blocks straight into the wgmma's registers, two "
             f"warpgroups on alternate blocks; ANYBIT_FRAG_RS=0 turns it off), tile {t['block_m']}x64x{block_k}, "
-            f"{t['stages']} stages" + (f", K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)"
-                                       if t.get("split_k", 1) > 1 else ""))  # fmt: skip
+            f"{t['stages']} stages" + "".join(f"; {n}" for n in notes))  # fmt: skip
 
 
 def explain_lines(scheme_text: str, m: int, n: int, k: int, device: str | None, dtype: str) -> list[str]:

@@ -395,6 +395,10 @@ def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, 
     assert bool(tile and tile.get("rs")) == (plan != "dequantize")
     got = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert plan in got, got
+    if plan != "dequantize":  # what is particular to the weight, said
+        notes = {"w3a16": "1-bit plane", "w4a16:uint4:g128:bf16:zp-int": "zero points subtracted"}
+        notes |= {"w4a16:int4:g128:fp16": "fp16 scales rounded to bfloat16", "w2a16": "half of a 256-K block"}
+        assert notes[text] in got, got
 
 
 @pytest.mark.parametrize("text, rs", [("w3a16", True), ("w4a16:uint4:g128:bf16:zp-int", False)])
