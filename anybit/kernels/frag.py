@@ -631,6 +631,25 @@ SCALE_BITS = True
 # spills). Bit for bit on the GPU; off: H200 graphs (`tools/probe_toggle.py --switch pairs`, session 19), M = 1-32,
 # on/off 0.94-0.98 on 8192x28672, 1.00-1.06 on 28672x8192 (w4a16) and 1.01-1.06 for W4A8-MXFP4 everywhere
 FRAG_PAIRS = False
+# 3-bit codes two blocks an iteration by default (`frag_pairs`: one load of the pair's low and high units), where it
+# paid on the H200 (session 34, graphs, `tools/probe_toggle.py --switch pairs`, M=1 / 16, one block -> two, µs): int3
+# (167 registers either way) 8192^2 17.9 / 18.7 -> 17.1 / 18.2, 28672x8192 50.5 / 53.6 -> 46.3 / 48.7; uint3 with zero
+# points (207 registers: 2 CTAs an SM where one block an iteration holds 3) 8192^2 19.4 / 19.9 -> 18.2 / 19.1 (256
+# CTAs, one wave either way), 28672x8192 53.3 / 56.6 -> 55.1 / 57.6 (896 CTAs: more waves) — so zero points only
+# where the launch's CTAs fit two an SM
+FRAG3_PAIRS = True
+
+
+def _sm_count(device: torch.device) -> int | None:
+    """The device's SMs (None off a GPU: the interpreter)."""
+    if device.type != "cuda":
+        return None
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def two_parts(block_m: int) -> tuple[int, int]:
@@ -646,13 +665,17 @@ def two_parts(block_m: int) -> tuple[int, int]:
     return bm1, bm2
 
 
-def frag_pairs(tw, block_m: int, maxnreg: int | None = None) -> bool:
+def frag_pairs(tw, block_m: int, maxnreg: int | None = None, ctas: int | None = None,
+               num_sms: int | None = None) -> bool:  # fmt: skip
     """Whether this launch runs two K blocks an iteration (`FRAG_PAIRS`): 4-bit codes without zero points (3-bit codes
     with or without: one load of the pair's low and high units) on decode
     tiles of <= 32 tokens (64: sm_90a spills, w4a16 384 bytes), not integer codes whose x sums the loop subtracts
     (`takes_sums`: they stay one block an iteration), nor under a cap of <= 128 registers (w4a16 spilled 96 bytes
-    there; e2m1 fits)."""
+    there; e2m1 fits). 3-bit codes by default (`FRAG3_PAIRS`): without zero points always, with them where the
+    launch's `ctas` (its N tiles times its K splits) fit two on each of `num_sms` SMs."""
     capped = maxnreg is not None and maxnreg <= 128 and not tw.fmt["W_FLOAT"]
+    if FRAG3_PAIRS and tw.fmt["W_BITS"] == 3 and block_m <= 32 and not capped:
+        return not tw.fmt["ZP"] or (ctas is not None and num_sms is not None and ctas <= 2 * num_sms)
     fits = (tw.fmt["W_BITS"] == 3 or (tw.fmt["W_BITS"] == 4 and tw.fmt["ZP"] == 0)) and block_m <= 32
     return FRAG_PAIRS and fits and not (tw.takes_sums or capped)
 
@@ -873,7 +896,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     m, k = x.shape
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
-           scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS,
+           scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS, FRAG3_PAIRS,
            A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
@@ -927,7 +950,7 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
     dtype = out_dtype or (torch.bfloat16 if fp8 else x_dtype)
     dummy = tw.scales
     rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 under FP8 x: its scales are row-relative codes
-    pairs = frag_pairs(tw, block_m, maxnreg)
+    pairs = frag_pairs(tw, block_m, maxnreg, cdiv(tw.n, block_n) * split_k, _sm_count(tw.planes[0].device))
     consts = dict(
         frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, NW=num_warps,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=not no_bias, BM=bm1, BM2=bm2, BN=block_n, SPLIT_K=split_k,

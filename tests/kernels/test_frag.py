@@ -516,6 +516,7 @@ def assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref):
 
     prepared = prepare(qw, backend="triton")
     be = get_backend("triton")
+    monkeypatch.setattr(frag, "FRAG3_PAIRS", False)  # (3-bit codes by this one alone, `FRAG_PAIRS`)
     monkeypatch.setattr(frag, "FRAG_PAIRS", False)
     one = be.gemm(x, prepared)
     monkeypatch.setattr(frag, "FRAG_PAIRS", True)
@@ -641,3 +642,19 @@ def test_a_launch_is_worked_out_once_per_tile_and_setting(interpret, monkeypatch
         with pytest.raises(ValueError, match="block_n=32 must be >= 16 \\* num_warps"):
             gemm_frag(x, tw, block_m=16, block_n=32)
     assert len(tw.launches) == 3
+
+
+def test_three_bit_codes_pair_blocks_where_it_paid():
+    """`FRAG3_PAIRS`: 3-bit codes two blocks an iteration on decode tiles — without zero points always, with them
+    where the launch's CTAs fit two an SM (207 registers; H200: 8192^2 M=1 19.4 -> 18.2 µs, 256 CTAs; 28672x8192 53.3
+    -> 55.1, 896); not on 64-token tiles nor under a 128-register cap; 4-bit codes keep `FRAG_PAIRS` (off)."""
+    from anybit.kernels import frag
+
+    int3 = to_triton_layout(quantize(torch.randn(64, 512), "w3a16:int3:g128:bf16"), allow_frag3=True)
+    uint3 = to_triton_layout(quantize(torch.randn(64, 512), "w3a16"), allow_frag3=True)
+    w4 = to_triton_layout(quantize(torch.randn(64, 512), "w4a16"))
+    assert frag.frag_pairs(int3, 16) and frag.frag_pairs(int3, 32, ctas=896, num_sms=132)
+    assert frag.frag_pairs(uint3, 16, ctas=256, num_sms=132) and not frag.frag_pairs(uint3, 16, ctas=896, num_sms=132)
+    assert not frag.frag_pairs(uint3, 16)  # (the interpreter: no SM count)
+    assert not frag.frag_pairs(int3, 64) and not frag.frag_pairs(int3, 16, maxnreg=128)
+    assert not frag.frag_pairs(w4, 16, ctas=64, num_sms=132)
