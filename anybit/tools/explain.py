@@ -68,8 +68,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
            if codes else "")  # fmt: skip
     bits = scheme.weight.bits
     rs = rs_scheme_why_not(scheme) is None  # the route sends these codes to the register-operand kernel
-    # the register-operand kernel runs these weights (zero points, 3-bit codes: it alone)
-    rs_runs = rs and cuda and rs_kernel_scheme_why_not(scheme, k, n, dtype, device) is None
+    # the register-operand kernel runs these weights (zero points, 2/3-bit codes: it alone)
+    rs_why = rs_kernel_scheme_why_not(scheme, k, n, dtype, device) if rs and cuda else None
+    rs_runs = rs and cuda and rs_why is None
     small_rs = frag and rs_runs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs:  # at these rows a register-operand tile or None
         ws = frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None
@@ -96,8 +97,9 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
             return (f"{via}{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised "
                     f"Gluon kernel ({dec} write W per 64-K step into shared memory, {mma}), tile "
                     f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}")  # fmt: skip
+        rs_note = f"; register-operand kernel not used: {rs_why}" if rs_why and m <= limit else ""
         return (f"{via}{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then "
-                f"cuBLAS (warp-specialised kernel not used: {why}){rowwise}")  # fmt: skip
+                f"cuBLAS (warp-specialised kernel not used: {why}{rs_note}){rowwise}")  # fmt: skip
     if cuda and m > DEQUANT_MATMUL_MIN_M and not a8_mma(scheme):
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     ws_a8_note = ""

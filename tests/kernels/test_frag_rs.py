@@ -447,3 +447,7 @@ def test_two_bit_codes_stay_off_the_route_until_a_gpu_has_run_them(fake_hopper):
     x = torch.empty(256, 8192, dtype=torch.bfloat16, device="meta")
     tw.n, tw.k = 8192, 8192
     assert triton_backend.TritonBackend._ws_tile(x, tw) is None
+    from anybit.tools.explain import triton_plan
+
+    got = triton_plan(Scheme.parse("w2a16"), 256, 8192, 8192, torch.device("cuda"), torch.bfloat16)
+    assert "dequantize" in got and "register-operand kernel not used: 2-bit codes" in got, got
