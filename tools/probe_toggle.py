@@ -14,6 +14,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   scale-bits  NVFP4 / MXFP4 folded scales built from their bits (`frag.SCALE_BITS`; off: decoded)
   rowwise     MXFP4 under FP8 x: e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M(_A8) rows (off: never; on: always)
   pairs       the dense frag kernel's decode tiles take two 128-K blocks an iteration (`frag.FRAG_PAIRS`)
+  pairs3      3-bit codes two blocks an iteration by `frag.FRAG3_PAIRS`'s rule (off: one block; FRAG_PAIRS off)
   a8-acc      e2m1 under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; off: a product per block
               added in fp32)
   subs        e2m1 under FP8 x at 129-192 rows: three 64-token tiles on one decode (`frag.FRAG_SUBS`; off: a 256-token
@@ -25,6 +26,8 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   rs-parts    ANYBIT_FRAG_RS_PARTS: 257-384 rows that the register-operand kernel's tiles would overfill as two of
               its launches (`frag_rs.rs_parts`; off: the warp-specialised kernel's tile or dequantize + cuBLAS); each
               variant prepares its own copies
+  rs-w2       2-bit codes on the register-operand kernel (`frag_rs.RS_W2`; off: the frag kernel's decode tiles and
+              dequantize + cuBLAS); each variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
 
@@ -47,7 +50,7 @@ import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels import frag, quant_act  # noqa: E402
+from anybit.kernels import frag, frag_rs, quant_act  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 from anybit.quant.activations import dequantize_activation  # noqa: E402
 
@@ -97,6 +100,14 @@ def _pairs(on: bool) -> None:
     frag.FRAG_PAIRS = on  # read per call
 
 
+def _pairs3(on: bool) -> None:
+    frag.FRAG3_PAIRS = on  # read per call
+
+
+def _rs_w2(on: bool) -> None:
+    frag_rs.RS_W2 = on  # read when a prepared weight first sees a dtype
+
+
 def _a8_acc(on: bool) -> None:
     frag.A8_MMA_ACC = on  # read per call
 
@@ -118,7 +129,7 @@ def _rs_parts(on: bool) -> None:
 
 
 # switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
-PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts"}
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts", "rs-w2"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,
@@ -127,6 +138,8 @@ SWITCHES = {
     "rs-parts": _rs_parts,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
+    "pairs3": _pairs3,
+    "rs-w2": _rs_w2,
     "mid256-e2m1": _mid256_e2m1,
     "scale-bits": _scale_bits,
     "rowwise": _rowwise,
