@@ -451,3 +451,65 @@ def test_two_bit_codes_stay_off_the_route_until_a_gpu_has_run_them(fake_hopper):
 
     got = triton_plan(Scheme.parse("w2a16"), 256, 8192, 8192, torch.device("cuda"), torch.bfloat16)
     assert "dequantize" in got and "register-operand kernel not used: 2-bit codes" in got, got
+
+
+def _run_pairs_ptx(text: str, word: int, s: float, zo: float | None, dtype: torch.dtype) -> list[list[float]]:
+    """The decode's inline PTX (`frag_ws_kernel._pairs_scaled`) run on the CPU: its mov / shr / lop3 0xea / packed
+    sub / packed mul on one word, s (and zo) as 16-bit values of `dtype`; -> each output register's two halves."""
+
+    def bits16(v: float) -> int:
+        return int(torch.tensor([v]).to(dtype).view(torch.int16)[0]) & 0xFFFF
+
+    def half(v: int) -> torch.Tensor:
+        return torch.tensor([v & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).float()
+
+    def packed(a: int, b: int, op) -> int:
+        lo = bits16(float(op(half(a), half(b))))
+        hi = bits16(float(op(half(a >> 16), half(b >> 16))))
+        return lo | hi << 16
+
+    regs = {"$4": word, "$5": bits16(s), "$6": bits16(zo) if zo is not None else 0}
+    for line in text.strip("{}\n").splitlines():
+        op, _, args = line.rstrip(";").partition(" ")
+        a = [t.strip() for t in args.replace("{", "").replace("}", "").split(",")]
+        if op == ".reg":
+            continue
+        if op == "mov.b32":
+            regs[a[0]] = regs[a[1]] | regs[a[2]] << 16 if len(a) == 3 else int(a[1], 16)
+        elif op == "shr.u32":
+            regs[a[0]] = regs[a[1]] >> int(a[2])
+        elif op == "lop3.b32":
+            assert a[4] == "0xea"  # (a & b) | c
+            regs[a[0]] = (regs[a[1]] & regs[a[2]]) | regs[a[3]]
+        elif op.startswith("sub.rn."):
+            regs[a[0]] = packed(regs[a[1]], regs[a[2]], torch.sub)
+        elif op.startswith("mul.rn."):
+            regs[a[0]] = packed(regs[a[1]], regs[a[2]], torch.mul)
+        else:
+            raise AssertionError(f"unknown instruction {line}")
+    return [[float(half(regs[f"${j}"])), float(half(regs[f"${j}"] >> 16))] for j in range(4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width, bias", [(4, 0), (4, 8), (4, 4), (4, "zp"), (2, 0), (2, 2), (2, "zp")])
+def test_decode_ptx_gives_each_pair_code_less_bias_times_scale(dtype, width, bias):
+    """The packed decode's PTX, run instruction by instruction on the CPU: pair j of a 4-bit word is nibbles j and
+    j + 4; of a 2-bit word's half l, fields j + 4l and j + 4l + 8 (`frag_layout._frag_order`) — each (code - bias or
+    zero point) * s rounded once to x's dtype (the 2-bit and zero-point forms have not run on a GPU yet: `RS_W2`)."""
+    from anybit.kernels.frag_ws_kernel import _ASM
+
+    g = torch.Generator().manual_seed(width * 7 + (bias if isinstance(bias, int) else 3))
+    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
+    for _ in range(20):
+        word = int(torch.randint(0, 2**32, (1,), generator=g, dtype=torch.int64))
+        s = float(torch.randn(1, generator=g).to(dtype))
+        z = int(torch.randint(0, 2**width, (1,), generator=g)) if bias == "zp" else None
+        off = z if z is not None else bias
+        for half_l in (0, 1) if width == 2 else (0,):
+            text = _ASM[(dtype == torch.bfloat16, bias, width, half_l)]
+            got = _run_pairs_ptx(text, word, s, None if z is None else magic + z, dtype)
+            for j in range(4):
+                f = (j + 4 * half_l, j + 4 * half_l + 8) if width == 2 else (j, j + 4)
+                codes = [(word >> (width * i)) & ((1 << width) - 1) for i in f]
+                want = [float(torch.tensor([(c - off) * s]).to(dtype)) for c in codes]
+                assert got[j] == want, (j, half_l, codes, got[j], want)
