@@ -28,6 +28,7 @@ from anybit.kernels import frag
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
+from anybit.kernels.frag import sm_count as _sm_count
 from anybit.kernels.frag_dequant import dequantize_frag
 from anybit.kernels.frag_layout import frag_block_k
 from anybit.kernels.frag_rs import (
@@ -302,11 +303,6 @@ def _tuning_cache_at(device: torch.device, cache_dir: str) -> TuningCache:
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
     root = os.path.join(cache_dir, "tuning")
     return TuningCache("gemm", gemm_source_hash(), device_key(props), root)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.cache

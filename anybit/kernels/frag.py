@@ -640,16 +640,12 @@ FRAG_PAIRS = False
 FRAG3_PAIRS = True
 
 
-def _sm_count(device: torch.device) -> int | None:
-    """The device's SMs (None off a GPU: the interpreter)."""
+@functools.cache
+def sm_count(device: torch.device) -> int | None:
+    """The device's SMs (None off a GPU: the interpreter); the Triton backend's too."""
     if device.type != "cuda":
         return None
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def two_parts(block_m: int) -> tuple[int, int]:
@@ -950,7 +946,7 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
     dtype = out_dtype or (torch.bfloat16 if fp8 else x_dtype)
     dummy = tw.scales
     rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 under FP8 x: its scales are row-relative codes
-    pairs = frag_pairs(tw, block_m, maxnreg, cdiv(tw.n, block_n) * split_k, _sm_count(tw.planes[0].device))
+    pairs = frag_pairs(tw, block_m, maxnreg, cdiv(tw.n, block_n) * split_k, sm_count(tw.planes[0].device))
     consts = dict(
         frag_constexprs(tw), GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, NW=num_warps,
         HAS_GS=tw.global_scale is not None, HAS_BIAS=not no_bias, BM=bm1, BM2=bm2, BN=block_n, SPLIT_K=split_k,

@@ -113,6 +113,13 @@ def _group_values(buf, h, DTYPE: gl.constexpr):
 
 
 @gluon.jit
+def _zero_offsets(z, DTYPE: gl.constexpr):
+    """uint8 zero points -> MAGIC + z in x's dtype (`frag_ws_kernel._pairs_off`'s MAGIC; exact: an integer below 256
+    added to 128 or 1024)."""
+    return (z.to(gl.float32) + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
+
+
+@gluon.jit
 def _half_words(words, h):
     """A slot's 2-bit words [64, 4 (t), 4 (q)] -> words 2h and 2h + 1 of each thread's [64, 4, 2] in
     `_words2_layout` (h a run-time 0 or 1: one select a register)."""
@@ -159,14 +166,12 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
         lo = _group_values(sq.index(s), kb % 2, DTYPE)
         hi = lo
         if ZP:
-            hi = _group_values(zq.index(s), kb % 2, gl.uint8).to(gl.float32)
-            hi = (hi + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
+            hi = _zero_offsets(_group_values(zq.index(s), kb % 2, gl.uint8), DTYPE)
     else:  # the row's scale beside each of its words
         lo = _row_values(sq.index(s), DTYPE, vl)
         hi = lo
-        if ZP:  # MAGIC (`frag_ws_kernel._pairs_off`) + z: exact in x's dtype
-            hi = _row_values(zq.index(s), gl.uint8, vl).to(gl.float32)
-            hi = (hi + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
+        if ZP:
+            hi = _zero_offsets(_row_values(zq.index(s), gl.uint8, vl), DTYPE)
     return words, lo, hi  # the scales [64, 1, 4] (ints [64, 1, 1]): broadcast where they are used
 
 

@@ -194,20 +194,22 @@ def _pairs_zp(words, s, zo):
 
 
 @gluon.jit
+def _pairs2_half(words, s, zo, SIGNED: gl.constexpr, ZP: gl.constexpr, HALF: gl.constexpr):
+    """Pairs (j, HALF) of 2-bit words (`_pairs2`); zo read only with ZP."""
+    if ZP:
+        return gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, HALF), "=r,=r,=r,=r,r,h,h", [words, s, zo],
+                                         dtype=(gl.int32,) * 4, is_pure=True, pack=1)  # fmt: skip
+    return gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, HALF), "=r,=r,=r,=r,r,h", [words, s],
+                                     dtype=(gl.int32,) * 4, is_pure=True, pack=1)  # fmt: skip
+
+
+@gluon.jit
 def _pairs2(words, s, zo, SIGNED: gl.constexpr, ZP: gl.constexpr):
     """2-bit words [..., 2 (q)] — two 64-K quarters of a row's 256-K block, field j + 4l + 8e of quarter q holding
     k = e + 2t + 8j + 32 (2q + l) (`frag_layout._frag_order`) — and each word's scale (ZP: and MAGIC + z) beside it ->
     the four pairs of the 4-bit layout's words c = 2q + l [..., 4], as `_pairs` gives them for 4-bit codes."""
-    if ZP:
-        a0, a1, a2, a3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 0), "=r,=r,=r,=r,r,h,h",
-                                                   [words, s, zo], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-        b0, b1, b2, b3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 1), "=r,=r,=r,=r,r,h,h",
-                                                   [words, s, zo], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-    else:
-        a0, a1, a2, a3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 0), "=r,=r,=r,=r,r,h",
-                                                   [words, s], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-        b0, b1, b2, b3 = gl.inline_asm_elementwise(_pairs2_asm(s.dtype, SIGNED, ZP, 1), "=r,=r,=r,=r,r,h",
-                                                   [words, s], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    a0, a1, a2, a3 = _pairs2_half(words, s, zo, SIGNED, ZP, 0)
+    b0, b1, b2, b3 = _pairs2_half(words, s, zo, SIGNED, ZP, 1)
     shape: gl.constexpr = [words.shape[0], words.shape[1], 2 * words.shape[2]]
     return (gl.reshape(gl.join(a0, b0), shape), gl.reshape(gl.join(a1, b1), shape),
             gl.reshape(gl.join(a2, b2), shape), gl.reshape(gl.join(a3, b3), shape))  # fmt: skip

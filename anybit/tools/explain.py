@@ -71,15 +71,15 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     # the register-operand kernel runs these weights (zero points, 2/3-bit codes: it alone)
     rs_why = rs_kernel_scheme_why_not(scheme, k, n, dtype, device) if rs and cuda else None
     rs_runs = rs and cuda and rs_why is None
+    ws_why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if frag else None
     small_rs = frag and rs_runs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs:  # at these rows a register-operand tile or None
-        ws = frag_ws_scheme_why_not(scheme, k, dtype, device, n) is None
-        t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws)
+        t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws_why is None)
         if t is not None:
             return _rs_plan(via, scheme, t, dtype)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
         limit = settings.frag_ws_max_m()
-        why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
+        why = ws_why if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
         t = None
         if m <= limit and (why is None or rs_runs):
             t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=why is None)
