@@ -8,6 +8,8 @@ backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from anybit.formats.dtypes import IntType
@@ -38,8 +40,8 @@ RS_BITS = (2, 3, 4, 8)
 # 2-bit codes here: built and compile-checked (sm_90a, session 34: uint2 g64 + zero points 3.38-3.53 instr/weight, 168
 # registers, no spill, HAZARD 0) and their index math tested on the CPU, but not yet run on a GPU (no device time was
 # left) — off until tests/kernels/test_frag_rs_gpu.py, which turns it on, passes them; the route keeps the frag
-# kernel's decode tiles and dequantize + cuBLAS meanwhile
-RS_W2 = False
+# kernel's decode tiles and dequantize + cuBLAS meanwhile (ANYBIT_RS_W2=1 turns it on for a whole process: a bench run)
+RS_W2 = os.environ.get("ANYBIT_RS_W2") == "1"
 
 
 def rs_scheme_why_not(scheme) -> str | None:
