@@ -39,6 +39,7 @@ from anybit.kernels.frag_rs import (
     rs_only_tile,
     rs_parts,
     rs_tile,
+    ws_int_why_not,
 )
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
@@ -214,7 +215,9 @@ def ws_over_mid(kind: str | None, m: int) -> bool:
     return over and FRAG_MAX_M < m <= settings.frag_ws_max_m()
 
 
-def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, ws: bool = True) -> dict | None:
+def ws_route_tile(
+    m: int, n: int, k: int, num_sms: int, bits: int = 4, ws: bool = True, plain: bool = False
+) -> dict | None:
     """The warp-specialised kernel's tile for an M-row call (`ws_tile`), or where that kernel would run the
     register-operand kernel's where it is faster (`rs_tile`: 65-512 rows, also where the warp-specialised kernel would
     not run — its CTAs would not fill a wave on 4096- and 6144-row weights; 257-384 rows that its tiles would overfill
@@ -223,14 +226,17 @@ def ws_route_tile(m: int, n: int, k: int, num_sms: int, bits: int = 4, ws: bool 
     wave, or split in two along K where two CTAs a tile do), else None. bits: the weight's code width (the
     register-operand kernel only for `frag_rs.RS_BITS`, `rs_tile`'s rule for them; the warp-specialised kernel's,
     `ws_tile`). ws=False: a weight only the register-operand kernel runs (`frag_rs.rs_int_why_not`: zero points, 3-bit
-    codes, scales of the other 16-bit type) — its tile (`rs_only_tile`) or None."""
+    codes, scales of the other 16-bit type) — its tile (`rs_only_tile`) or None; plain (with ws=False): such a weight
+    that the warp-specialised kernel's row-major tiles also run (`frag_rs.ws_int_why_not`) — above what
+    `rs_only_tile` takes, `ws_tile`'s row-major tile."""
     rs = bits in RS_BITS and settings.frag_rs()
     tile = (rs_tile if ws else rs_only_tile)(m, n, k, num_sms, bits) if rs else None
     if tile is None and rs and settings.frag_rs_parts():
         tile = rs_parts(m, n, k, num_sms, bits)
-    if tile is not None or m <= FRAG_MAX_M or not ws:
+    if tile is not None or m <= FRAG_MAX_M or not (ws or plain):
         return tile
-    return ws_tile(m, n, num_sms, k, bits)
+    tile = ws_tile(m, n, num_sms, k, bits)
+    return None if tile is not None and tile.get("swap") and not ws else tile
 
 
 def _rs_gemm(
@@ -519,14 +525,17 @@ class TritonBackend:
         if m > settings.frag_ws_max_m():
             return None
         ok = tw.ws_ok.get(x.dtype)
-        if ok is None:  # which of the two kernels run this weight: (warp-specialised, register-operand)
+        if ok is None:  # which kernels run this weight: (warp-specialised, register-operand, only the former's
+            # row-major tiles — `ws_int_why_not`)
             ws = frag_ws_weight_why_not(tw, x.dtype, x.device) is None
-            ok = tw.ws_ok[x.dtype] = (ws, ws or frag_rs_why_not(tw, x.dtype, x.device) is None)
-        if not any(ok):  # (a kernel failure stores False: neither from then on)
+            rs = ws or frag_rs_why_not(tw, x.dtype, x.device) is None
+            plain = not ws and rs and ws_int_why_not(tw.kernel_scheme, tw.k, tw.n, x.dtype, x.device) is None
+            ok = tw.ws_ok[x.dtype] = (ws, rs, plain)
+        if not any(ok):  # (a kernel failure stores False: none from then on)
             return None
         key = ("tile", m, x.dtype)
         if key not in tw.ws_ok:
-            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"], ok[0])
+            tw.ws_ok[key] = ws_route_tile(m, tw.n, tw.k, _sm_count(x.device), tw.fmt["W_BITS"], ok[0], ok[2])
         return tw.ws_ok[key]
 
     @staticmethod
@@ -569,7 +578,7 @@ class TritonBackend:
                         return _rs_gemm(xc, tw, bias, x_scales, tile)
                     return gemm_frag_ws(xc, tw, bias, x_scales=x_scales, **tile)
                 except _triton_errors() as e:  # loud, and this weight keeps dequantize + cuBLAS from now on
-                    tw.ws_ok[x.dtype] = (False, False)
+                    tw.ws_ok[x.dtype] = (False, False, False)
                     warnings.warn(f"frag_ws kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using dequantize + "
                                   f"cuBLAS: {type(e).__name__}: {e}", FallbackWarning, stacklevel=3)  # fmt: skip
             w = dequantize_frag(tw, dtype=x.dtype)

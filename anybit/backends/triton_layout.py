@@ -53,11 +53,11 @@ class TritonWeight:
     rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype (A16) -> whether (the warp-specialised, the register-operand
-    # kernel) run it ((False, False): one failed); "a8" -> whether the W4A8 kernel does; ("mid", x dtype) -> the
-    # weight's `frag_mid_kind` (which 65-256-row calls take the frag kernel); ("tile", M, x dtype) -> the tile of an
-    # M-row call (`ws_route_tile`, or None)
-    ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`); ("rs",
-    # x dtype) -> the register-operand kernel's, zero points too (`frag_rs.rs_descs`)
+    # kernel, only the former's row-major tiles: `frag_rs.ws_int_why_not`) run it ((False, False, False): one failed);
+    # "a8" -> whether the W4A8 kernel does; ("mid", x dtype) -> the weight's `frag_mid_kind` (which 65-256-row calls
+    # take the frag kernel); ("tile", M, x dtype) -> the tile of an M-row call (`ws_route_tile`, or None)
+    ws_desc: dict = field(default_factory=dict)  # N tile -> TMA descriptors of words, scales (`weight_descs`); ("int",
+    # x dtype, N tile) -> the integer Gluon kernels' ones, zero points too (`frag_ws.int_descs`)
     launches: dict = field(default_factory=dict)  # a frag launch's tile and flags -> its constexprs (`gemm_frag`)
 
     @property

@@ -18,15 +18,13 @@ from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_block_k
 from anybit.kernels.frag_ws import (
     call_output,
-    flat_layout,
     frag_ws_scheme_why_not,
     frag_ws_weight_why_not,
-    gluon_api,
     gluon_hopper_why_not,
+    int_descs,
     row_scales,
     swap_block_m,
     swap_parts,
-    weight_descs,
     x_desc,
 )
 from anybit.kernels.launch import Launcher
@@ -92,6 +90,25 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
             "16-byte aligned)"
         )
     return gluon_hopper_why_not(device)
+
+
+# The warp-specialised kernel's row-major tiles (`gemm_frag_ws`) on the integer weights `rs_int_why_not` adds to
+# its own (`frag_ws_weight_why_not`): zero points, 3- and 2-bit codes, scales of the other 16-bit type — decoded by
+# `frag_ws_kernel._int_block` from the pieces this kernel's decode uses. Built and compile-checked (session 35: sm_90a
+# 168 registers, no spill; SASS of the existing formats unchanged); off until a GPU has run them (ANYBIT_WS_INT=1 turns
+# it on for a whole process)
+WS_INT = os.environ.get("ANYBIT_WS_INT") == "1"
+
+
+def ws_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
+    """None where the warp-specialised kernel's row-major tiles run integer weights of `scheme` that only this kernel
+    ran before (`rs_int_why_not`'s, in the fragment layout), else why not. (Its swapped tiles keep the weights
+    `frag_ws_weight_why_not` takes; below `RS_ONLY_MAX_M` rows this kernel keeps these.)"""
+    if not WS_INT:
+        return "zero points, 2/3-bit codes, other-dtype scales: built, not yet run on a GPU (frag_rs.WS_INT off)"
+    if scheme.weight.is_float:
+        return "integer weights only"
+    return rs_int_why_not(scheme, k, n, x_dtype, device)
 
 
 def rs_kernel_scheme_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
@@ -317,7 +334,7 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
     x1 = x_desc(x, bm1)
     x2 = x_desc(x, bm2) if bm2 else x1
-    w_desc, s_desc, z_desc = rs_descs(tw, x.dtype)
+    w_desc, s_desc, z_desc = int_descs(tw, x.dtype, 64)
     gs = tw.global_scale
     xs = row_scales(x_scales, m, y)
     tiles = cdiv(m, block_m) * cdiv(n, 64)
@@ -338,26 +355,6 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
 # the arguments of `frag_rs_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
 # absent), bias, workspace, counters, M, y's row stride
 _RS_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15)
-
-
-def rs_descs(tw, dtype: torch.dtype) -> tuple:
-    """The TMA descriptors of a frag weight for the kernel with x of `dtype`: its words and scales (`weight_descs`;
-    integer scales of the other 16-bit type rounded to x's once, `rs_int_why_not`) and its zero points as [groups, N]
-    uint8 rows of 64 (the scale descriptor standing in without them); cached on the weight."""
-    key = ("rs", dtype)
-    if key not in tw.ws_desc:
-        w_desc, s_desc = weight_descs(tw, 64)
-        TensorDescriptor = gluon_api()[1]
-        rows = 4 if tw.fmt["W_BITS"] == 2 and tw.group_k == 64 else 1  # a 2-bit block's four 64-K groups
-        if not tw.fmt["W_FLOAT"] and (tw.scales.dtype != dtype or rows > 1):
-            scales = tw.scales.to(dtype).reshape(-1, tw.scales.shape[-1])
-            s_desc = TensorDescriptor.from_tensor(scales, [rows, 64], flat_layout(16))
-        z_desc = s_desc
-        if tw.fmt["ZP"]:
-            zeros = tw.zeros.reshape(-1, tw.zeros.shape[-1])
-            z_desc = TensorDescriptor.from_tensor(zeros, [rows, 64], flat_layout(8))
-        tw.ws_desc[key] = (w_desc, s_desc, z_desc)
-    return tw.ws_desc[key]
 
 
 def _rs_launch(tw, key: tuple) -> Launcher:

@@ -27,7 +27,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from anybit.kernels.frag_layout import HIGH1, LOW2
 from anybit.kernels.frag_ws_kernel import (
     _byte_values,
     _e2m1_scales,
@@ -38,11 +37,10 @@ from anybit.kernels.frag_ws_kernel import (
     _store_tile,
     _tile_origin,
     _w_fetch,
+    _words3,
     _x_issue2,
+    _zero_offsets,
 )
-
-_LOW2 = gl.constexpr(LOW2)  # the 3-bit planes' masks (`frag_layout.pack_frag3`)
-_HIGH1 = gl.constexpr(HIGH1)
 
 
 @gluon.constexpr_function
@@ -113,13 +111,6 @@ def _group_values(buf, h, DTYPE: gl.constexpr):
 
 
 @gluon.jit
-def _zero_offsets(z, DTYPE: gl.constexpr):
-    """uint8 zero points -> MAGIC + z in x's dtype (`frag_ws_kernel._pairs_off`'s MAGIC; exact: an integer below 256
-    added to 128 or 1024)."""
-    return (z.to(gl.float32) + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
-
-
-@gluon.jit
 def _half_words(words, h):
     """A slot's 2-bit words [64, 4 (t), 4 (q)] -> words 2h and 2h + 1 of each thread's [64, 4, 2] in
     `_words2_layout` (h a run-time 0 or 1: one select a register)."""
@@ -151,7 +142,7 @@ def _block_words(wq, sq, ready, empty, b, DTYPE: gl.constexpr, E2M1: gl.constexp
         units = wq.index(s)._reinterpret(gl.int32, [128, 4, 4], flat3)
         lo = units.slice(0, 64, dim=0).load(wl)
         hi = units.slice(64, 64, dim=0).load(wl)
-        words = ((lo >> (2 * (kb % 2))) & _LOW2) | (((hi >> (kb % 4)) & _HIGH1) << 2)
+        words = _words3(lo, hi, kb)
     else:
         words = wq.index(s)._reinterpret(gl.int32, [64, 4, 4], flat3).load(wl)
     SG: gl.constexpr = sq.type.shape[1]

@@ -117,6 +117,27 @@ def weight_descs(tw, block_n: int) -> tuple:
     return tw.ws_desc[block_n]
 
 
+def int_descs(tw, dtype: torch.dtype, block_n: int) -> tuple:
+    """The TMA descriptors of a frag weight for a Gluon kernel with x of `dtype` and N tiles of `block_n` rows: its
+    words and scales (`weight_descs`; integer scales of the other 16-bit type rounded to x's once —
+    `frag_rs.rs_int_why_not` —, 2-bit codes in 64-K groups four scale rows a 256-K block) and its zero points as
+    [groups, N] uint8 rows (the scale descriptor standing in without them); cached on the weight."""
+    key = ("int", dtype, block_n)
+    if key not in tw.ws_desc:
+        w_desc, s_desc = weight_descs(tw, block_n)
+        TensorDescriptor = gluon_api()[1]
+        rows = 4 if tw.fmt["W_BITS"] == 2 and tw.group_k == 64 else 1  # a 2-bit block's four 64-K groups
+        if not tw.fmt["W_FLOAT"] and (tw.scales.dtype != dtype or rows > 1):
+            scales = tw.scales.to(dtype).reshape(-1, tw.scales.shape[-1])
+            s_desc = TensorDescriptor.from_tensor(scales, [rows, block_n], flat_layout(16))
+        z_desc = s_desc
+        if tw.fmt["ZP"]:
+            zeros = tw.zeros.reshape(-1, tw.zeros.shape[-1])
+            z_desc = TensorDescriptor.from_tensor(zeros, [rows, block_n], flat_layout(8))
+        tw.ws_desc[key] = (w_desc, s_desc, z_desc)
+    return tw.ws_desc[key]
+
+
 @functools.cache
 def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
@@ -250,7 +271,8 @@ def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None, bits: int 
     6144x4096 M=1024 (192 CTAs, 1.45 waves) took 108 µs against 84 for dequantize + cuBLAS, 4096x4096 M=1024
     (128 CTAs) 54 against 56 — or, in a single partial wave, where N >= 8192: the dequantize pass grows with
     N x K, one CTA's walk only with K (graphs: 8192^2 M=128, 64 CTAs, 67 vs 89 µs; 8192x28672 M=128 219 vs 317;
-    4096^2 M=128, 32 CTAs, 35 vs 26). 8-bit codes (`bits`) up to WS_BYTES_MAX_M rows."""
+    4096^2 M=128, 32 CTAs, 35 vs 26). 8-bit codes (`bits`) up to WS_BYTES_MAX_M rows; 3-bit ones with a word ring
+    of two blocks."""
     if bits == 8 and m > WS_BYTES_MAX_M:
         return None
     swapped = swap_tile(m, n, num_sms, k)
@@ -265,6 +287,8 @@ def ws_tile(m: int, n: int, num_sms: int = 132, k: int | None = None, bits: int 
     if bm is None:
         return None
     tile = dict(block_m=bm, block_n=128, stages=4 if bm == 256 else 6, group_m=8, dq_warps=4, dq_regs=160)
+    if bits == 3:  # a block's words are two units (16 KB a slot): two slots, or the CTA's shared memory overflows
+        tile |= dict(depth=2)
     return tile | WS_BYTES_TILE if bits == 8 and bm == 256 else tile
 
 
@@ -324,13 +348,13 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         descs = x_desc(x, bm1), x_desc(x, bm2) if bm2 else x_desc(x, bm1)
     else:
         descs = (x_desc(x, block_m),)
-    w_desc, s_desc = weight_descs(tw, block_n)
+    w_desc, s_desc, z_desc = int_descs(tw, x.dtype, block_n)
     gs = tw.global_scale
     # fmt: off
     launch(
         (cdiv(m, block_m) * cdiv(n, block_n),), *descs, w_desc, s_desc, row_scales(x_scales, m, y),
         gs if gs is not None else y, bias if bias is not None else y, y, m, n, tw.k, tw.planes[0].shape[-1] // 16,
-        y.stride(0),
+        y.stride(0), z_desc,
     )
     # fmt: on
     return y
@@ -351,10 +375,11 @@ def _ws_launch(tw, key: tuple) -> Launcher:
         warps, extra = block_n // 16, dict(TWO=bm2 > 0)
     if ndec not in (1, 2) or depth < 2:
         raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
+    bits = tw.fmt["W_BITS"]
     consts = dict(
         BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
-        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(tw.fmt["W_BITS"])),
-        SIGNED=bool(tw.fmt["W_SIGNED"]), W8=tw.fmt["W_BITS"] == 8,
+        SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(bits)),
+        SIGNED=bool(tw.fmt["W_SIGNED"]), W8=bits == 8, W3=bits == 3, W2=bits == 2, ZP=bool(tw.fmt["ZP"]),
         HAS_BIAS=not no_bias, PANEL=FRAG_PANEL, DEPTH=depth, E2M1=tw.fmt["SCALE_KIND"] if tw.fmt["W_FLOAT"] else 0,
         HAS_GS=tw.global_scale is not None, ROW_SCALES=not no_xs, NDEC=ndec, num_warps=warps, **extra,
     )  # fmt: skip

@@ -30,7 +30,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from anybit.kernels.frag_layout import e2m1_pair_terms
+from anybit.kernels.frag_layout import HIGH1, LOW2, e2m1_pair_terms
+
+_LOW2 = gl.constexpr(LOW2)  # the 3-bit planes' masks (`frag_layout.pack_frag3`)
+_HIGH1 = gl.constexpr(HIGH1)
 
 
 def _pairs_scaled(bf16: bool, bias, width: int = 4, half: int = 0) -> str:
@@ -282,10 +285,10 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n
     """Block b's words of the tile (one 4 KB TMA copy per 64-row panel) and its scale row into `slot` of the word
     ring (nothing past the last block). TMA, not loads into registers: the decoder's proxy fence (MEMBAR.ALL.CTA +
     FENCE.VIEW.ASYNC) waits for every load the thread has in flight, so loads issued ahead were waited on once per
-    block anyway. W3 (3-bit codes, `frag_layout.pack_frag3`; the register-operand kernel): the block's low unit b // 2
-    and its high unit lo_units + b // 4 into the two halves of a panel's slot. ZP: its zero-point row(s) (the scale
-    rows' place in `z_desc`) into `zq`. W2 (2-bit codes, the register-operand kernel's 128-K blocks): block b's words
-    and scale rows are those of the layout's 256-K block b // 2 (fetched once for each of its halves)."""
+    block anyway. W3 (3-bit codes, `frag_layout.pack_frag3`): each panel's low unit b // 2 into the slot's first half
+    and its high unit lo_units + b // 4 into the second (`_words3`). ZP: its zero-point row(s) (the scale rows' place
+    in `z_desc`) into `zq`. W2 (2-bit codes in the register-operand kernel's 128-K blocks): block b's words and scale
+    rows are those of the layout's 256-K block b // 2 (fetched once for each of its halves)."""
     if W2:
         bw = b // 2
     else:
@@ -302,9 +305,9 @@ def _w_fetch(w_desc, s_desc, wq, sq, wq_bar, slot, w_row0, s_row0, p0, nb, off_n
         if W3:
             row = w_row0 + (p0 + q) * nb * 4
             tma.async_copy_global_to_shared(w_desc, [row + (bw // 2) * 4, 0], wq_bar.index(slot),
-                                            wq.index(slot).slice(8 * q, 4, dim=0), pred=p)
+                                            wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
             tma.async_copy_global_to_shared(w_desc, [row + (lo_units + bw // 4) * 4, 0], wq_bar.index(slot),
-                                            wq.index(slot).slice(8 * q + 4, 4, dim=0), pred=p)
+                                            wq.index(slot).slice(4 * (PANELS + q), 4, dim=0), pred=p)
         else:
             tma.async_copy_global_to_shared(w_desc, [w_row0 + ((p0 + q) * nb + bw) * 4, 0], wq_bar.index(slot),
                                             wq.index(slot).slice(4 * q, 4, dim=0), pred=p)
@@ -326,7 +329,8 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
                x_ptr, x_bufs, x_ready, rows_ptr, off_m, n_rows, num_rows, stride_xm, K,
                SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
                PANEL: gl.constexpr, GATHER: gl.constexpr, TOP_K: gl.constexpr, E2M1: gl.constexpr = 0, part=0,
-               NDEC: gl.constexpr = 1, W8: gl.constexpr = False):
+               NDEC: gl.constexpr = 1, W8: gl.constexpr = False, z_desc=None, zq=None, W3: gl.constexpr = False,
+               ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """Decodes 128-K blocks part, part + NDEC, ... of the weight tile, each as two 64-K slices into the w ring, its
     words and scales arriving by TMA into this partition's slots of a ring of their own (`_w_fetch`, depth - 1
     blocks ahead; slots part * depth on). NDEC partitions overlap one another's chain of latencies per block (the
@@ -335,8 +339,10 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
     n_rows and where the entry is padding (>= num_rows) — into the x ring, STAGES - 2 steps ahead of the weight
     slice. E2M1 (1: e4m3 scales, 2: ue8m0; 0: 4-bit integers): e2m1 words with a scale code a group
     (`_e2m1_block`). W8: 8-bit integer codes, whose 64-K blocks (the same 16 words a row) are one K step each
-    (`_decode_bytes`; not with GATHER)."""
-    gl.static_assert(not (W8 and GATHER), "8-bit codes in the dense kernels only")
+    (`_decode_bytes`; not with GATHER). W3, ZP, W2 (dense kernels only): 3-bit codes, integer zero points (their rows
+    by TMA from `z_desc` into `zq`), 2-bit codes — 256-K blocks of four K steps (`_int_block`)."""
+    gl.static_assert(not ((W8 or W3 or ZP or W2) and GATHER), "8-, 3-, 2-bit codes, zero points: dense kernels only")
+    lo_units = 2 * gl.cdiv(K, 512)  # W3: where a row's high units start (`frag_layout.frag3_low_units`)
     D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
     p0 = off_n // PANEL
@@ -354,16 +360,18 @@ def _w_decoder(w_desc, s_desc, wq, sq, wq_bar, w_row0, s_row0, nb, w_bufs, w_rea
             _x_ahead(x_ptr, x_bufs, x_ready, w_empty, src_off, xmask, cols, K, j, 2 * num_blocks, STAGES)
     for j in gl.static_range(D - 1):
         _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + j, w_row0, s_row0, p0, nb, off_n, j * NDEC + part, num_blocks,
-                 GB, SCALE_PER_BLOCK)
+                 GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP)
     for i in range(gl.cdiv(num_blocks - part, NDEC)):
         gl.thread_barrier()  # every thread has read slot (i - 1) % D: it takes this partition's block i + D - 1
         _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, w_row0, s_row0, p0, nb, off_n,
-                 (i + D - 1) * NDEC + part, num_blocks, GB, SCALE_PER_BLOCK)
+                 (i + D - 1) * NDEC + part, num_blocks, GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP)
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)
         if W8:  # one K step: the block's 64 K
             cur, sc = _row_words(wq.index(q), sq.index(q), ld)
             _put(_decode_bytes(cur, sc, SIGNED), w_bufs, w_ready, w_empty, i * NDEC + part, STAGES)
+        elif W3 or ZP or W2:
+            _int_block(wq, sq, zq, q, i * NDEC + part, w_bufs, w_ready, w_empty, ld, SIGNED, STAGES, W3, ZP, W2)
         else:
             k0 = 2 * (i * NDEC + part)  # this block's two K steps go to slots k0 % STAGES and (k0 + 1) % STAGES
             if E2M1:
@@ -455,6 +463,124 @@ def _decode_bytes(words, s, SIGNED: gl.constexpr):
     BN: gl.constexpr = words.shape[0]
     v = gl.reshape(_byte_values(words, s, SIGNED), [BN, 4, 4, 2, 2])  # (t, c, j, e)
     return gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, 64])  # (c, j, t, e)
+
+
+@gluon.jit
+def _words3(lo, hi, kb):
+    """A 128-K block's 4-bit words of 3-bit codes from its low and high units of the 3-bit planes
+    (`frag_layout.pack_frag3`; kb: the block's index in the whole K, whose parity picks the units' bits)."""
+    return ((lo >> (2 * (kb % 2))) & _LOW2) | (((hi >> (kb % 4)) & _HIGH1) << 2)
+
+
+@gluon.jit
+def _zero_offsets(z, DTYPE: gl.constexpr):
+    """uint8 zero points -> MAGIC + z in x's dtype (`_pairs_off`'s MAGIC; exact: an integer below 256 added to 128 or
+    1024)."""
+    return (z.to(gl.float32) + (128.0 if DTYPE == gl.bfloat16 else 1024.0)).to(DTYPE)
+
+
+@gluon.jit
+def _int_words(slot, kb, ld: gl.constexpr, W3: gl.constexpr):
+    """An integer block's words [BN, 16] in `ld` from its slot of the decoder's ring (W3: rebuilt from the slot's low
+    and high units, `_words3`)."""
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    ROWS: gl.constexpr = slot.type.shape[0] * 16  # rows of 16 words in the slot (W3: two units of BN)
+    units = slot._reinterpret(gl.int32, [ROWS, 16], flat2)
+    if W3:
+        words = _words3(units.slice(0, ROWS // 2, dim=0).load(ld), units.slice(ROWS // 2, ROWS // 2, dim=0).load(ld),
+                        kb)  # fmt: skip
+    else:
+        words = units.load(ld)
+    return words
+
+
+@gluon.jit
+def _row_vals(buf, row: gl.constexpr, words):
+    """Row `row` of a slot's per-row values [rows, BN] (scales, zero points), each beside each of the row's words
+    ([BN, 16] in their layout)."""
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BN: gl.constexpr = words.shape[0]
+    rows = buf._reinterpret(buf.dtype, [buf.type.shape[0] * BN], flat1)
+    v = rows.slice(row * BN, BN).load(gl.SliceLayout(1, words.type.layout))
+    v, _ = gl.broadcast(gl.expand_dims(v, 1), words)
+    return v
+
+
+@gluon.jit
+def _quarter(t, st: gl.constexpr):
+    """[BN, 16] per word of a 2-bit block (word 4t + st holds its 64-K step st) -> step st's [BN, 4 (t), 1]."""
+    q0, q1 = gl.split(gl.reshape(t, [t.shape[0], 4, 2, 2]))  # (t, h, q): st = 2h + q
+    if st % 2 == 0:
+        u = q0
+    else:
+        u = q1
+    h0, h1 = gl.split(u)
+    if st // 2 == 0:
+        r = h0
+    else:
+        r = h1
+    return gl.expand_dims(r, 2)
+
+
+@gluon.jit
+def _int_step(h, s, zo, SIGNED: gl.constexpr, W3: gl.constexpr, ZP: gl.constexpr, W2: gl.constexpr):
+    """64 K of integer words [BN, 4 (t), 2 (cl)] (W2: [BN, 4 (t), 1], `_pairs2`), each word's scale and (ZP) MAGIC +
+    zero point beside it -> [BN, 64] in x's dtype, natural K order."""
+    if W2:
+        r0, r1, r2, r3 = _pairs2(h, s, zo, SIGNED, ZP)
+    elif ZP:
+        r0, r1, r2, r3 = _pairs_zp(h, s, zo)
+    else:
+        r0, r1, r2, r3 = _pairs(h, s, s, SIGNED, 0, W3)
+    return _half_from_pairs(r0, r1, r2, r3, s.dtype)
+
+
+@gluon.jit
+def _stage(v, w_bufs, w_empty, j, STAGES: gl.constexpr):
+    """Step j's decoded slice into its slot once the slot is free (handed over by `_hand_over`)."""
+    mbarrier.wait(w_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+    w_bufs.index(j % STAGES).store(v)
+
+
+@gluon.jit
+def _hand_over(w_ready, j, STAGES: gl.constexpr):
+    """Steps j and j + 1, stored (`_stage`), to the MMA partition."""
+    fence_async_shared()  # the generic-proxy stores, before the wgmma (async proxy) reads them
+    mbarrier.arrive(w_ready.index(j % STAGES), count=1)
+    mbarrier.arrive(w_ready.index((j + 1) % STAGES), count=1)
+
+
+@gluon.jit
+def _int_block(wq, sq, zq, q, kb, w_bufs, w_ready, w_empty, ld: gl.constexpr, SIGNED: gl.constexpr,
+               STAGES: gl.constexpr, W3: gl.constexpr, ZP: gl.constexpr, W2: gl.constexpr):
+    """Integer block kb of the tile (3-bit codes, zero points, 2-bit codes: what `_w_decoder`'s 4-bit path does not
+    decode) from slot q of the decoder's ring -> its 64-K steps into the w ring, two at a time: a 128-K block's two
+    halves (`_halves`), or a 2-bit 256-K block's four steps (`_quarter`; 64-K groups: scale and zero-point row st of
+    the slot for step st)."""
+    cur = _int_words(wq.index(q), kb, ld, W3)
+    DTYPE: gl.constexpr = w_bufs.dtype
+    if W2:
+        SG: gl.constexpr = sq.type.shape[1]
+        for st in gl.static_range(4):  # (scale row st // (4 // SG): st in 64-K groups, else 0)
+            sc = _row_vals(sq.index(q), st // (4 // SG), cur)
+            zo = sc
+            if ZP:
+                zo = _zero_offsets(_row_vals(zq.index(q), st // (4 // SG), cur), DTYPE)
+            v = _int_step(_quarter(cur, st), _quarter(sc, st), _quarter(zo, st), SIGNED, W3, ZP, W2)
+            _stage(v, w_bufs, w_empty, 4 * kb + st, STAGES)
+            if st % 2 == 1:
+                _hand_over(w_ready, 4 * kb + st - 1, STAGES)
+    else:
+        sc = _row_vals(sq.index(q), 0, cur)
+        zo = sc
+        if ZP:
+            zo = _zero_offsets(_row_vals(zq.index(q), 0, cur), DTYPE)
+        h0, h1 = _halves(cur)
+        s0, s1 = _halves(sc)
+        z0, z1 = _halves(zo)
+        _stage(_int_step(h0, s0, z0, SIGNED, W3, ZP, W2), w_bufs, w_empty, 2 * kb, STAGES)
+        _stage(_int_step(h1, s1, z1, SIGNED, W3, ZP, W2), w_bufs, w_empty, 2 * kb + 1, STAGES)
+        _hand_over(w_ready, 2 * kb, STAGES)
 
 
 @gluon.jit
@@ -559,10 +685,12 @@ def _tile_origin(M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr
 
 @gluon.jit
 def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.constexpr, BN: gl.constexpr,
-           BK: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr):
+           BK: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr,
+           W3: gl.constexpr = False):
     """Both kernels' shared memory: the x and w rings (STAGES slots, x's barrier counting X_ARRIVALS: 1 for a TMA
     copy, every decoder thread for a gather), and the decoder's TMA ring of DEPTH blocks of the tile's words (4
-    rows of 256 words per 64-row panel) and scale rows (one a block; e2m1: one a group), one barrier per slot."""
+    rows of 256 words per 64-row panel; W3: twice, a low and a high unit) and scale rows (one a block; e2m1: one a
+    group; 2-bit codes in 64-K groups: four), one barrier per slot."""
     x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_layout)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
@@ -573,7 +701,7 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
         mbarrier.init(x_ready.index(i), count=X_ARRIVALS)
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=1)
-    wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 16, 256], w_desc.layout)
+    wq = gl.allocate_shared_memory(gl.int32, [DEPTH, BN // 8 if W3 else BN // 16, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [DEPTH, s_desc.block_type.shape[0], BN], s_desc.layout)
     wq_bar = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DEPTH):
@@ -584,33 +712,52 @@ def _rings(x_layout: gl.constexpr, dtype: gl.constexpr, w_desc, s_desc, BM: gl.c
 @gluon.jit
 def _dense_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
                    SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, STAGES: gl.constexpr,
-                   PANEL: gl.constexpr, E2M1: gl.constexpr, part, NDEC: gl.constexpr, W8: gl.constexpr):
+                   PANEL: gl.constexpr, E2M1: gl.constexpr, part, NDEC: gl.constexpr, W8: gl.constexpr, z_desc, zq,
+                   W3: gl.constexpr, ZP: gl.constexpr, W2: gl.constexpr):
     """`_w_decoder` of one weight (no x gather): decoder `part` of NDEC."""
     _w_decoder(w_desc, s_desc, wq, sq, wq_bar, 0, 0, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, w_bufs, w_bufs,
                w_ready, w_bufs, 0, 0, 0, 0, K, SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, False, 1, E2M1, part, NDEC,
-               W8)
+               W8, z_desc, zq, W3, ZP, W2)
 
 
 @gluon.jit
-def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+def _zero_ring(z_desc, sq, BN: gl.constexpr, DEPTH: gl.constexpr, ZP: gl.constexpr):
+    """The decoder's ring of zero-point rows (ZP; its rows as the scale ring's, each slot a multiple of 128 bytes: a
+    TMA copy's shared destination must be 128-byte aligned), or the scale ring standing in."""
+    if ZP:
+        SG: gl.constexpr = z_desc.block_type.shape[0]
+        zq = gl.allocate_shared_memory(gl.uint8, [DEPTH, max(SG, 128 // BN), BN], z_desc.layout)
+    else:
+        zq = sq
+    return zq
+
+
+@gluon.constexpr_function
+def _steps(W8, W2):
+    """K steps (64 K) a block of the layout: 1 for 8-bit codes, 4 for 2-bit ones (256 K), else 2."""
+    return 1 if W8 else (4 if W2 else 2)
+
+
+@gluon.jit
+def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym, z_desc,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                    DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
                    E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, NDEC: gl.constexpr,
-                   W8: gl.constexpr = False):
+                   W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
+                   W2: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "a K step is half a 128-K frag block (an 8-bit one: W8)")
+    gl.static_assert(BK == 64, "a K step is half a 128-K frag block (an 8-bit one: W8; a quarter of a 2-bit one: W2)")
+    gl.static_assert(not ((W2 or W3 or ZP) and (W8 or E2M1)), "2- or 3-bit codes and zero points: integer words")
     dtype: gl.constexpr = x_desc.dtype
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
 
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM, BN, BK,
-                                                                       STAGES, NDEC * DEPTH, 1)  # x by one TMA copy
-    if W8:  # 8-bit codes: a block of the layout is 64 K, one step
-        STEPS: gl.constexpr = 1
-    else:
-        STEPS: gl.constexpr = 2
+                                                                       STAGES, NDEC * DEPTH, 1, W3)  # x: one TMA copy
+    zq = _zero_ring(z_desc, sq, BN, NDEC * DEPTH, ZP)
+    STEPS: gl.constexpr = _steps(W8, W2)
     num_blocks = gl.cdiv(K, STEPS * BK)
     num_k = STEPS * num_blocks  # x past K is zero-filled by TMA, the frag codes there are 0
     # The partitions' argument tuples are written out in each branch: bound to a variable, a tuple loses its
@@ -620,16 +767,16 @@ def frag_ws_kernel(x_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N
             (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                 off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8, z_desc, zq, W3, ZP, W2)),
         ], [DQ_WARPS], [DQ_REGS])
     else:  # two decoders: even and odd blocks
         gl.warp_specialize([
             (_mma, (x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                 off_m, off_n, num_k, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS, ROW_SCALES)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8, z_desc, zq, W3, ZP, W2)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8, z_desc, zq, W3, ZP, W2)),
         ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on
 
@@ -706,11 +853,12 @@ def _mma_swap(x_desc, x2_desc, x_bufs, x2_bufs, w_bufs, x_ready, w_ready, w_empt
 
 @gluon.jit
 def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
-                        BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
+                        z_desc, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                         DQ_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                         SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, DEPTH: gl.constexpr,
                         E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
-                        TWO: gl.constexpr, NDEC: gl.constexpr, W8: gl.constexpr = False):
+                        TWO: gl.constexpr, NDEC: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False,
+                        ZP: gl.constexpr = False, W2: gl.constexpr = False):
     """`frag_ws_kernel` with the weight tile as the wgmma's A operand and x as its B (`_mma_loop_swap`): BN weight
     rows (64 a warpgroup of the default partition) by BM1 (+ BM2, TWO) tokens, x's TMA blocks — 192 tokens in one
     tile (128 + 64) where the row-major tiles take 256, and 64-row weight tiles for twice the CTAs."""
@@ -726,16 +874,14 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, w_bufs, x_ready, w_ready, w_empty, wq, sq, wq_bar = _rings(x_layout, dtype, w_desc, s_desc, BM1, BN, BK,
-                                                                       STAGES, NDEC * DEPTH, 1)
+                                                                       STAGES, NDEC * DEPTH, 1, W3)
+    zq = _zero_ring(z_desc, sq, BN, NDEC * DEPTH, ZP)
     x2_layout: gl.constexpr = x2_desc.layout
     if TWO:
         x2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM2, BK], x2_layout)
     else:
         x2_bufs = x_bufs
-    if W8:  # as in `frag_ws_kernel`
-        STEPS: gl.constexpr = 1
-    else:
-        STEPS: gl.constexpr = 2
+    STEPS: gl.constexpr = _steps(W8, W2)
     num_blocks = gl.cdiv(K, STEPS * BK)
     if NDEC == 1:  # the argument tuples written out in each branch, as in `frag_ws_kernel`
         gl.warp_specialize([
@@ -743,7 +889,7 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
                      y_ptr, M, N, stride_ym, off_m, off_n, STEPS * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 1, W8, z_desc, zq, W3, ZP, W2)),
         ], [DQ_WARPS], [DQ_REGS])
     else:  # two decoders: even and odd blocks
         gl.warp_specialize([
@@ -751,8 +897,8 @@ def frag_ws_swap_kernel(x_desc, x2_desc, w_desc, s_desc, xs_ptr, gs_ptr, bias_pt
                      y_ptr, M, N, stride_ym, off_m, off_n, STEPS * num_blocks, STAGES, HAS_BIAS, _pow2(E2M1), HAS_GS,
                      ROW_SCALES, TWO)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 0, 2, W8, z_desc, zq, W3, ZP, W2)),
             (_dense_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, w_ready, w_empty, off_n, num_blocks, K,
-                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8)),
+                              SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, E2M1, 1, 2, W8, z_desc, zq, W3, ZP, W2)),
         ], [DQ_WARPS, DQ_WARPS], [DQ_REGS, DQ_REGS])
 # fmt: on

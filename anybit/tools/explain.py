@@ -41,7 +41,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         int4_codes_scheme,
     )
     from anybit.kernels.frag import two_parts
-    from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_kernel_scheme_why_not, rs_scheme_why_not
+    from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_kernel_scheme_why_not, rs_scheme_why_not, ws_int_why_not
     from anybit.kernels.frag_ws import frag_ws_scheme_why_not
     from anybit.kernels.gemm import GemmConfig
     from anybit.tuning.cache import problem_key
@@ -72,9 +72,14 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     rs_why = rs_kernel_scheme_why_not(scheme, k, n, dtype, device) if rs and cuda else None
     rs_runs = rs and cuda and rs_why is None
     ws_why = frag_ws_scheme_why_not(scheme, k, dtype, device, n) if frag else None
+    if frag and ws_why is not None and rs_runs:  # the warp-specialised kernel's row-major tiles may take these
+        ws_why = ws_int_why_not(scheme, k, n, dtype, device)
+        plain = ws_why is None
+    else:
+        plain = False
     small_rs = frag and rs_runs and RS_SMALL_MIN_M < m <= FRAG_MAX_M and not a8_mma(scheme)
     if small_rs:  # at these rows a register-operand tile or None
-        t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws_why is None)
+        t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=ws_why is None and not plain, plain=plain)
         if t is not None:
             return _rs_plan(via, scheme, t, dtype)
     if frag and m > FRAG_MAX_M and not a8_mma(scheme) and not frag_mid(scheme, m, n, k, dtype, device):
@@ -82,7 +87,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         why = ws_why if m <= limit else f"M > ANYBIT_FRAG_WS_MAX_M={limit}"
         t = None
         if m <= limit and (why is None or rs_runs):
-            t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=why is None)
+            t = ws_route_tile(m, n, k, _sm_count(device), bits, ws=why is None and not plain, plain=plain)
         if why is None and t is None:
             why = ("its CTAs would leave the last wave of SMs thin here (the kernel is not persistent), and a single "
                    "partial wave pays only from N >= 8192")  # fmt: skip
@@ -94,9 +99,11 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
             mma = ("the weight tile as the wgmma's A operand and x's tokens as its N (swapped), "
                    f"{t['block_n'] // 64} MMA warpgroup(s)" if t.get("swap") else "two MMA warpgroups")  # fmt: skip
             dec = "two decoder partitions (alternate 128-K blocks)" if t.get("ndec") == 2 else "decoder warps"
+            notes = "".join(f"; {note}" for note in _int_notes(scheme, dtype, "each 256-K block of 2-bit codes four "
+                                                                "64-K steps"))  # fmt: skip
             return (f"{via}{scheme.weight_bits}-bit fragment layout, {FRAG_MAX_M} < M <= {limit}: warp-specialised "
                     f"Gluon kernel ({dec} write W per 64-K step into shared memory, {mma}), tile "
-                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}")  # fmt: skip
+                    f"{t['block_m']}x{t['block_n']}x64, {t['stages']} stages{fold}{rowwise}{notes}")  # fmt: skip
         rs_note = f"; register-operand kernel not used: {rs_why}" if rs_why and m <= limit else ""
         return (f"{via}{scheme.weight_bits}-bit fragment layout, M > {FRAG_MAX_M}: one-pass Triton dequantize, then "
                 f"cuBLAS (warp-specialised kernel not used: {why}{rs_note}){rowwise}")  # fmt: skip
@@ -152,6 +159,23 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     )
 
 
+def _int_notes(scheme: Scheme, dtype: torch.dtype, two_bit: str) -> list[str]:
+    """What is particular to an integer weight in the Gluon kernels' decode (3-bit planes, 2-bit blocks as `two_bit`
+    says, zero points, scales of the other 16-bit type)."""
+    notes = []
+    if scheme.weight.bits == 3:
+        notes.append("each 128-K block's 4-bit words rebuilt from a 2-bit and a 1-bit plane")
+    if scheme.weight.bits == 2:
+        notes.append(two_bit)
+    if scheme.zero_point is ZeroPoint.INT:
+        notes.append("zero points subtracted in the decode, exact")
+    sdt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
+    if not scheme.weight.is_float and sdt is not None and sdt != dtype:
+        notes.append(f"{scheme.scale_dtype.name} scales rounded to {str(dtype).removeprefix('torch.')} once (the "
+                     "decode multiplies in x's dtype: within one ulp instead of half)")  # fmt: skip
+    return notes
+
+
 def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`; `rs_parts`' two launches, each its own)."""
     from anybit.kernels.frag_rs import rs_block_k
@@ -161,17 +185,7 @@ def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
         return (f"two launches (its last token tile would overfill a wave): rows 0-{head - 1}: "
                 f"{_rs_plan(via, scheme, first, dtype)}; the other {rest}: "
                 f"{_rs_plan('', scheme, second, dtype)}")  # fmt: skip
-    bits, notes = scheme.weight.bits, []
-    if bits == 3:
-        notes.append("each 128-K block's 4-bit words rebuilt from a 2-bit and a 1-bit plane")
-    if bits == 2:
-        notes.append("each half of a 256-K block of 2-bit codes a block")
-    if scheme.zero_point is ZeroPoint.INT:
-        notes.append("zero points subtracted in the decode, exact")
-    sdt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(scheme.scale_dtype.name)
-    if not scheme.weight.is_float and sdt is not None and sdt != dtype:
-        notes.append(f"{scheme.scale_dtype.name} scales rounded to {str(dtype).removeprefix('torch.')} once (the "
-                     "decode multiplies in x's dtype: within one ulp instead of half)")  # fmt: skip
+    bits, notes = scheme.weight.bits, _int_notes(scheme, dtype, "each half of a 256-K block of 2-bit codes a block")
     if t.get("split_k", 1) > 1:
         notes.insert(0, f"K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)")
     block_k = rs_block_k(bits)

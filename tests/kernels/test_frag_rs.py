@@ -391,7 +391,7 @@ def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, 
     tw.n, tw.k = n, k  # (the route reads the shape only)
     tw.ws_ok.clear()
     tile = triton_backend.TritonBackend._ws_tile(x, tw)
-    assert tw.ws_ok[torch.bfloat16] == (False, True)
+    assert tw.ws_ok[torch.bfloat16] == (False, True, False)  # (frag_rs.WS_INT off)
     assert bool(tile and tile.get("rs")) == (plan != "dequantize")
     got = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert plan in got, got

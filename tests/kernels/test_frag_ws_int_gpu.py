@@ -1,0 +1,73 @@
+"""The warp-specialised Gluon kernel's row-major tiles on the integer weights only the register-operand kernel took
+before (`frag_rs.ws_int_why_not`: zero points, 3- and 2-bit codes, scales of the other 16-bit type) on a Hopper GPU:
+against float64 products of `dequantize()`, awkward shapes, bias, NaN-poisoned outputs, bit-equal relaunches; the
+route (`ws_route_tile`, plain) above the register-operand kernel's rows, under a CUDA graph too."""
+
+import pytest
+import torch
+
+from anybit.formats.scheme import ScaleKind, Scheme
+from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
+from tests.kernels.test_frag_rs_gpu import ONLY_RS, _only_rs_case
+from tests.kernels.test_frag_ws_gpu import SM90_GPU, random_case
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = SM90_GPU
+
+
+@pytest.fixture
+def ws_int(monkeypatch):
+    """The route's switches for these weights on (off by default until these tests have passed on a GPU)."""
+    import anybit.kernels.frag_rs as frag_rs
+
+    monkeypatch.setattr(frag_rs, "RS_W2", True)
+    monkeypatch.setattr(frag_rs, "WS_INT", True)
+
+
+@pytest.mark.parametrize("text, dtype", ONLY_RS)
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (257, 1008, 2944), (600, 4160, 1664), (130, 1040, 128)])
+@pytest.mark.parametrize("tile", [dict(block_m=256), dict(block_m=128, stages=6), dict(block_m=256, ndec=2)],
+                         ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
+def test_matches_the_exact_product(ws_int, text, dtype, m, n, k, tile):
+    """Zero points (2 to 4 bits), 3-bit codes rebuilt from their planes (every block parity, K off the 512-K unit),
+    2-bit codes (four 64-K steps a 256-K block, 64-K groups, K=128: half a block), scales of the other 16-bit type
+    — two decoders on alternate blocks too."""
+    g = Scheme.parse(text).granularity
+    if g.kind is ScaleKind.GROUP and k % g.k:
+        pytest.skip(f"K={k} is not a multiple of the group {g.k}")
+    x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
+    bits = tw.fmt["W_BITS"]
+    t = dict(ws_tile(1024, 8192, bits=bits)) | tile
+    if tile.get("ndec") == 2:
+        t |= dict(stages=3, depth=2, dq_regs=80)
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_ws(x, tw, b, out=out, **t)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_ws(x, tw, b, **t))  # relaunch: the same bits
+
+
+@pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16"])
+@pytest.mark.parametrize("m, n, k", [(512, 8192, 4096), (1024, 4096, 4096), (768, 5632, 2048)])
+def test_route_sends_them_here(ws_int, text, m, n, k):
+    """anybit.gemm of these weights above the register-operand kernel's rows: the warp-specialised kernel's row-major
+    tile (`ws_route_tile`, plain), its bits, the exact product; under a CUDA graph too."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.backends.triton import ws_route_tile
+
+    x, qw = random_case(text, m, n, k, seed=m)
+    p = prepare(qw, backend="triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tile = ws_route_tile(m, n, k, sms, qw.scheme.weight.bits, ws=False, plain=True)
+    assert tile is not None and not tile.get("rs") and not tile.get("swap")
+    backend = get_backend("triton")
+    y = backend.gemm(x, p)
+    assert p.data.ws_ok[torch.bfloat16] == (False, True, True)
+    assert torch.equal(y, gemm_frag_ws(x, p.data, **tile))
+    assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = backend.gemm(x, p)
+    g.replay()
+    assert torch.equal(yg, y)
