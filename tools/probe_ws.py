@@ -27,7 +27,7 @@ from anybit.backends.base import Prepared  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
-from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m  # noqa: E402
+from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m, ws_int_why_not  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -57,6 +57,8 @@ def main() -> int:
             ws_list.append(w)
         tws = [to_triton_layout(qw, allow_frag3=True) for qw in qws]  # (as the dense backend lays them out)
         ws_why = frag_ws_weight_why_not(tws[0], torch.bfloat16, dev)
+        if ws_why:  # (zero points, 2/3-bit codes, other-dtype scales: its row-major tiles where `WS_INT` is on)
+            ws_why = ws_int_why_not(scheme, k, n, torch.bfloat16, dev) and ws_why
         rs_why = frag_rs_why_not(tws[0], torch.bfloat16, dev)  # (zero points, 3-bit codes: this kernel alone)
         if ws_why or rs_why:  # the other cells still run
             errors[shape] = f"warp-specialised: {ws_why}; register-operand: {rs_why}"
@@ -89,7 +91,8 @@ def main() -> int:
                 if tile.get("rs"):  # the experimental register-operand kernel (`frag_rs`): its own options only
                     fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
                 else:
-                    fn, t = gemm_frag_ws, (ws_tile(m, n) or ws_tile(1024, 8192)) | tile  # even where auto says no
+                    bits = scheme.weight.bits  # (even where auto says no)
+                    fn, t = gemm_frag_ws, (ws_tile(m, n, bits=bits) or ws_tile(1024, 8192, bits=bits)) | tile
                 if t.get("swap") and not t.get("block_m"):  # 0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
                 if tile.get("rs") and not t.get("block_m"):  # 0: the kernel's token tile (`rs_block_m`)
