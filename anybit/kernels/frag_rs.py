@@ -35,11 +35,10 @@ from anybit.kernels.launch import Launcher
 # 2-bit integers (`W2`: each half of the layout's 256-K block a block of the kernel, its 64-K words decoded straight
 # into the 4-bit words' pairs, `frag_ws_kernel._pairs2`)
 RS_BITS = (2, 3, 4, 8)
-# 2-bit codes here: built and compile-checked (sm_90a, session 34: uint2 g64 + zero points 3.38-3.53 instr/weight, 168
-# registers, no spill, HAZARD 0) and their index math tested on the CPU, but not yet run on a GPU (no device time was
-# left) — off until tests/kernels/test_frag_rs_gpu.py, which turns it on, passes them; the route keeps the frag
-# kernel's decode tiles and dequantize + cuBLAS meanwhile (ANYBIT_RS_W2=1 turns it on for a whole process: a bench run)
-RS_W2 = os.environ.get("ANYBIT_RS_W2") == "1"
+# 2-bit codes here (session 34; GPU-run session 35: tests/kernels/test_frag_rs_gpu.py, and H200 graphs 8192^2 M=128
+# 100.1 -> 29.7 µs, 28672x8192 M=128 323.9 -> 120.9 against the frag kernel's decode tiles / dequantize + cuBLAS);
+# ANYBIT_RS_W2=0 turns them off
+RS_W2 = os.environ.get("ANYBIT_RS_W2", "1") == "1"
 
 
 def rs_scheme_why_not(scheme) -> str | None:
@@ -69,7 +68,7 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
     if x_dtype not in (torch.bfloat16, torch.float16):
         return f"bf16/fp16 activations only, got {x_dtype}"
     if w.bits == 2 and not RS_W2:
-        return "2-bit codes: built, not yet run on a GPU (frag_rs.RS_W2 off)"
+        return "2-bit codes: switched off (ANYBIT_RS_W2=0, frag_rs.RS_W2)"
     zp = scheme.zero_point
     if zp is ZeroPoint.FLOAT or (zp is ZeroPoint.INT and w.bits == 8):
         return f"integer zero points of 2- to 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"
@@ -94,10 +93,13 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
 
 # The warp-specialised kernel's row-major tiles (`gemm_frag_ws`) on the integer weights `rs_int_why_not` adds to
 # its own (`frag_ws_weight_why_not`): zero points, 3- and 2-bit codes, scales of the other 16-bit type — decoded by
-# `frag_ws_kernel._int_block` from the pieces this kernel's decode uses. Built and compile-checked (session 35: sm_90a
-# 168 registers, no spill; SASS of the existing formats unchanged); off until a GPU has run them (ANYBIT_WS_INT=1 turns
-# it on for a whole process)
-WS_INT = os.environ.get("ANYBIT_WS_INT") == "1"
+# `frag_ws_kernel._int_block` from the pieces this kernel's decode uses (session 35; sm_90a 168 registers, no spill;
+# GPU-run: tests/kernels/test_frag_ws_int_gpu.py). H200 eager µs (tools/probe_ws.py), dequantize + cuBLAS -> its
+# default tile (Humming): uint4 g128 + zero points 8192^2 M=512 135.8 -> 109.7 (113.9), M=1024 249.5 -> 225.4
+# (222.0), 28672x8192 M=512 500.4 -> 416.4 (339.0), M=1024 862.9 -> 779.8 (712.5); w3a16 8192^2 M=512 133.0 ->
+# 120.6 (112.3), M=1024 239.1 -> 243.4 (214.8), 28672x8192 M=512 484.5 -> 461.2, M=1024 838.0 -> 829.6 (the 3-bit
+# decode with zero points is the bottleneck at 1024 rows: a draw). ANYBIT_WS_INT=0 turns it off
+WS_INT = os.environ.get("ANYBIT_WS_INT", "1") == "1"
 
 
 def ws_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
@@ -105,7 +107,7 @@ def ws_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
     ran before (`rs_int_why_not`'s, in the fragment layout), else why not. (Its swapped tiles keep the weights
     `frag_ws_weight_why_not` takes; below `RS_ONLY_MAX_M` rows this kernel keeps these.)"""
     if not WS_INT:
-        return "zero points, 2/3-bit codes, other-dtype scales: built, not yet run on a GPU (frag_rs.WS_INT off)"
+        return "zero points, 2/3-bit codes, other-dtype scales: switched off (ANYBIT_WS_INT=0, frag_rs.WS_INT)"
     if scheme.weight.is_float:
         return "integer weights only"
     return rs_int_why_not(scheme, k, n, x_dtype, device)

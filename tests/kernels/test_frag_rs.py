@@ -335,7 +335,7 @@ def test_decode_offsets_are_the_magic_plus_the_code_bias():
 def test_integer_weights_the_kernel_decodes(monkeypatch, text, why):
     """`rs_int_why_not`: zero points (integer, 2 to 4 bits), 2- and 3-bit codes and scales of either 16-bit type —
     beyond the warp-specialised kernel's weights; the GPU is asked last (here: the CPU's reason). (2-bit codes with
-    `RS_W2` on; off by default until a GPU has run them.)"""
+    `RS_W2` on, as by default.)"""
     import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_int_why_not
@@ -371,19 +371,22 @@ def test_three_bit_tiles_take_the_four_bit_rule():
 
 @pytest.mark.parametrize("text", ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16"])
 @pytest.mark.parametrize("m, n, k, plan", [(96, 8192, 8192, "register-operand"), (160, 4096, 14336, "K split 2"),
-                                           (64, 8192, 8192, "register-operand"), (1024, 8192, 8192, "dequantize"),
-                                           (256, 28672, 8192, "register-operand"), (512, 8192, 8192, "dequantize"),
+                                           (64, 8192, 8192, "register-operand"),
+                                           (1024, 8192, 8192, "warp-specialised"),
+                                           (256, 28672, 8192, "register-operand"),
+                                           (512, 8192, 8192, "warp-specialised"),
+                                           (640, 4096, 4096, "dequantize"),
                                            (200, 8192, 28672, "register-operand")])  # fmt: skip
-def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, monkeypatch, text, m, n, k, plan):
+def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, text, m, n, k, plan):
     """Zero points, 3-bit codes and scales of the other 16-bit type on a faked Hopper: the register-operand kernel
-    where `rs_tile` takes the call, else dequantize + cuBLAS (the warp-specialised kernel does not run them) — the
-    backend's tile and `anybit explain` agree."""
+    where `rs_tile` takes the call (its route up to 256 rows, `rs_only_tile`), above that the warp-specialised
+    kernel's row-major tiles (`ws_int_why_not`; never its swapped ones), else dequantize + cuBLAS (640 rows of
+    4096 x 4096: its 256-row tiles would leave the last wave thin) — the backend's tile and `anybit explain`
+    agree."""
     import anybit.backends.triton as triton_backend
-    import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.tools.explain import triton_plan
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (2-bit codes: off by default until a GPU has run them)
     qw = quantize(torch.randn(64, 512) * 0.05, text)
     tw = to_triton_layout(qw, allow_frag3=True)
     assert frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda")) is None
@@ -391,13 +394,16 @@ def test_weights_only_the_register_operand_kernel_runs_route_there(fake_hopper, 
     tw.n, tw.k = n, k  # (the route reads the shape only)
     tw.ws_ok.clear()
     tile = triton_backend.TritonBackend._ws_tile(x, tw)
-    assert tw.ws_ok[torch.bfloat16] == (False, True, False)  # (frag_rs.WS_INT off)
-    assert bool(tile and tile.get("rs")) == (plan != "dequantize")
+    assert tw.ws_ok[torch.bfloat16] == (False, True, True)
+    assert bool(tile and tile.get("rs")) == (plan in ("register-operand", "K split 2"))
+    assert bool(tile and not tile.get("rs")) == (plan == "warp-specialised")
+    assert not (tile and tile.get("swap"))
     got = triton_plan(Scheme.parse(text), m, n, k, torch.device("cuda"), torch.bfloat16)
     assert plan in got, got
     if plan != "dequantize":  # what is particular to the weight, said
         notes = {"w3a16": "1-bit plane", "w4a16:uint4:g128:bf16:zp-int": "zero points subtracted"}
-        notes |= {"w4a16:int4:g128:fp16": "fp16 scales rounded to bfloat16", "w2a16": "half of a 256-K block"}
+        two = "four 64-K steps" if plan == "warp-specialised" else "half of a 256-K block"
+        notes |= {"w4a16:int4:g128:fp16": "fp16 scales rounded to bfloat16", "w2a16": two}
         assert notes[text] in got, got
 
 
@@ -434,12 +440,15 @@ def test_two_bit_halves_decode_to_the_four_bit_pairs():
             assert torch.equal(c, codes[:, 128 * b + 64 * q : 128 * b + 64 * (q + 1)].to(torch.int64))
 
 
-def test_two_bit_codes_stay_off_the_route_until_a_gpu_has_run_them(fake_hopper):
-    """`RS_W2` off (session 34: built and compile-checked, no device time left to run them): the route keeps W2A16 on
-    the frag kernel's decode tiles and dequantize + cuBLAS, and says why."""
+def test_two_bit_codes_switched_off_stay_off_the_route(fake_hopper, monkeypatch):
+    """`RS_W2` off (ANYBIT_RS_W2=0): the route keeps W2A16 on the frag kernel's decode tiles and dequantize + cuBLAS,
+    and says why."""
     import anybit.backends.triton as triton_backend
+    import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_int_why_not
+
+    monkeypatch.setattr(frag_rs, "RS_W2", False)
 
     assert "RS_W2" in rs_int_why_not(Scheme.parse("w2a16"), 4096, 4096, torch.bfloat16, torch.device("cuda"))
     tw = to_triton_layout(quantize(torch.randn(64, 512) * 0.05, "w2a16"))
@@ -495,7 +504,7 @@ def _run_pairs_ptx(text: str, word: int, s: float, zo: float | None, dtype: torc
 def test_decode_ptx_gives_each_pair_code_less_bias_times_scale(dtype, width, bias):
     """The packed decode's PTX, run instruction by instruction on the CPU: pair j of a 4-bit word is nibbles j and
     j + 4; of a 2-bit word's half l, fields j + 4l and j + 4l + 8 (`frag_layout._frag_order`) — each (code - bias or
-    zero point) * s rounded once to x's dtype (the 2-bit and zero-point forms have not run on a GPU yet: `RS_W2`)."""
+    zero point) * s rounded once to x's dtype (as the GPU runs give them: tests/kernels/test_frag_*_gpu.py)."""
     from anybit.kernels.frag_ws_kernel import _ASM
 
     g = torch.Generator().manual_seed(width * 7 + (bias if isinstance(bias, int) else 3))

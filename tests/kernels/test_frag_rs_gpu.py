@@ -256,7 +256,7 @@ def test_zero_points_and_three_bit_codes(monkeypatch, text, dtype, m, n, k, tile
     against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
     import anybit.kernels.frag_rs as frag_rs
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (off by default until this test has passed them on a GPU)
+    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (as by default; ANYBIT_RS_W2=0 turns it off)
     g = Scheme.parse(text).granularity
     if g.kind is ScaleKind.GROUP and k % g.k:
         pytest.skip(f"K={k} is not a multiple of the group {g.k}")
@@ -281,7 +281,7 @@ def test_route_sends_them_here(monkeypatch, text, m, n, k):
     from anybit.backends import get_backend
     from anybit.backends.triton import ws_route_tile
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (off by default until this test has passed them on a GPU)
+    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (as by default; ANYBIT_RS_W2=0 turns it off)
     x, qw = random_case(text, m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -17,7 +17,7 @@ pytestmark = SM90_GPU
 
 @pytest.fixture
 def ws_int(monkeypatch):
-    """The route's switches for these weights on (off by default until these tests have passed on a GPU)."""
+    """The route's switches for these weights on (as by default; ANYBIT_RS_W2=0 / ANYBIT_WS_INT=0 turn them off)."""
     import anybit.kernels.frag_rs as frag_rs
 
     monkeypatch.setattr(frag_rs, "RS_W2", True)
