@@ -24,22 +24,39 @@ def ws_int(monkeypatch):
     monkeypatch.setattr(frag_rs, "WS_INT", True)
 
 
+# (M, N, K): M off both token tiles, N off the 128-row tile, K off the 512-K unit of the 3-bit planes (every block
+# parity) and a single 128-K block (half of a 2-bit one). One specialisation of the kernel's integer arguments for all
+# three (a Gluon compile takes seconds: one a format and tile)
+SHAPES = [(257, 1008, 2944), (600, 4160, 1664), (130, 1040, 128)]
+NDEC_FORMATS = ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16:uint2:g64:fp16:zp-int"]
+
+
 @pytest.mark.parametrize("text, dtype", ONLY_RS)
-@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (257, 1008, 2944), (600, 4160, 1664), (130, 1040, 128)])
-@pytest.mark.parametrize("tile", [dict(block_m=256), dict(block_m=128, stages=6), dict(block_m=256, ndec=2)],
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("tile", [dict(block_m=256), dict(block_m=128, stages=6)],
                          ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
 def test_matches_the_exact_product(ws_int, text, dtype, m, n, k, tile):
-    """Zero points (2 to 4 bits), 3-bit codes rebuilt from their planes (every block parity, K off the 512-K unit),
-    2-bit codes (four 64-K steps a 256-K block, 64-K groups, K=128: half a block), scales of the other 16-bit type
-    — two decoders on alternate blocks too."""
+    """Zero points (2 to 4 bits), 3-bit codes rebuilt from their planes, 2-bit codes (four 64-K steps a 256-K block,
+    64-K groups), scales of the other 16-bit type."""
+    _check(text, dtype, m, n, k, tile)
+
+
+@pytest.mark.parametrize("text", NDEC_FORMATS)
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_two_decoders_match_the_exact_product(ws_int, text, m, n, k):
+    """Two decoder partitions on alternate blocks (3 stages, 2 blocks of words each)."""
+    dtype = torch.float16 if ":fp16:zp" in text else torch.bfloat16
+    _check(text, dtype, m, n, k, dict(block_m=256, ndec=2, stages=3, depth=2, dq_regs=80))
+
+
+def _check(text, dtype, m, n, k, tile):
+    """One direct launch with bias into a NaN-poisoned output against the float64 product, relaunched bit for bit."""
     g = Scheme.parse(text).granularity
     if g.kind is ScaleKind.GROUP and k % g.k:
         pytest.skip(f"K={k} is not a multiple of the group {g.k}")
     x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
     bits = tw.fmt["W_BITS"]
     t = dict(ws_tile(1024, 8192, bits=bits)) | tile
-    if tile.get("ndec") == 2:
-        t |= dict(stages=3, depth=2, dq_regs=80)
     b = torch.randn(n, device="cuda").to(dtype)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     y = gemm_frag_ws(x, tw, b, out=out, **t)
