@@ -202,8 +202,9 @@ def check_ws(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     """The warp-specialised large-M Gluon kernel (`anybit.kernels.frag_ws`) on a frag weight."""
     from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
 
-    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
-    tile = (ws_tile(m, n) or ws_tile(1024, 8192)) | (tiles or {})
+    tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt), allow_frag3=True)  # (as the dense backend)
+    bits = tw.fmt["W_BITS"]
+    tile = (ws_tile(m, n, bits=bits) or ws_tile(1024, 8192, bits=bits)) | (tiles or {})
     _compiled.clear()
     gemm_frag_ws(torch.randn(m, k, dtype=dtype), tw, **tile)
     return _report(f"ws {fmt:25s} M={m:<4d}", _compiled[-1], 64, tile["block_n"], tile["dq_warps"], cuobjdump,
