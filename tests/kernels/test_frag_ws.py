@@ -247,3 +247,56 @@ def test_x_descriptors_are_the_checked_ones_with_x_put_in(dtype):
     misaligned = torch.empty(13 * 512 + 1, dtype=dtype)[1:].view(13, 512)
     with pytest.raises(AssertionError, match="16-byte aligned"):
         x_desc(misaligned, 64)
+
+
+def _half_from_pairs_like_the_kernel(pairs: list) -> torch.Tensor:
+    """`_half_from_pairs`: pair j of each word [R, 4 (t), 2 (cl)] -> the half's codes [R, 64] in K order."""
+    r = pairs[0].shape[0]
+    rr = torch.stack([torch.stack([pairs[0], pairs[2]], -1), torch.stack([pairs[1], pairs[3]], -1)], -1)
+    v = torch.stack([rr & 0xFFFF, rr >> 16], -1).reshape(r, 4, 2, 4, 2)  # (t, cl, j, e)
+    return v.permute(0, 2, 3, 1, 4).reshape(r, 64)
+
+
+def test_two_bit_steps_decode_in_k_order():
+    """2-bit codes on the decoder (`_int_block`, W2): a 256-K block of the layout is four K steps; step st is word
+    4t + st of each row (`_quarter`), whose pairs (j, l) at shifts 2j + 8l (`_pairs2`) are the half's pairs j of word
+    cl = l (`_half_from_pairs`): codes 64 st .. 64 st + 63 of the block."""
+    n, k = FRAG_PANEL, 768
+    codes = torch.randint(0, 4, (n, k), dtype=torch.uint8)
+    words = from_panels(pack_frag(codes, bits=2), n, FRAG_PANEL).to(torch.int64) & 0xFFFFFFFF
+    for b in range(k // 256):
+        cur = words[:, 16 * b : 16 * (b + 1)]  # [R, 16] as the decoder loads it
+        q0, q1 = cur.reshape(n, 4, 2, 2).unbind(-1)  # (t, h, q): gl.split of the last dim
+        for st in range(4):
+            w = (q0, q1)[st % 2].unbind(-1)[st // 2].unsqueeze(-1)  # [R, 4 (t), 1]
+            pairs = [torch.stack([(w >> (2 * j + 8 * lo)) & 0x00030003 for lo in (0, 1)], -1).reshape(n, 4, 2)
+                     for j in range(4)]  # fmt: skip
+            got = _half_from_pairs_like_the_kernel(pairs)
+            assert torch.equal(got, codes[:, 256 * b + 64 * st : 256 * b + 64 * (st + 1)].to(torch.int64))
+
+
+def test_three_bit_units_in_the_decoders_slot():
+    """3-bit codes on the decoder (W3): `_w_fetch` puts each 64-row panel's low unit b // 2 into the slot's first half
+    and its high unit lo_units + b // 4 into the second, so the slot read as [2 BN, 16] holds the tile's low units
+    then its high units row by row; `_words3` (b's parity) rebuilds the 4-bit words, which decode to block b."""
+    from anybit.kernels.frag_layout import HIGH1, LOW2, frag3_low_units, pack_frag3
+
+    bn, k = 2 * FRAG_PANEL, 1664  # two panels; K off the 512-K unit (the last unit half used)
+    codes = torch.randint(0, 8, (bn, k), dtype=torch.uint8)
+    packed = pack_frag3(codes)
+    nb = packed.shape[-1] // 16  # units a row
+    rows = packed.to(torch.int64).reshape(-1, 256) & 0xFFFFFFFF  # the TMA descriptor's rows of 256 words
+    lo_units = frag3_low_units(k)
+    for b in range(-(-k // 128)):
+        slot = torch.zeros(2 * bn // 16, 256, dtype=torch.int64)  # [BN // 8, 256] words
+        panels = bn // FRAG_PANEL
+        for q in range(panels):
+            low, high = (q * nb + b // 2) * 4, (q * nb + lo_units + b // 4) * 4  # the units' first rows
+            slot[4 * q : 4 * q + 4] = rows[low : low + 4]
+            slot[4 * (panels + q) : 4 * (panels + q) + 4] = rows[high : high + 4]
+        units = slot.reshape(2 * bn, 16)
+        lo, hi = units[:bn], units[bn:]
+        words = ((lo >> (2 * (b % 2))) & LOW2) | (((hi >> (b % 4)) & HIGH1) << 2)
+        for h in range(2):
+            want = codes[:, 128 * b + 64 * h : min(k, 128 * b + 64 * (h + 1))].to(torch.int64)
+            assert torch.equal(_decode_half_like_the_kernel(words, h)[:, : want.shape[1]], want)
