@@ -86,6 +86,17 @@ class Settings:
     frag_rs_parts: bool
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
+    rs_w2: bool
+    """ANYBIT_RS_W2 (default 1; 0 turns it off), with `frag_rs`: 2-bit integer codes on the register-operand kernel
+    (`frag_rs.rs_int_why_not`; off: the frag kernel's decode tiles and dequantize + cuBLAS at 65-256 rows). H200 graphs,
+    W2A16 (uint2 g64 + zero points): 8192^2 M=128 100.1 -> 29.7 µs, 28672x8192 M=128 323.9 -> 120.9; read when a
+    prepared weight first sees a dtype."""
+    ws_int: bool
+    """ANYBIT_WS_INT (default 1; 0 turns it off), Hopper: integer weights with zero points, 2- or 3-bit codes or scales
+    of the other 16-bit type run on the warp-specialised kernel's row-major tiles above the register-operand kernel's
+    rows, up to `frag_ws_max_m` (`frag_rs.ws_int_why_not`; off: dequantize + cuBLAS). H200 eager, uint4 g128 + zero
+    points: 8192^2 M=512 135.8 -> 109.7 µs, 28672x8192 M=1024 862.9 -> 779.8; read when a prepared weight first sees a
+    dtype."""
     e2m1_a8: bool
     """ANYBIT_E2M1_A8 (default 1; 0 turns it off), read when a weight is prepared: MXFP4 weights under e4m3 x per
     token whose rows span at most 11 binades of scale (`e2m1_row_scales`) are packed for the FP8 MMA and decoded to
@@ -205,6 +216,16 @@ def frag_rs_parts() -> bool:
     return _level("ANYBIT_FRAG_RS_PARTS", 1, (0, 1)) == 1
 
 
+def rs_w2() -> bool:
+    """ANYBIT_RS_W2 alone (see `Settings.rs_w2`)."""
+    return _level("ANYBIT_RS_W2", 1, (0, 1)) == 1
+
+
+def ws_int() -> bool:
+    """ANYBIT_WS_INT alone (see `Settings.ws_int`)."""
+    return _level("ANYBIT_WS_INT", 1, (0, 1)) == 1
+
+
 def e2m1_a8() -> bool:
     """ANYBIT_E2M1_A8 alone (see `Settings.e2m1_a8`)."""
     return _level("ANYBIT_E2M1_A8", 1, (0, 1)) == 1
@@ -229,7 +250,7 @@ def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
     `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `moe_rs_min_rows`, `frag_rs`,
-    `frag_rs_parts`, `fast_launch`)."""
+    `frag_rs_parts`, `rs_w2`, `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -247,6 +268,8 @@ def load() -> Settings:
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
         frag_rs_parts=frag_rs_parts(),
+        rs_w2=rs_w2(),
+        ws_int=ws_int(),
         e2m1_a8=e2m1_a8(),
         w4a8_codes=w4a8_codes(),
         fast_launch=fast_launch(),

@@ -26,7 +26,7 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   rs-parts    ANYBIT_FRAG_RS_PARTS: 257-384 rows that the register-operand kernel's tiles would overfill as two of
               its launches (`frag_rs.rs_parts`; off: the warp-specialised kernel's tile or dequantize + cuBLAS); each
               variant prepares its own copies
-  rs-w2       2-bit codes on the register-operand kernel (`frag_rs.RS_W2`; off: the frag kernel's decode tiles and
+  rs-w2       2-bit codes on the register-operand kernel (ANYBIT_RS_W2; off: the frag kernel's decode tiles and
               dequantize + cuBLAS); each variant prepares its own copies
 
     python tools/probe_toggle.py --switch settle [--schemes w4a16,w8a16] [--shapes 8192x8192] [--m 1,16,64,128]
@@ -50,7 +50,7 @@ import anybit  # noqa: E402
 from anybit.backends import triton as triton_backend  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels import frag, frag_rs, quant_act  # noqa: E402
+from anybit.kernels import frag, quant_act  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 from anybit.quant.activations import dequantize_activation  # noqa: E402
 
@@ -105,7 +105,7 @@ def _pairs3(on: bool) -> None:
 
 
 def _rs_w2(on: bool) -> None:
-    frag_rs.RS_W2 = on  # read when a prepared weight first sees a dtype
+    os.environ["ANYBIT_RS_W2"] = "1" if on else "0"  # read when a prepared weight first sees a dtype
 
 
 def _a8_acc(on: bool) -> None:

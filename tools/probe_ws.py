@@ -57,7 +57,7 @@ def main() -> int:
             ws_list.append(w)
         tws = [to_triton_layout(qw, allow_frag3=True) for qw in qws]  # (as the dense backend lays them out)
         ws_why = frag_ws_weight_why_not(tws[0], torch.bfloat16, dev)
-        if ws_why:  # (zero points, 2/3-bit codes, other-dtype scales: its row-major tiles where `WS_INT` is on)
+        if ws_why:  # (zero points, 2/3-bit codes, other-dtype scales: its row-major tiles unless ANYBIT_WS_INT=0)
             ws_why = ws_int_why_not(scheme, k, n, torch.bfloat16, dev) and ws_why
         rs_why = frag_rs_why_not(tws[0], torch.bfloat16, dev)  # (zero points, 3-bit codes: this kernel alone)
         if ws_why or rs_why:  # the other cells still run

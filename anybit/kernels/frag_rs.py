@@ -8,10 +8,9 @@ backend's `ws_route_tile`; ANYBIT_FRAG_RS=0 turns it off).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from anybit import settings
 from anybit.formats.dtypes import IntType
 from anybit.formats.scheme import ScaleKind, ZeroPoint
 from anybit.kernels.dequant import cdiv
@@ -37,8 +36,7 @@ from anybit.kernels.launch import Launcher
 RS_BITS = (2, 3, 4, 8)
 # 2-bit codes here (session 34; GPU-run session 35: tests/kernels/test_frag_rs_gpu.py, and H200 graphs 8192^2 M=128
 # 100.1 -> 29.7 µs, 28672x8192 M=128 323.9 -> 120.9 against the frag kernel's decode tiles / dequantize + cuBLAS);
-# ANYBIT_RS_W2=0 turns them off
-RS_W2 = os.environ.get("ANYBIT_RS_W2", "1") == "1"
+# ANYBIT_RS_W2=0 turns them off (`settings.rs_w2`)
 
 
 def rs_scheme_why_not(scheme) -> str | None:
@@ -67,8 +65,8 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
         return f"{RS_BITS}-bit integer weights with bf16/fp16 activations only ({scheme})"
     if x_dtype not in (torch.bfloat16, torch.float16):
         return f"bf16/fp16 activations only, got {x_dtype}"
-    if w.bits == 2 and not RS_W2:
-        return "2-bit codes: switched off (ANYBIT_RS_W2=0, frag_rs.RS_W2)"
+    if w.bits == 2 and not settings.rs_w2():
+        return "2-bit codes: switched off (ANYBIT_RS_W2=0)"
     zp = scheme.zero_point
     if zp is ZeroPoint.FLOAT or (zp is ZeroPoint.INT and w.bits == 8):
         return f"integer zero points of 2- to 4-bit codes only ({scheme.zero_point.value} zero points, {w.bits} bits)"
@@ -98,16 +96,15 @@ def rs_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
 # default tile (Humming): uint4 g128 + zero points 8192^2 M=512 135.8 -> 109.7 (113.9), M=1024 249.5 -> 225.4
 # (222.0), 28672x8192 M=512 500.4 -> 416.4 (339.0), M=1024 862.9 -> 779.8 (712.5); w3a16 8192^2 M=512 133.0 ->
 # 120.6 (112.3), M=1024 239.1 -> 243.4 (214.8), 28672x8192 M=512 484.5 -> 461.2, M=1024 838.0 -> 829.6 (the 3-bit
-# decode with zero points is the bottleneck at 1024 rows: a draw). ANYBIT_WS_INT=0 turns it off
-WS_INT = os.environ.get("ANYBIT_WS_INT", "1") == "1"
+# decode with zero points is the bottleneck at 1024 rows: a draw). ANYBIT_WS_INT=0 turns it off (`settings.ws_int`)
 
 
 def ws_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> str | None:
     """None where the warp-specialised kernel's row-major tiles run integer weights of `scheme` that only this kernel
     ran before (`rs_int_why_not`'s, in the fragment layout), else why not. (Its swapped tiles keep the weights
     `frag_ws_weight_why_not` takes; below `RS_ONLY_MAX_M` rows this kernel keeps these.)"""
-    if not WS_INT:
-        return "zero points, 2/3-bit codes, other-dtype scales: switched off (ANYBIT_WS_INT=0, frag_rs.WS_INT)"
+    if not settings.ws_int():
+        return "zero points, 2/3-bit codes, other-dtype scales: switched off (ANYBIT_WS_INT=0)"
     if scheme.weight.is_float:
         return "integer weights only"
     return rs_int_why_not(scheme, k, n, x_dtype, device)

@@ -335,12 +335,11 @@ def test_decode_offsets_are_the_magic_plus_the_code_bias():
 def test_integer_weights_the_kernel_decodes(monkeypatch, text, why):
     """`rs_int_why_not`: zero points (integer, 2 to 4 bits), 2- and 3-bit codes and scales of either 16-bit type —
     beyond the warp-specialised kernel's weights; the GPU is asked last (here: the CPU's reason). (2-bit codes with
-    `RS_W2` on, as by default.)"""
-    import anybit.kernels.frag_rs as frag_rs
+    ANYBIT_RS_W2 on, as by default.)"""
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_int_why_not
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)
+    monkeypatch.setenv("ANYBIT_RS_W2", "1")
 
     got = rs_int_why_not(Scheme.parse(text), 4096, 4096, torch.bfloat16, torch.device("cpu"))
     assert why in got if why else "GPU" in got
@@ -444,15 +443,14 @@ def test_two_bit_codes_switched_off_stay_off_the_route(fake_hopper, monkeypatch)
     """`RS_W2` off (ANYBIT_RS_W2=0): the route keeps W2A16 on the frag kernel's decode tiles and dequantize + cuBLAS,
     and says why."""
     import anybit.backends.triton as triton_backend
-    import anybit.kernels.frag_rs as frag_rs
     from anybit.formats.scheme import Scheme
     from anybit.kernels.frag_rs import rs_int_why_not
 
-    monkeypatch.setattr(frag_rs, "RS_W2", False)
+    monkeypatch.setenv("ANYBIT_RS_W2", "0")
 
-    assert "RS_W2" in rs_int_why_not(Scheme.parse("w2a16"), 4096, 4096, torch.bfloat16, torch.device("cuda"))
+    assert "ANYBIT_RS_W2=0" in rs_int_why_not(Scheme.parse("w2a16"), 4096, 4096, torch.bfloat16, torch.device("cuda"))
     tw = to_triton_layout(quantize(torch.randn(64, 512) * 0.05, "w2a16"))
-    assert "RS_W2" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda"))
+    assert "ANYBIT_RS_W2=0" in frag_rs_why_not(tw, torch.bfloat16, torch.device("cuda"))
     x = torch.empty(256, 8192, dtype=torch.bfloat16, device="meta")
     tw.n, tw.k = 8192, 8192
     assert triton_backend.TritonBackend._ws_tile(x, tw) is None

@@ -254,9 +254,8 @@ def test_zero_points_and_three_bit_codes(monkeypatch, text, dtype, m, n, k, tile
     their planes (every block parity, K off the 512-K unit: 1664, 2944), 2-bit codes (each half of a 256-K block, 64-K
     groups, K=128: half a block), scales of the other 16-bit type (rounded to x's once: within the same budget) —
     against the float64 product, bias, NaN-poisoned output, bit-equal relaunch."""
-    import anybit.kernels.frag_rs as frag_rs
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (as by default; ANYBIT_RS_W2=0 turns it off)
+    monkeypatch.setenv("ANYBIT_RS_W2", "1")  # (as by default)
     g = Scheme.parse(text).granularity
     if g.kind is ScaleKind.GROUP and k % g.k:
         pytest.skip(f"K={k} is not a multiple of the group {g.k}")
@@ -276,12 +275,11 @@ def test_zero_points_and_three_bit_codes(monkeypatch, text, dtype, m, n, k, tile
 def test_route_sends_them_here(monkeypatch, text, m, n, k):
     """anybit.gemm of these weights at 33-512 rows where `rs_tile` (or `rs_parts`) takes the call: the register-operand
     kernel's bits (the warp-specialised kernel does not run them), the exact product; under a CUDA graph too."""
-    import anybit.kernels.frag_rs as frag_rs
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.backends.triton import ws_route_tile
 
-    monkeypatch.setattr(frag_rs, "RS_W2", True)  # (as by default; ANYBIT_RS_W2=0 turns it off)
+    monkeypatch.setenv("ANYBIT_RS_W2", "1")  # (as by default)
     x, qw = random_case(text, m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -18,10 +18,8 @@ pytestmark = SM90_GPU
 @pytest.fixture
 def ws_int(monkeypatch):
     """The route's switches for these weights on (as by default; ANYBIT_RS_W2=0 / ANYBIT_WS_INT=0 turn them off)."""
-    import anybit.kernels.frag_rs as frag_rs
-
-    monkeypatch.setattr(frag_rs, "RS_W2", True)
-    monkeypatch.setattr(frag_rs, "WS_INT", True)
+    monkeypatch.setenv("ANYBIT_RS_W2", "1")
+    monkeypatch.setenv("ANYBIT_WS_INT", "1")
 
 
 # (M, N, K): M off both token tiles, N off the 128-row tile, K off the 512-K unit of the 3-bit planes (every block
