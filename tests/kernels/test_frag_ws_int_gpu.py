@@ -29,13 +29,18 @@ SHAPES = [(257, 1008, 2944), (600, 4160, 1664), (130, 1040, 128)]
 NDEC_FORMATS = ["w3a16", "w4a16:uint4:g128:bf16:zp-int", "w4a16:int4:g128:fp16", "w2a16:uint2:g64:fp16:zp-int"]
 
 
-@pytest.mark.parametrize("text, dtype", ONLY_RS)
+# 8-bit codes with scales of the other 16-bit type (rounded to x's): the route's 8-bit tile (two decoders, up to
+# `frag_ws.WS_BYTES_MAX_M` rows) with the byte decode
+BYTES = [("w8a16:int8:ch:fp16", torch.bfloat16), ("w8a16:uint8:g128:bf16", torch.float16)]
+
+
+@pytest.mark.parametrize("text, dtype", ONLY_RS + BYTES)
 @pytest.mark.parametrize("m, n, k", SHAPES)
 @pytest.mark.parametrize("tile", [dict(block_m=256), dict(block_m=128, stages=6)],
                          ids=lambda t: "-".join(f"{a}{b}" for a, b in t.items()))  # fmt: skip
 def test_matches_the_exact_product(ws_int, text, dtype, m, n, k, tile):
     """Zero points (2 to 4 bits), 3-bit codes rebuilt from their planes, 2-bit codes (four 64-K steps a 256-K block,
-    64-K groups), scales of the other 16-bit type."""
+    64-K groups), scales of the other 16-bit type (8-bit codes too)."""
     _check(text, dtype, m, n, k, tile)
 
 
@@ -54,7 +59,7 @@ def _check(text, dtype, m, n, k, tile):
         pytest.skip(f"K={k} is not a multiple of the group {g.k}")
     x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
     bits = tw.fmt["W_BITS"]
-    t = dict(ws_tile(1024, 8192, bits=bits)) | tile
+    t = dict(ws_tile(512, 8192, bits=bits)) | tile  # (the route's tile at 512 rows, then the test's)
     b = torch.randn(n, device="cuda").to(dtype)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     y = gemm_frag_ws(x, tw, b, out=out, **t)
