@@ -1,6 +1,7 @@
 """The Gluon kernel of `anybit.kernels.frag_ws` (sm_90a): y = x @ dequantize(W)^T for 4- or 8-bit integer or e2m1
 (NVFP4, MXFP4) weights in the fragment layout, warp-specialised so that decoding the weight never stalls the
-tensor cores (8-bit codes: a 64-K block of their layout is one K step, `_decode_bytes`).
+tensor cores (8-bit codes: a 64-K block of their layout is one K step, `_decode_bytes`) — and, row-major tiles only,
+integer zero points and 2- and 3-bit codes (`_int_block`: the register-operand kernel's decode pieces).
 
 Per CTA tile (BM rows of x, BN weight rows), two partitions meet at two shared-memory rings:
 
