@@ -105,8 +105,6 @@ def ws_int_why_not(scheme, k: int, n: int, x_dtype: torch.dtype, device: torch.d
     `frag_ws_weight_why_not` takes; below `RS_ONLY_MAX_M` rows this kernel keeps these.)"""
     if not settings.ws_int():
         return "zero points, 2/3-bit codes, other-dtype scales: switched off (ANYBIT_WS_INT=0)"
-    if scheme.weight.is_float:
-        return "integer weights only"
     return rs_int_why_not(scheme, k, n, x_dtype, device)
 
 

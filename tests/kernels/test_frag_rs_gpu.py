@@ -276,7 +276,6 @@ def test_route_sends_them_here(monkeypatch, text, m, n, k):
     """anybit.gemm of these weights at 33-512 rows where `rs_tile` (or `rs_parts`) takes the call: the register-operand
     kernel's bits (the warp-specialised kernel does not run them), the exact product; under a CUDA graph too."""
     from anybit import prepare
-    from anybit.backends import get_backend
     from anybit.backends.triton import ws_route_tile
 
     monkeypatch.setenv("ANYBIT_RS_W2", "1")  # (as by default)
@@ -285,9 +284,17 @@ def test_route_sends_them_here(monkeypatch, text, m, n, k):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tile = ws_route_tile(m, n, k, sms, qw.scheme.weight.bits, ws=False)
     assert tile is not None and tile.get("rs") and "parts" not in tile
+    check_route(x, qw, p, lambda: gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
+
+
+def check_route(x, qw, p, direct):
+    """anybit.gemm (the Triton backend) of x on the prepared weight p: the bits of `direct()` (the kernel launched on
+    the route's tile), the exact product, and the same bits replayed from a CUDA graph."""
+    from anybit.backends import get_backend
+
     backend = get_backend("triton")
     y = backend.gemm(x, p)
-    assert torch.equal(y, gemm_frag_rs(x, p.data, **{a: v for a, v in tile.items() if a != "rs"}))
+    assert torch.equal(y, direct())
     assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

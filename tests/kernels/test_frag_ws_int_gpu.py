@@ -8,7 +8,7 @@ import torch
 
 from anybit.formats.scheme import ScaleKind, Scheme
 from anybit.kernels.frag_ws import gemm_frag_ws, ws_tile
-from tests.kernels.test_frag_rs_gpu import ONLY_RS, _only_rs_case
+from tests.kernels.test_frag_rs_gpu import ONLY_RS, _only_rs_case, check_route
 from tests.kernels.test_frag_ws_gpu import SM90_GPU, random_case
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
@@ -73,7 +73,6 @@ def test_route_sends_them_here(ws_int, text, m, n, k):
     """anybit.gemm of these weights above the register-operand kernel's rows: the warp-specialised kernel's row-major
     tile (`ws_route_tile`, plain), its bits, the exact product; under a CUDA graph too."""
     from anybit import prepare
-    from anybit.backends import get_backend
     from anybit.backends.triton import ws_route_tile
 
     x, qw = random_case(text, m, n, k, seed=m)
@@ -81,13 +80,5 @@ def test_route_sends_them_here(ws_int, text, m, n, k):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tile = ws_route_tile(m, n, k, sms, qw.scheme.weight.bits, ws=False, plain=True)
     assert tile is not None and not tile.get("rs") and not tile.get("swap")
-    backend = get_backend("triton")
-    y = backend.gemm(x, p)
+    check_route(x, qw, p, lambda: gemm_frag_ws(x, p.data, **tile))
     assert p.data.ws_ok[torch.bfloat16] == (False, True, True)
-    assert torch.equal(y, gemm_frag_ws(x, p.data, **tile))
-    assert rel_err(y, x.double() @ qw.dequantize().double().T) < GEMM_REL_ERR[torch.bfloat16]
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = backend.gemm(x, p)
-    g.replay()
-    assert torch.equal(yg, y)
