@@ -360,10 +360,31 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     return y
 
 
+def ws_min_stages(bits: int, ndec: int) -> int:
+    """The fewest ring stages of decoded 64-K slices `gemm_frag_ws` runs with `ndec` decoders of `bits`-bit codes. A
+    decoder block is `steps` K steps (`frag_ws_kernel._steps`: 1 for 8-bit codes, 4 for 2-bit ones, else 2), handed
+    over two at a time, and the MMA partition frees a slot once the next step's wgmma is issued: one decoder needs a
+    slot more than it hands over at once (else it waits for a slot the MMA frees only after the step it has not handed
+    over). Two decoders need more stages than a block has steps: decoder p's first step j of a block waits for the
+    release of step j - STAGES by phase parity, which passes as well on the release of j - 2 STAGES, and only its
+    previous block's last wait (for j - steps - 1 - STAGES) keeps that from happening — found on the H200 (session
+    36): 2-bit codes with two decoders and 3 stages hung. tests/kernels/test_frag_ws_ring.py models both."""
+    steps = 1 if bits == 8 else (4 if bits == 2 else 2)
+    return steps + 1 if ndec == 2 else min(steps, 2) + 1
+
+
 def _ws_launch(tw, key: tuple) -> Launcher:
     """The `Launcher` of `gemm_frag_ws` calls with this key (tile, x's dtype, flags), after the checks they alone
     decide: worked out once per weight (an eager call's host time)."""
     _, block_m, block_n, stages, group_m, dq_warps, dq_regs, swap, depth, ndec, _, no_bias, no_xs = key
+    bits = tw.fmt["W_BITS"]
+    if ndec not in (1, 2) or depth < 2:
+        raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
+    least = ws_min_stages(bits, ndec)
+    if stages < least:
+        raise ValueError(f"ndec={ndec} with {bits}-bit codes needs stages >= {least}, got stages={stages}: with fewer "
+                         "the ring's waits by phase parity hang or rewrite a slice before its wgmma read it "
+                         "(`ws_min_stages`)")  # fmt: skip
     kernel, warps, extra = gluon_api()[2], 8, {}
     if swap:
         from anybit.kernels.frag_ws_kernel import frag_ws_swap_kernel as kernel
@@ -373,9 +394,6 @@ def _ws_launch(tw, key: tuple) -> Launcher:
             raise ValueError(f"swap tiles: block_n 64 or 128, block_m a power of two or the sum of two, from 16 up to "
                              f"256 (got {block_n}, {block_m})")  # fmt: skip
         warps, extra = block_n // 16, dict(TWO=bm2 > 0)
-    if ndec not in (1, 2) or depth < 2:
-        raise ValueError(f"ndec must be 1 or 2 decoder partitions and depth >= 2 blocks (got {ndec}, {depth})")
-    bits = tw.fmt["W_BITS"]
     consts = dict(
         BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs,
         SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // frag_block_k(bits)),
