@@ -96,3 +96,24 @@ def test_two_decoders_with_too_few_stages_are_refused():
     x = torch.randn(256, 512, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"ndec=2 with 2-bit codes needs stages >= 5, got stages=3"):
         gemm_frag_ws(x, tw, block_m=256, ndec=2, stages=3, depth=2)
+
+
+# (bits, plain): the kernel's own weights (4-bit integers and e2m1, 8-bit integers), and those only its row-major tiles
+# take (`frag_rs.ws_int_why_not`: 2- and 3-bit codes, zero points, other-dtype scales)
+@pytest.mark.parametrize("bits, plain", [(4, False), (8, False), (2, True), (3, True), (4, True), (8, True)])
+def test_every_tile_the_route_gives_has_the_stages_it_needs(bits, plain):
+    """`ws_route_tile`'s warp-specialised tiles (swapped, row-major, two decoders) over the shapes and rows it routes
+    keep `ws_min_stages` (the kernel's default stages where a tile names none)."""
+    import inspect
+
+    from anybit.backends.triton import ws_route_tile
+
+    default = inspect.signature(gemm_frag_ws).parameters["stages"].default
+    shapes = [(4096, 4096), (6144, 4096), (8192, 8192), (28672, 8192), (8192, 28672), (1008, 2944), (28672, 4096)]
+    for n, k in shapes:
+        for m in (65, 96, 128, 160, 192, 256, 300, 384, 512, 768, 1024):
+            tile = ws_route_tile(m, n, k, 132, bits, ws=not plain, plain=plain)
+            if tile is None or tile.get("rs"):
+                continue
+            stages, ndec = tile.get("stages", default), tile.get("ndec", 1)
+            assert stages >= ws_min_stages(bits, ndec), (n, k, m, tile)
