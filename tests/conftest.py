@@ -1,8 +1,20 @@
 import os
+import sys
 import zlib
 
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    """RECORD_COMPILES=<file> (tools/device.sh sets it on the device): every kernel compile of the run is appended
+    to it, for tools/compile_cache.py to compile on the CPU machine into a cache the next device call carries."""
+    path = os.environ.get("RECORD_COMPILES")
+    if path:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+        from compile_cache import record
+
+        record(path)
 
 
 def pytest_collection_modifyitems(config, items):

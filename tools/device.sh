@@ -11,6 +11,8 @@
 # .whl holds humming-kernels and the pure-Python wheels the image may lack (PyYAML, rich, matplotlib).
 # Provenance: start the command with ANYBIT_COMMIT=<hash of this checkout> written out literally —
 # `git rev-parse` on the device machine answered a stale commit once (its copy's git metadata lags).
+# Kernel compiles: every one is recorded in $OUT/compiles.jsonl; `tools/compile_cache.py` compiles them on the CPU
+# machine into .tcache, and a call carrying .tcache loads them instead of compiling (carry [".whl", ".tcache"]).
 # Every part's whole output also goes to $OUT/parts.log as it runs (a call cut off by its time limit still brings
 # that back; the tails below print only when a part ends).
 set -u
@@ -20,6 +22,10 @@ log() { tee -a "$OUT/parts.log"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 export ANYBIT_CACHE_DIR=$OUT/cache HUMMING_CACHE_DIR=/tmp/humming-cache
+# every kernel compile recorded (tests and probes), for tools/compile_cache.py to compile on the CPU machine into a
+# .tcache the next call carries; a carried .tcache is Triton's cache here (its kernels load instead of compiling)
+export RECORD_COMPILES=$OUT/compiles.jsonl
+[ -d .tcache ] && export TRITON_CACHE_DIR=$PWD/.tcache && echo "Triton cache: .tcache ($(ls .tcache | wc -l) entries)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 rc=0; nb=0
 while [ $# -gt 0 ]; do

@@ -13,6 +13,11 @@ import torch
 
 from anybit.bench.provenance import provenance
 
+if os.environ.get("RECORD_COMPILES"):  # (tools/device.sh on the device: the probe's compiles, for compile_cache.py)
+    from compile_cache import record
+
+    record(os.environ["RECORD_COMPILES"])
+
 
 def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None) -> str:
     """Print what failed, then write {env, rows, errors} to out_dir/name.json (name_2.json, … when a probe of the same

@@ -72,6 +72,13 @@ _compiled = []
 _run = JITFunction.run
 
 
+def stand_in(arch: int = 90) -> None:
+    """Make the stand-in driver Triton's active one, kernel launches compile only (`_compiled` keeps them)."""
+    _StandInDriver.arch = arch
+    driver.set_active(_StandInDriver())
+    JITFunction.run = _compile_only
+
+
 def _compile_only(self, *args, grid, warmup, **kwargs):
     kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
     _compiled.append(kernel)
@@ -319,11 +326,9 @@ def main() -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense, ws and rs kernels; default bf16)")
     args = ap.parse_args()
-    _StandInDriver.arch = args.arch
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles real sm_90a code")
-    driver.set_active(_StandInDriver())
-    JITFunction.run = _compile_only
+    stand_in(args.arch)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     n, k = (int(v) for v in args.shape.split(","))
     failed = 0

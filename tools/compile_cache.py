@@ -1,0 +1,150 @@
+"""Record the Triton / Gluon kernels a GPU call compiles, and compile them again on this CPU machine for sm_90a into
+a cache directory that the next device call carries, so that the device loads them instead of compiling (the Gluon
+compiles are most of a GPU test call's time: a 100-test file outran 300 s).
+
+On the device (tools/device.sh sets it): RECORD_COMPILES=$OUT/compiles.jsonl makes tests/conftest.py and the probes
+(`probe_out`) append a line per compile — the kernel and Triton's own specialization data (`jit_cache_hook`). Here:
+
+    PYTHONPATH=. /tmp/v312/bin/python tools/compile_cache.py /work/.device/N/compiles.jsonl [--cache .tcache] [--keep]
+
+compiles each recorded kernel from this checkout (`JITFunction.preload` through `sm90_check`'s stand-in driver; the
+same Triton wheel and Python minor as the device's) and keeps of each new cache entry what a launch reads: the
+metadata JSON and the cubin (Triton's group files name absolute paths, and the device runs the repository at the same
+path, /work/main). Carry the directory and export TRITON_CACHE_DIR=$PWD/.tcache there (tools/device.sh does where it
+is). A kernel whose source changed since the record compiles as it is now: the record names kernels and their
+specialisations, not code. Checked here (session 36): three recording processes (frag decode kernels, the grouped MoE
+kernel, the warp-specialised Gluon kernel; 12 kernels) replayed into the same 12 cache keys, and a pruned entry loads
+without compiling; the device's first call on a cache of the ws kernel built here took 0.88 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def record(path: str) -> None:
+    """Append one JSON line per kernel compile of this process to `path` (Triton's `jit_cache_hook`). A kernel whose
+    constexprs do not serialise to JSON is left out rather than failing its launch (Triton serialises them before
+    it calls the hook)."""
+    import triton.runtime.jit as jit
+    from triton import knobs
+
+    serialise = jit.serialize_specialization_data
+
+    def lenient(*args, **kwargs):
+        try:
+            return serialise(*args, **kwargs)
+        except (TypeError, ValueError):
+            return None
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 (Triton's names)
+        if compile["specialization_data"] is not None:
+            line = json.dumps(dict(pid=os.getpid(), module=fn.module, name=fn.name,
+                                   data=compile["specialization_data"]))  # fmt: skip
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        return False  # (compile as usual)
+
+    jit.serialize_specialization_data = lenient
+    knobs.runtime.jit_cache_hook = hook
+
+
+def _kernel(module: str, name: str):
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def replay(lines: list[str], cache: str) -> tuple[int, list[str]]:
+    """Compile the recorded kernels into `cache` (absolute), each recording process's in its own process and in its
+    order: Triton 3.6 hashes a kernel with the constexpr globals its helpers use only where those helpers were hashed
+    before (`DependenciesFinder._update_hash` merges their globals before it asks their key), so a kernel's cache key
+    depends on what the process compiled first. Returns (compiled, what failed)."""
+    groups: dict = {}
+    for line in lines:
+        groups.setdefault(json.loads(line).get("pid"), []).append(line)
+    done, failed = 0, []
+    for group in groups.values():
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("\n".join(group))
+        try:
+            out = subprocess.run([sys.executable, __file__, "--one", f.name, "--cache", cache], capture_output=True,
+                                 text=True, check=False)  # fmt: skip
+        finally:
+            os.unlink(f.name)
+        result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+        if result is None:
+            failed.append(f"replay process: {out.stderr[-400:]}")
+            continue
+        done += result["done"]
+        failed += result["failed"]
+    return done, failed
+
+
+def _replay_one(lines: list[str], cache: str) -> dict:
+    """One recording process's kernels, in order, compiled in this process through the stand-in driver."""
+    os.environ["TRITON_CACHE_DIR"] = cache  # (before Triton's first compile reads it)
+    sys.path.insert(0, os.path.dirname(__file__))
+    import sm90_check
+
+    sm90_check.stand_in()
+    done, failed = 0, []
+    for line in dict.fromkeys(lines):  # (order kept, duplicates once)
+        rec = json.loads(line)
+        try:
+            _kernel(rec["module"], rec["name"]).preload(rec["data"])
+            done += 1
+        except Exception as ex:  # reported, the others still compile
+            failed.append(f"{rec['module']}.{rec['name']}: {type(ex).__name__}: {str(ex)[:200]}")
+    return dict(done=done, failed=failed)
+
+
+def prune(cache: str) -> int:
+    """Keep of each cache entry its group file, metadata JSON and cubin (what a launch from the cache reads); bytes
+    left."""
+    total = 0
+    for entry in os.listdir(cache):
+        d = os.path.join(cache, entry)
+        for f in os.listdir(d):
+            p = os.path.join(d, f)
+            if f.endswith((".json", ".cubin")):
+                total += os.path.getsize(p)
+            else:
+                os.remove(p)
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+", help="compiles.jsonl files a device call brought back")
+    ap.add_argument("--cache", default=".tcache")
+    ap.add_argument("--keep", action="store_true", help="add to the cache (default: start it afresh, so that it holds "
+                    "this checkout's kernels only)")  # fmt: skip
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # (a replay subprocess: records = one file)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(_replay_one(open(args.records[0]).read().splitlines(), args.cache)))
+        return 0
+    lines = [ln for path in args.records for ln in open(path).read().splitlines() if ln.strip()]
+    cache = os.path.abspath(args.cache)
+    if not args.keep:
+        shutil.rmtree(cache, ignore_errors=True)
+    os.makedirs(cache, exist_ok=True)
+    done, failed = replay(lines, cache)
+    for why in failed:
+        print("failed:", why)
+    size = prune(cache)
+    print(f"{done} kernels compiled of {len(set(lines))} recorded; {cache}: {size / 2**20:.1f} MiB to carry")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
