@@ -12,9 +12,11 @@ same Triton wheel and Python minor as the device's) and keeps of each new cache 
 metadata JSON and the cubin (Triton's group files name absolute paths, and the device runs the repository at the same
 path, /work/main). Carry the directory and export TRITON_CACHE_DIR=$PWD/.tcache there (tools/device.sh does where it
 is). A kernel whose source changed since the record compiles as it is now: the record names kernels and their
-specialisations, not code. Checked here (session 36): three recording processes (frag decode kernels, the grouped MoE
-kernel, the warp-specialised Gluon kernel; 12 kernels) replayed into the same 12 cache keys, and a pruned entry loads
-without compiling; the device's first call on a cache of the ws kernel built here took 0.88 s.
+specialisations, not code. Keys do not depend on what a process compiled first (`canonical_keys`). Checked here
+(session 36): three recording processes (frag decode kernels, the grouped MoE kernel, the warp-specialised Gluon
+kernel; 12 kernels) replayed into the same 12 cache keys; the same three kernels compiled in two orders got the same
+keys; a pruned entry loads without compiling. The device's first call on a cache of the ws kernel built here (before
+`canonical_keys`) took 0.88 s. Not yet run: a whole GPU test file from a replayed cache.
 """
 
 from __future__ import annotations
@@ -54,6 +56,34 @@ def record(path: str) -> None:
 
     jit.serialize_specialization_data = lenient
     knobs.runtime.jit_cache_hook = hook
+    canonical_keys()
+
+
+def canonical_keys(passes: int = 8) -> int:
+    """Give every Triton / Gluon function of `anybit.kernels` the cache key it has whatever the process compiled
+    first, before any compile: Triton 3.6 merges a helper's constexpr globals into its caller's key before it hashes
+    the helper (`DependenciesFinder._update_hash`), so a key depends on which helpers some earlier kernel hashed.
+    Hashing every function again until no key changes (their globals complete by then) removes that. Both the device
+    (`record`'s callers, and where it loads a carried cache) and the replay here do it. Returns the functions keyed."""
+    import pkgutil
+
+    from triton.runtime.jit import JITCallable
+
+    import anybit.kernels
+
+    fns = []
+    for info in pkgutil.iter_modules(anybit.kernels.__path__):
+        mod = importlib.import_module(f"anybit.kernels.{info.name}")
+        fns += [v for v in vars(mod).values() if isinstance(v, JITCallable) and v.__module__ == mod.__name__]
+    keys = None
+    for _ in range(passes):
+        for fn in fns:
+            fn.hash = None  # (its globals stay: the next pass merges them into its callers)
+        now = [fn.cache_key for fn in fns]
+        if now == keys:
+            break
+        keys = now
+    return len(fns)
 
 
 def _kernel(module: str, name: str):
@@ -96,6 +126,7 @@ def _replay_one(lines: list[str], cache: str) -> dict:
     import sm90_check
 
     sm90_check.stand_in()
+    canonical_keys()
     done, failed = 0, []
     for line in dict.fromkeys(lines):  # (order kept, duplicates once)
         rec = json.loads(line)
