@@ -35,9 +35,9 @@ while [ $# -gt 0 ]; do
   t0=$(date +%s)
   case $part in
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "${args[@]}" 2>&1 | log | tail -40 ;;
-    tune) python3 -m anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | log | tail -80 ;;
+    tune) python3 tools/recorded.py anybit.cli tune --write-table "$OUT/tables" "${args[@]}" 2>&1 | log | tail -80 ;;
     bench) nb=$((nb + 1)); d=$OUT/bench; [ $nb -gt 1 ] && d=$OUT/bench_$nb  # each bench part its own folder
-           python3 -m anybit.cli bench --out "$d" "${args[@]}" 2>&1 | log | tail -120 ;;
+           python3 tools/recorded.py anybit.cli bench --out "$d" "${args[@]}" 2>&1 | log | tail -120 ;;
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 | log ;;
