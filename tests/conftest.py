@@ -9,12 +9,11 @@ import torch
 def pytest_configure(config):
     """RECORD_COMPILES=<file> (tools/device.sh sets it on the device): every kernel compile of the run is appended
     to it, for tools/compile_cache.py to compile on the CPU machine into a cache the next device call carries."""
-    path = os.environ.get("RECORD_COMPILES")
-    if path:
+    if os.environ.get("RECORD_COMPILES"):
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-        from compile_cache import record
+        from compile_cache import record_from_env
 
-        record(path)
+        record_from_env()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,8 +2,9 @@
 a cache directory that the next device call carries, so that the device loads them instead of compiling (the Gluon
 compiles are most of a GPU test call's time: a 100-test file outran 300 s).
 
-On the device (tools/device.sh sets it): RECORD_COMPILES=$OUT/compiles.jsonl makes tests/conftest.py and the probes
-(`probe_out`) append a line per compile — the kernel and Triton's own specialization data (`jit_cache_hook`). Here:
+On the device (tools/device.sh sets it): RECORD_COMPILES=$OUT/compiles.jsonl makes tests/conftest.py, the probes
+(`probe_out`) and `tools/recorded.py` append a line per compile — the kernel and Triton's own specialization data
+(`jit_cache_hook`). Here:
 
     PYTHONPATH=. /tmp/v312/bin/python tools/compile_cache.py /work/.device/N/compiles.jsonl [--cache .tcache] [--keep]
 
@@ -13,9 +14,9 @@ metadata JSON and the cubin (Triton's group files name absolute paths, and the d
 path, /work/main). Carry the directory and export TRITON_CACHE_DIR=$PWD/.tcache there (tools/device.sh does where it
 is). A kernel whose source changed since the record compiles as it is now: the record names kernels and their
 specialisations, not code. Keys do not depend on what a process compiled first (`canonical_keys`). Checked here
-(session 36): three recording processes (frag decode kernels, the grouped MoE kernel, the warp-specialised Gluon
-kernel; 12 kernels) replayed into the same 12 cache keys; the same three kernels compiled in two orders got the same
-keys; a pruned entry loads without compiling. The device's first call on a cache of the ws kernel built here (before
+(session 36): three recording processes (frag decode kernels in two orders with the grouped MoE kernel, the
+warp-specialised Gluon kernel; 8 records, 5 kernels) replayed in one process into the same 5 cache keys; a pruned
+entry loads without compiling. The device's first call on a cache of the ws kernel built here (before
 `canonical_keys`) took 0.88 s. Not yet run: a whole GPU test file from a replayed cache.
 """
 
@@ -26,15 +27,17 @@ import importlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 
 
-def record(path: str) -> None:
-    """Append one JSON line per kernel compile of this process to `path` (Triton's `jit_cache_hook`). A kernel whose
-    constexprs do not serialise to JSON is left out rather than failing its launch (Triton serialises them before
+def record_from_env() -> None:
+    """Where RECORD_COMPILES names a file (tools/device.sh sets it on the device), append one JSON line per kernel
+    compile of this process to it (Triton's `jit_cache_hook`), after making the keys canonical; else nothing. A kernel
+    whose constexprs do not serialise to JSON is left out rather than failing its launch (Triton serialises them before
     it calls the hook)."""
+    path = os.environ.get("RECORD_COMPILES")
+    if not path:
+        return
     import triton.runtime.jit as jit
     from triton import knobs
 
@@ -48,8 +51,7 @@ def record(path: str) -> None:
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 (Triton's names)
         if compile["specialization_data"] is not None:
-            line = json.dumps(dict(pid=os.getpid(), module=fn.module, name=fn.name,
-                                   data=compile["specialization_data"]))  # fmt: skip
+            line = json.dumps(dict(module=fn.module, name=fn.name, data=compile["specialization_data"]))
             with open(path, "a") as f:
                 f.write(line + "\n")
         return False  # (compile as usual)
@@ -67,7 +69,8 @@ def canonical_keys(passes: int = 8) -> int:
     first, before any compile: Triton 3.6 merges a helper's constexpr globals into its caller's key before it hashes
     the helper (`DependenciesFinder._update_hash`), so a key depends on which helpers some earlier kernel hashed.
     Hashing every function again until no key changes (their globals complete by then) removes that. Both the device
-    (`record`'s callers, and where it loads a carried cache) and the replay here do it. Returns the functions keyed."""
+    (`record_from_env`) and the replay here do it, so one replay process rebuilds the keys of any number of
+    recording processes. Returns the functions keyed."""
     import pkgutil
 
     from triton.runtime.jit import JITCallable
@@ -97,33 +100,8 @@ def _kernel(module: str, name: str):
 
 
 def replay(lines: list[str], cache: str) -> tuple[int, list[str]]:
-    """Compile the recorded kernels into `cache` (absolute), each recording process's in its own process and in its
-    order: Triton 3.6 hashes a kernel with the constexpr globals its helpers use only where those helpers were hashed
-    before (`DependenciesFinder._update_hash` merges their globals before it asks their key), so a kernel's cache key
-    depends on what the process compiled first. Returns (compiled, what failed)."""
-    groups: dict = {}
-    for line in lines:
-        groups.setdefault(json.loads(line).get("pid"), []).append(line)
-    done, failed = 0, []
-    for group in groups.values():
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("\n".join(group))
-        try:
-            out = subprocess.run([sys.executable, __file__, "--one", f.name, "--cache", cache], capture_output=True,
-                                 text=True, check=False)  # fmt: skip
-        finally:
-            os.unlink(f.name)
-        result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
-        if result is None:
-            failed.append(f"replay process: {out.stderr[-400:]}")
-            continue
-        done += result["done"]
-        failed += result["failed"]
-    return done, failed
-
-
-def _replay_one(lines: list[str], cache: str) -> dict:
-    """One recording process's kernels, in order, compiled in this process through the stand-in driver."""
+    """Compile every distinct recorded kernel into `cache` (absolute) through the stand-in driver, keys made canonical
+    first; returns (compiled, what failed)."""
     os.environ["TRITON_CACHE_DIR"] = cache  # (before Triton's first compile reads it)
     sys.path.insert(0, os.path.dirname(__file__))
     import sm90_check
@@ -138,7 +116,7 @@ def _replay_one(lines: list[str], cache: str) -> dict:
             done += 1
         except Exception as ex:  # reported, the others still compile
             failed.append(f"{rec['module']}.{rec['name']}: {type(ex).__name__}: {str(ex)[:200]}")
-    return dict(done=done, failed=failed)
+    return done, failed
 
 
 def prune(cache: str) -> int:
@@ -162,11 +140,7 @@ def main() -> int:
     ap.add_argument("--cache", default=".tcache")
     ap.add_argument("--keep", action="store_true", help="add to the cache (default: start it afresh, so that it holds "
                     "this checkout's kernels only)")  # fmt: skip
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # (a replay subprocess: records = one file)
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(_replay_one(open(args.records[0]).read().splitlines(), args.cache)))
-        return 0
     lines = [ln for path in args.records for ln in open(path).read().splitlines() if ln.strip()]
     cache = os.path.abspath(args.cache)
     if not args.keep:

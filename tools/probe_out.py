@@ -10,13 +10,11 @@ import statistics
 import time
 
 import torch
+from compile_cache import record_from_env  # noqa: E402
 
 from anybit.bench.provenance import provenance
 
-if os.environ.get("RECORD_COMPILES"):  # (tools/device.sh on the device: the probe's compiles, for compile_cache.py)
-    from compile_cache import record
-
-    record(os.environ["RECORD_COMPILES"])
+record_from_env()  # (tools/device.sh on the device: the probe's compiles, for compile_cache.py)
 
 
 def write_probe(out_dir: str, name: str, rows: list, errors: dict | None = None) -> str:

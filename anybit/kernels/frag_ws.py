@@ -360,16 +360,22 @@ def gemm_frag_ws(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     return y
 
 
+def ws_block_steps(bits: int) -> int:
+    """The 64-K steps of a decoder block of `bits`-bit codes (the kernel's `frag_ws_kernel._steps`): 1 for 8-bit codes,
+    4 for 2-bit ones (a 256-K block), else 2."""
+    return 1 if bits == 8 else (4 if bits == 2 else 2)
+
+
 def ws_min_stages(bits: int, ndec: int) -> int:
     """The fewest ring stages of decoded 64-K slices `gemm_frag_ws` runs with `ndec` decoders of `bits`-bit codes. A
-    decoder block is `steps` K steps (`frag_ws_kernel._steps`: 1 for 8-bit codes, 4 for 2-bit ones, else 2), handed
-    over two at a time, and the MMA partition frees a slot once the next step's wgmma is issued: one decoder needs a
-    slot more than it hands over at once (else it waits for a slot the MMA frees only after the step it has not handed
-    over). Two decoders need more stages than a block has steps: decoder p's first step j of a block waits for the
-    release of step j - STAGES by phase parity, which passes as well on the release of j - 2 STAGES, and only its
-    previous block's last wait (for j - steps - 1 - STAGES) keeps that from happening — found on the H200 (session
-    36): 2-bit codes with two decoders and 3 stages hung. tests/kernels/test_frag_ws_ring.py models both."""
-    steps = 1 if bits == 8 else (4 if bits == 2 else 2)
+    decoder block is `steps` K steps (`ws_block_steps`), handed over two at a time, and the MMA partition frees a slot
+    once the next step's wgmma is issued: one decoder needs a slot more than it hands over at once (else it waits for a
+    slot the MMA frees only after the step it has not handed over). Two decoders need more stages than a block has
+    steps: decoder p's first step j of a block waits for the release of step j - STAGES by phase parity, which passes as
+    well on the release of j - 2 STAGES, and only its previous block's last wait (for j - steps - 1 - STAGES) keeps that
+    from happening — found on the H200 (session 36): 2-bit codes with two decoders and 3 stages hung.
+    tests/kernels/test_frag_ws_ring.py models both."""
+    steps = ws_block_steps(bits)
     return steps + 1 if ndec == 2 else min(steps, 2) + 1
 
 

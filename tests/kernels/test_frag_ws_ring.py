@@ -13,7 +13,7 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
-from anybit.kernels.frag_ws import gemm_frag_ws, ws_min_stages
+from anybit.kernels.frag_ws import gemm_frag_ws, ws_block_steps, ws_min_stages
 
 
 class _Barrier:
@@ -86,7 +86,7 @@ def _run(stages: int, ndec: int, steps: int, blocks: int, rng: random.Random) ->
 def test_the_ring_is_safe_from_the_fewest_stages_allowed(bits, ndec, stages):
     """300 random schedules of 7 blocks: nothing goes wrong exactly from `ws_min_stages` on (blocks of 1 K step: 8-bit
     codes, 2: 4- and 3-bit codes and e2m1, 4: 2-bit codes)."""
-    steps = 1 if bits == 8 else (4 if bits == 2 else 2)
+    steps = ws_block_steps(bits)
     rng = random.Random(bits * 100 + ndec * 10 + stages)
     found = [w for _ in range(300) for w in _run(stages, ndec, steps, 7, rng)]
     assert (not found) == (stages >= ws_min_stages(bits, ndec)), found[:3]
