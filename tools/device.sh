@@ -42,11 +42,14 @@ while [ $# -gt 0 ]; do
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 | log ;;
     py) OUT=$OUT python3 "${args[@]}" 2>&1 | log | tail -80 ;;
-    ncu) f="$OUT/ncu_$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _).txt"
+    ncu) tag=$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _); f="$OUT/ncu_$tag.txt"
          ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-           --section Occupancy --section LaunchStats python3 "${NCU_SCRIPT:-tools/ncu_frag.py}" "${args[@]}" \
-           > "$f" 2>&1
+           --section Occupancy --section LaunchStats --section SourceCounters -o "$OUT/ncu_$tag" \
+           python3 "${NCU_SCRIPT:-tools/ncu_frag.py}" "${args[@]}" > "$f" 2>&1
+         # the summary pages, then the SASS with its warp-stall samples per instruction (for tools/ncu_source.py)
+         ncu -i "$OUT/ncu_$tag.ncu-rep" --print-summary none >> "$f" 2>&1
+         ncu -i "$OUT/ncu_$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${tag}_sass.csv" 2>&1
          tail -90 "$f" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
