@@ -224,13 +224,8 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     from anybit.kernels.frag_rs import gemm_frag_rs
 
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt), allow_frag3=True)
-    import anybit.kernels.frag as frag
-
     tile = dict(block_m=128) | (tiles or {})
     _compiled.clear()
-    if tile.get("split_k", 1) > 1 or tile.get("tail"):  # (a split tail as on the H200's 132 SMs)
-        frag.sm_count = lambda device: 132
-        tile |= dict(workspace=torch.empty(4 * m * n), counters=torch.zeros(4096, dtype=torch.int32))
     gemm_frag_rs(torch.randn(m, k, dtype=dtype), tw, **tile)
     return _report(f"rs {fmt:25s} M={m:<4d}", _compiled[-1], 128, 64, 4, cuobjdump,
                    sass_dir and (sass_dir, f"rs_{fmt}_{m}"))  # fmt: skip

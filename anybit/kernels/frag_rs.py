@@ -309,28 +309,10 @@ def rs_token_parts(block_m: int, bits: int) -> tuple[int, int]:
     return swap_parts(block_m)
 
 
-RS_TAIL_MAX_SPLIT = 4  # the most K shares a tile of a split tail (`rs_tail`)
-
-
-def rs_tail(tiles: int, num_sms: int, blocks: int) -> tuple[int, int] | None:
-    """A split tail for `tiles` CTAs of `blocks` K blocks each on `num_sms` SMs: (the whole tiles — whole waves —,
-    the K shares of each later tile) where more than one wave's tiles leave a last wave at most half full, so that
-    its tiles, split in up to RS_TAIL_MAX_SPLIT shares (as many as fit one wave, every share non-empty), run as one
-    shorter wave (28672-row weights, 448 tiles of 64 rows on 132 SMs: 396 whole, 52 in two shares — 3.5 waves' time
-    instead of 4); else None."""
-    left = tiles % num_sms
-    if tiles <= num_sms or left == 0 or 2 * left > num_sms:
-        return None
-    split = min(num_sms // left, RS_TAIL_MAX_SPLIT, blocks)
-    while split > 1 and (split - 1) * cdiv(blocks, split) >= blocks:
-        split -= 1
-    return (tiles - left, split) if split > 1 else None
-
-
 def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
-                 x_scales: torch.Tensor | None = None, diag: int = 0, split_k: int = 1, tail: int = 0,
-                 workspace=None, counters=None) -> torch.Tensor:  # fmt: skip
+                 x_scales: torch.Tensor | None = None, diag: int = 0, split_k: int = 1, workspace=None,
+                 counters=None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = x [M, K] @ dequantize(W)^T (* x_scales, fp32 [M, 1]: x holding FP8 codes, `codes_a16` weights)
     (+ bias) in x's dtype, 64 weight rows by block_m tokens a CTA (a power of two or the sum of two, 16-256, 8-bit
     codes also 272-320: `rs_token_parts`; 96 = 64 + 32 into two accumulators), two MMA warpgroups taking alternate
@@ -338,34 +320,21 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     (timing only, wrong results): the words as the operand without decoding.
     split_k: CTAs a tile, each a share of the K blocks (every share non-empty), summed by the last to finish through
     `workspace` (fp32, >= split_k * M * N) and zeroed int32 `counters` (>= the tiles; left zero for the next call) —
-    the Triton backend's shared ones when not given. tail=1 (with split_k 1): a split tail where the call's tiles
-    leave a last wave at most half full (`rs_tail`: the last wave's tiles in K shares), else as without.
-    x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not` accepts (the caller checks)."""
-    m, n = x.shape[0], tw.n
-    tiles = cdiv(m, block_m) * cdiv(n, 64)
-    full = 0
-    if tail:
-        if split_k > 1:
-            raise ValueError(f"tail=1 splits the last wave's tiles itself; split_k must be 1, got {split_k}")
-        from anybit.kernels.frag import sm_count
-
-        plan = rs_tail(tiles, sm_count(x.device) or 1, cdiv(tw.k, rs_block_k(tw.fmt["W_BITS"])))
-        if plan is None:
-            tail = 0
-        else:
-            full, split_k = plan
-    key = ("rs", block_m, stages, group_m, mma_regs, diag, split_k, bool(tail), x.dtype, bias is None,
-           x_scales is None)  # fmt: skip
+    the Triton backend's shared ones when not given. x: contiguous bf16/fp16 [M, K]; the weight one `frag_rs_why_not`
+    accepts (the caller checks)."""
+    key = ("rs", block_m, stages, group_m, mma_regs, diag, split_k, x.dtype, bias is None, x_scales is None)
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _rs_launch(tw, key)
     y = call_output(x, tw, bias, out)
+    m, n = x.shape[0], tw.n
     bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
     x1 = x_desc(x, bm1)
     x2 = x_desc(x, bm2) if bm2 else x1
     w_desc, s_desc, z_desc = int_descs(tw, x.dtype, 64)
     gs = tw.global_scale
     xs = row_scales(x_scales, m, y)
+    tiles = cdiv(m, block_m) * cdiv(n, 64)
     if split_k > 1 and (workspace is None or counters is None):  # the Triton backend's, shared by every call
         from anybit.backends import get_backend
 
@@ -374,22 +343,21 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         if workspace.numel() < split_k * m * n or counters.numel() < tiles:
             raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
                              f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
-    grid = (full + (tiles - full) * split_k, 1) if tail else (tiles, split_k)
-    launch(grid, x1, x2, w_desc, s_desc, z_desc, xs, gs if gs is not None else y,
+    launch((tiles, split_k), x1, x2, w_desc, s_desc, z_desc, xs, gs if gs is not None else y,
            bias if bias is not None else y, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
-           tw.k, tw.planes[0].shape[-1] // 16, y.stride(0), full)  # fmt: skip
+           tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))  # fmt: skip
     return y
 
 
 # the arguments of `frag_rs_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
-# absent), bias, workspace, counters, M, y's row stride, the split tail's whole tiles
-_RS_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15, 16)
+# absent), bias, workspace, counters, M, y's row stride
+_RS_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15)
 
 
 def _rs_launch(tw, key: tuple) -> Launcher:
     """The `Launcher` of `gemm_frag_rs` calls with this key (tile, x's dtype, flags), after the checks they alone
     decide: worked out once per weight (an eager call's host time)."""
-    _, block_m, stages, group_m, mma_regs, diag, split_k, tail, _, no_bias, no_xs = key
+    _, block_m, stages, group_m, mma_regs, diag, split_k, _, no_bias, no_xs = key
     consts = rs_consts(tw, block_m, stages, mma_regs)
     block_k = rs_block_k(tw.fmt["W_BITS"])
     blocks = cdiv(tw.k, block_k)
@@ -399,8 +367,7 @@ def _rs_launch(tw, key: tuple) -> Launcher:
                          f"split some (1 to {most})")  # fmt: skip
     from anybit.kernels.frag_rs_kernel import frag_rs_kernel
 
-    consts |= dict(GROUP_M=group_m, HAS_BIAS=not no_bias, ROW_SCALES=not no_xs, DIAG=int(diag), SPLIT=split_k,
-                   TAIL=tail)  # fmt: skip
+    consts |= dict(GROUP_M=group_m, HAS_BIAS=not no_bias, ROW_SCALES=not no_xs, DIAG=int(diag), SPLIT=split_k)
     return Launcher(frag_rs_kernel, consts, _RS_LIVE)
 
 

@@ -328,42 +328,33 @@ def _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks,
 
 
 @gluon.jit
-def _store_y(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, E2M1: gl.constexpr,
-             HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-             BM1: gl.constexpr):
-    """y's tile (or, y_ptr a split's workspace slice and HAS_BIAS off, its partial products): both token parts."""
-    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
-                _pow2(E2M1), HAS_GS, True)
-    if TWO:
-        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
-                    _pow2(E2M1), HAS_GS, True)
-
-
-@gluon.jit
 def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
            M, N, stride_ym, off_m, off_n, num_blocks, SIGNED: gl.constexpr, E2M1: gl.constexpr,
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
            DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr, zq, k0, W3: gl.constexpr, ZP: gl.constexpr,
-           W2: gl.constexpr, tile=0, part=0, parts=1):
-    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K (tile
-    of `parts` CTAs, this one part `part`): the tile's scaled partial products (no bias) into this part's slice of
-    the fp32 workspace [SPLIT, M, N]; the part that arrives last at the tile's counter (acq_rel, after a barrier of
-    this partition's threads) sums the slices, adds the bias, stores y and re-arms the counter — no host
-    synchronisation, replayable in a CUDA graph. (A split tail, `frag_rs_kernel`'s TAIL: its whole tiles have one
-    part.)"""
+           W2: gl.constexpr):
+    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
+    tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
+    that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
+    adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG,
                         W8, zq, k0, W3, ZP, W2)
     if SPLIT == 1:
-        _store_y(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, E2M1, HAS_BIAS, HAS_GS,
-                 ROW_SCALES, TWO, BM1)
-    elif parts == 1:
-        _store_y(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, E2M1, HAS_BIAS, HAS_GS,
-                 ROW_SCALES, TWO, BM1)
+        _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
+                    _pow2(E2M1), HAS_GS, True)
+        if TWO:
+            _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES, HAS_BIAS,
+                        gs_ptr, _pow2(E2M1), HAS_GS, True)
     else:
-        _store_y(acc, acc2, xs_ptr, gs_ptr, bias_ptr, ws_ptr + part * M * N, M, N, N, off_m, off_n, E2M1, False,
-                 HAS_GS, ROW_SCALES, TWO, BM1)
+        part = ws_ptr + gl.program_id(1) * M * N
+        _store_tile(acc, xs_ptr, bias_ptr, part, M, N, N, off_m, off_n, ROW_SCALES, False, gs_ptr, _pow2(E2M1),
+                    HAS_GS, True)
+        if TWO:
+            _store_tile(acc2, xs_ptr, bias_ptr, part, M, N, N, off_m + BM1, off_n, ROW_SCALES, False, gs_ptr,
+                        _pow2(E2M1), HAS_GS, True)
         gl.thread_barrier()
+        tile = gl.program_id(0)
         if gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
             _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT, HAS_BIAS)
             if TWO:
@@ -432,15 +423,11 @@ def _rs_blocks(K, BK: gl.constexpr, W8: gl.constexpr):
 
 @gluon.jit
 def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                   nb, stride_ym, full, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+                   nb, stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                    GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                    MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                    TWO: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr = 1, W8: gl.constexpr = False,
-                   W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False,
-                   TAIL: gl.constexpr = False):
-    """A 2-D grid (tiles, SPLIT): CTA (t, p) the K share p of tile t. TAIL (a split tail, `frag_rs.rs_tail`): a 1-D
-    grid whose first `full` CTAs are tiles 0 .. full - 1 whole (whole waves of the SMs) and whose later ones the
-    other tiles' SPLIT K shares each, so the last, partial wave of whole tiles becomes a shorter one of shares."""
+                   W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -451,18 +438,7 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
         BM: gl.constexpr = BM1 + BM2
     else:
         BM: gl.constexpr = BM1
-    if TAIL:
-        pid = gl.program_id(0)
-        whole = (pid < full).to(gl.int32)
-        rest = gl.maximum(pid - full, 0)
-        tile = whole * pid + (1 - whole) * (full + rest // SPLIT)
-        part = (1 - whole) * (rest % SPLIT)
-        parts = whole + (1 - whole) * SPLIT
-    else:
-        tile = gl.program_id(0)
-        part = gl.program_id(1)
-        parts = SPLIT
-    off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, tile)
+    off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M)
     x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
                                                                        W8, W3)
     if ZP:  # the blocks' zero-point rows beside their scale rows (64 bytes in 128: a TMA copy's shared-memory
@@ -475,13 +451,13 @@ def frag_rs_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias
     lo_units = 2 * gl.cdiv(K, 512)  # W3: where a row's high units start (`frag_layout.frag3_low_units`)
     k0 = 0
     if SPLIT > 1:  # this CTA's share of the K blocks (the host keeps every split's share non-empty)
-        per = gl.cdiv(num_blocks, parts)
-        k0 = part * per
+        per = gl.cdiv(num_blocks, SPLIT)
+        k0 = gl.program_id(1) * per
         num_blocks = gl.minimum(per, num_blocks - k0)
     gl.warp_specialize([
         (_first, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, off_m, off_n, num_blocks, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO,
-                  DIAG, SPLIT, W8, zq, k0, W3, ZP, W2, tile, part, parts)),
+                  DIAG, SPLIT, W8, zq, k0, W3, ZP, W2)),
         (_second, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG, W8, zq,
                    k0, W3, ZP, W2)),
         (_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, off_m, off_n, nb,

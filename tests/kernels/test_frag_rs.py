@@ -520,16 +520,3 @@ def test_decode_ptx_gives_each_pair_code_less_bias_times_scale(dtype, width, bia
                 codes = [(word >> (width * i)) & ((1 << width) - 1) for i in f]
                 want = [float(torch.tensor([(c - off) * s]).to(dtype)) for c in codes]
                 assert got[j] == want, (j, half_l, codes, got[j], want)
-
-
-@pytest.mark.parametrize(
-    "tiles, blocks, plan",
-    [(448, 64, (396, 2)), (140, 8, (132, 4)), (133, 12, (132, 4)), (133, 3, (132, 3)), (133, 2, (132, 2)),
-     (133, 1, None), (200, 64, None), (132, 64, None), (264, 64, None), (100, 64, None), (462, 64, (396, 2))],
-)  # fmt: skip
-def test_rs_tail_splits_a_last_wave_at_most_half_full(tiles, blocks, plan):
-    """`rs_tail` on 132 SMs: whole waves whole, a last wave of at most 66 tiles in up to 4 K shares a tile (as many as
-    fit one wave, each share a block at least); none for one wave, a full last wave, or one more than half full."""
-    from anybit.kernels.frag_rs import rs_tail
-
-    assert rs_tail(tiles, 132, blocks) == plan

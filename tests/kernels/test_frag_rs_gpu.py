@@ -63,35 +63,6 @@ def test_split_k(text, m, k, split):
     assert torch.equal(outs[0], outs[1]) and not cnt.any()
 
 
-@pytest.mark.parametrize("text", ["w4a16", "nvfp4", "w8a16", "w2a16", "w3a16", "w4a16:uint4:g128:bf16:zp-int"])
-@pytest.mark.parametrize("m, n, k, bm", [(128, 8960, 1024, 128), (257, 9616, 2944, 128), (40, 8512, 1536, 64)])
-def test_split_tail(monkeypatch, text, m, n, k, bm):
-    """tail=1 (`rs_tail`): the whole waves' tiles whole, the last wave's in K shares (140 tiles: 8 left, 4 shares;
-    453 = 3 token tiles x 151 (N off the tile): 57 left, 2 shares; 133: 1 left, 4 shares of 12 blocks) — the exact
-    product, bias, NaN-poisoned output, relaunches bit for bit, counters left zero; 2-, 3-, 4- and 8-bit codes, zero
-    points, NVFP4."""
-    from anybit.kernels.frag_rs import rs_block_k, rs_tail
-
-    monkeypatch.setenv("ANYBIT_RS_W2", "1")
-    x, qw = random_case(text, m, n, k, seed=m + n)
-    tw = to_triton_layout(qw, allow_frag3=True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = cdiv(m, bm) * cdiv(n, 64)
-    plan = rs_tail(tiles, sms, cdiv(k, rs_block_k(qw.scheme.weight.bits)))
-    assert plan is not None and plan[1] > 1, (tiles, sms)
-    ref = x.double() @ qw.dequantize().double().T
-    b = torch.randn(n, device="cuda").bfloat16()
-    ws = torch.empty(4 * m * n, device="cuda")
-    cnt = torch.zeros(4096, dtype=torch.int32, device="cuda")
-    outs = []
-    for _ in range(2):
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        outs.append(gemm_frag_rs(x, tw, b, out=out, block_m=bm, tail=1, workspace=ws, counters=cnt))
-    assert rel_err(outs[0], ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(outs[0], outs[1]) and not cnt.any()
-    assert rel_err(gemm_frag_rs(x, tw, b, block_m=bm), ref + b.double()) < GEMM_REL_ERR[torch.bfloat16]
-
-
 BYTE_TILES = [
     dict(block_m=64, stages=3),
     dict(block_m=96),
