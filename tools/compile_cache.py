@@ -99,6 +99,20 @@ def _kernel(module: str, name: str):
     return obj
 
 
+def _local_libs(data: str) -> str:
+    """A recorded specialisation with its extern libraries (libdevice) at this machine's Triton: the recording
+    machine's paths (the device's Triton lives elsewhere) do not exist here; Triton keys them by their contents."""
+    import triton
+
+    spec = json.loads(data)
+    libs = spec.get("options", {}).get("extern_libs") or []
+    here = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "lib")
+    for lib in libs:
+        if not os.path.exists(lib[1]):
+            lib[1] = os.path.join(here, os.path.basename(lib[1]))
+    return json.dumps(spec)
+
+
 def replay(lines: list[str], cache: str) -> tuple[int, list[str]]:
     """Compile every distinct recorded kernel into `cache` (absolute) through the stand-in driver, keys made canonical
     first; returns (compiled, what failed)."""
@@ -112,7 +126,7 @@ def replay(lines: list[str], cache: str) -> tuple[int, list[str]]:
     for line in dict.fromkeys(lines):  # (order kept, duplicates once)
         rec = json.loads(line)
         try:
-            _kernel(rec["module"], rec["name"]).preload(rec["data"])
+            _kernel(rec["module"], rec["name"]).preload(_local_libs(rec["data"]))
             done += 1
         except Exception as ex:  # reported, the others still compile
             failed.append(f"{rec['module']}.{rec['name']}: {type(ex).__name__}: {str(ex)[:200]}")

@@ -34,6 +34,7 @@ from anybit.kernels.frag_ws_kernel import (
     _pairs2,
     _pairs_zp,
     _pow2,
+    _scaled,
     _store_tile,
     _tile_origin,
     _w_fetch,
@@ -295,18 +296,23 @@ def _partial(x_bufs, num_blocks, W8: gl.constexpr):
 
 
 @gluon.jit
-def _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT: gl.constexpr,
+def _sum_splits(own, part, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT: gl.constexpr,
                 HAS_BIAS: gl.constexpr):
-    """y [tokens off_m.., weight rows off_n..] = the SPLIT partial products in the workspace [SPLIT, M, N] (+ bias,
-    `_store_tile`), read through L2 (`.cg`: other CTAs wrote them), a tile of acc's shape [64, BM] and layout."""
-    layout: gl.constexpr = acc.type.layout
+    """y [tokens off_m.., weight rows off_n..] = the SPLIT parts' scaled partial products summed in part order — this
+    part's (`own`, in registers) and the others' from their slices of the workspace [SPLIT, M, N], read through L2
+    (`.cg`: other CTAs wrote them) — (+ bias, `_store_tile`): a tile of own's shape [64, BM] and layout."""
+    layout: gl.constexpr = own.type.layout
     cols = off_n + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-    rows = off_m + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    rows = off_m + gl.arange(0, own.shape[1], layout=gl.SliceLayout(0, layout))
     offs = gl.expand_dims(rows.to(gl.int64) * N, 0) + gl.expand_dims(cols, 1)
     mask = gl.expand_dims(rows < M, 0) & gl.expand_dims(cols < N, 1)
-    total = gl.zeros(acc.shape, dtype=gl.float32, layout=layout)
-    for i in range(SPLIT):
-        total += gl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    if SPLIT == 2:  # (one add: the same bits either way round)
+        total = own + gl.load(ws_ptr + (1 - part) * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        total = gl.zeros(own.shape, dtype=gl.float32, layout=layout)
+        for i in gl.static_range(SPLIT):
+            other = gl.load(ws_ptr + i * M * N + offs, mask=mask & (part != i), other=0.0, cache_modifier=".cg")
+            total += gl.where(part == i, own, other)
     _store_tile(total, None, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, False, HAS_BIAS, SWAPPED=True)
 
 
@@ -333,10 +339,14 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
            HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
            DIAG: gl.constexpr, SPLIT: gl.constexpr, W8: gl.constexpr, zq, k0, W3: gl.constexpr, ZP: gl.constexpr,
            W2: gl.constexpr):
-    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: the
-    tile's scaled partial products (no bias) into this split's slice of the fp32 workspace [SPLIT, M, N]; the split
-    that arrives last at the tile's counter (acq_rel, after a barrier of this partition's threads) sums the slices,
-    adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA graph."""
+    """The even blocks, then the odd ones' partial products from shared memory (`_partial`), then y. Split K: each
+    part adds 1 to the tile's counter; the SPLIT - 1 first in store their scaled partial products (no bias) into
+    their slices of the fp32 workspace [SPLIT, M, N] and add SPLIT (release, after a barrier of this partition's
+    threads); the last in waits (acquire) until they have (the counter at SPLIT x SPLIT — they are past their loops:
+    a bounded wait), sums every part's products in part order with its own in registers (the same bits whichever
+    part is last), adds the bias, stores y and re-arms the counter — no host synchronisation, replayable in a CUDA
+    graph. (Each part stored its slice and the last read them all before, session 37: ~6 µs a split CTA on the H200
+    at 128 tokens, ncu.)"""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     acc, acc2 = _summed(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, num_blocks, SIGNED, E2M1, TWO, DIAG,
                         W8, zq, k0, W3, ZP, W2)
@@ -346,19 +356,29 @@ def _first(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, xs_ptr, gs_p
         if TWO:
             _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES, HAS_BIAS,
                         gs_ptr, _pow2(E2M1), HAS_GS, True)
-    else:
-        part = ws_ptr + gl.program_id(1) * M * N
-        _store_tile(acc, xs_ptr, bias_ptr, part, M, N, N, off_m, off_n, ROW_SCALES, False, gs_ptr, _pow2(E2M1),
-                    HAS_GS, True)
-        if TWO:
-            _store_tile(acc2, xs_ptr, bias_ptr, part, M, N, N, off_m + BM1, off_n, ROW_SCALES, False, gs_ptr,
-                        _pow2(E2M1), HAS_GS, True)
-        gl.thread_barrier()
+    else:  # one atomic counts the parts in; all but the last leave their scaled products in their slices and say so
         tile = gl.program_id(0)
-        if gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
-            _sum_splits(acc, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT, HAS_BIAS)
+        part = gl.program_id(1)
+        own = _scaled(acc, xs_ptr, M, off_m, ROW_SCALES, gs_ptr, _pow2(E2M1), HAS_GS, True)
+        own2 = own
+        if TWO:
+            own2 = _scaled(acc2, xs_ptr, M, off_m + BM1, ROW_SCALES, gs_ptr, _pow2(E2M1), HAS_GS, True)
+        ahead = gl.atomic_add(cnt_ptr + tile, 1, sem="relaxed") % SPLIT  # the parts in before this one
+        if ahead != SPLIT - 1:
+            _store_tile(own, None, None, ws_ptr + part * M * N, M, N, N, off_m, off_n, False, False, SWAPPED=True)
             if TWO:
-                _sum_splits(acc2, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, SPLIT, HAS_BIAS)
+                _store_tile(own2, None, None, ws_ptr + part * M * N, M, N, N, off_m + BM1, off_n, False, False,
+                            SWAPPED=True)
+            gl.thread_barrier()
+            gl.atomic_add(cnt_ptr + tile, SPLIT, sem="release")  # (after every thread's stores: the barrier)
+        else:  # the last in: once the others' products have landed (SPLIT arrivals + SPLIT - 1 x SPLIT), y
+            landed = gl.atomic_add(cnt_ptr + tile, 0, sem="acquire")
+            while landed != SPLIT * SPLIT:
+                landed = gl.atomic_add(cnt_ptr + tile, 0, sem="acquire")
+            _sum_splits(own, part, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, SPLIT, HAS_BIAS)
+            if TWO:
+                _sum_splits(own2, part, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, SPLIT,
+                            HAS_BIAS)
             gl.atomic_xchg(cnt_ptr + tile, 0)
 
 

@@ -643,28 +643,41 @@ def _mma(x_desc, x_bufs, w_bufs, x_ready, w_ready, w_empty, xs_ptr, gs_ptr, bias
 
 
 @gluon.jit
-def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
-                HAS_BIAS: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0, HAS_GS: gl.constexpr = False,
-                SWAPPED: gl.constexpr = False):
-    """The dense kernels' epilogue: y = acc (* POW2, the weights' power of two left out of the decode) (* the
-    weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]. acc: [tokens from
-    off_m, weight rows from off_n], or the transpose (SWAPPED, `frag_ws_swap_kernel`)."""
+def _tile_index(acc, off_m, off_n, SWAPPED: gl.constexpr):
+    """acc's token rows and weight columns (in y); tokens run along acc's dimension 1, or 0 where SWAPPED."""
     d0 = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
     d1 = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
     if SWAPPED:  # weight rows down, tokens across: a token vector is expanded along dim 0
-        TA: gl.constexpr = 0
-        rows = off_m + d1
-        cols = off_n + d0
+        return off_m + d1, off_n + d0
     else:
-        TA: gl.constexpr = 1
-        rows = off_m + d0
-        cols = off_n + d1
+        return off_m + d0, off_n + d1
+
+
+@gluon.jit
+def _scaled(acc, xs_ptr, M, off_m, ROW_SCALES: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0,
+            HAS_GS: gl.constexpr = False, SWAPPED: gl.constexpr = False):
+    """acc (* POW2) (* the weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) — `_store_tile`'s."""
+    rows, _ = _tile_index(acc, off_m, 0, SWAPPED)
+    TA: gl.constexpr = 0 if SWAPPED else 1
     if HAS_GS:
         acc = acc * (gl.load(gs_ptr) * POW2)
     elif POW2 != 1.0:
         acc = acc * POW2
     if ROW_SCALES:
         acc = acc * gl.expand_dims(gl.load(xs_ptr + rows, mask=rows < M, other=0.0), TA)
+    return acc
+
+
+@gluon.jit
+def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
+                HAS_BIAS: gl.constexpr, gs_ptr=None, POW2: gl.constexpr = 1.0, HAS_GS: gl.constexpr = False,
+                SWAPPED: gl.constexpr = False):
+    """The dense kernels' epilogue: y = acc (* POW2, the weights' power of two left out of the decode) (* the
+    weight's global scale, HAS_GS) (* each row's x scale, ROW_SCALES) (+ bias), inside [M, N]. acc: [tokens from
+    off_m, weight rows from off_n], or the transpose (SWAPPED, `frag_ws_swap_kernel`)."""
+    rows, cols = _tile_index(acc, off_m, off_n, SWAPPED)
+    TA: gl.constexpr = 0 if SWAPPED else 1
+    acc = _scaled(acc, xs_ptr, M, off_m, ROW_SCALES, gs_ptr, POW2, HAS_GS, SWAPPED)
     if HAS_BIAS:
         acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 1 - TA)
     ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, TA) + gl.expand_dims(cols, 1 - TA)
