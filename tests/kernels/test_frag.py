@@ -141,19 +141,23 @@ def test_swap_ab_gemm_matches_dequantize(interpret, text, m):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("split", [1, 2, 3])
 def test_k_tail_split_k_poisoned_output_and_bias(interpret, split):
-    x, qw, ref = _problem("w4a16:int4:ch:fp16", 13, 70, 200, seed=3)  # K=200: a padded 128-K block
+    """Split K (`splitk.store_or_reduce`: the last split in adds the others' slices to its own partial): the exact
+    product with bias into a NaN-poisoned output, the same bits again (the counters re-armed)."""
+    x, qw, ref = _problem("w4a16:int4:ch:fp16", 13, 70, 200 if split < 3 else 400, seed=3)  # a padded 128-K block
     bias = torch.randn(70).half()
     tw = to_triton_layout(qw)
     ws, cnt = torch.empty(split * 13 * 70), torch.zeros(8, dtype=torch.int32)
+    outs = []
     for _ in range(2):  # the second call checks the counters were re-armed
         out = torch.full((13, 70), float("nan"), dtype=torch.float16)
         gemm_frag(x, tw, bias, block_m=16, block_n=64, split_k=split, num_stages=1, workspace=ws, counters=cnt,
                   out=out)  # fmt: skip
         assert not torch.isnan(out).any()
         assert rel_err(out, ref + bias.double()) < GEMM_REL_ERR[torch.float16]
-    assert (cnt == 0).all()
+        outs.append(out)
+    assert (cnt == 0).all() and torch.equal(outs[0], outs[1])
 
 
 def test_large_m_dequantizes_exactly(interpret):
