@@ -143,8 +143,8 @@ def test_swap_ab_gemm_matches_dequantize(interpret, text, m):
 
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_k_tail_split_k_poisoned_output_and_bias(interpret, split):
-    """Split K (`splitk.store_or_reduce`: the last split in adds the others' slices to its own partial): the exact
-    product with bias into a NaN-poisoned output, the same bits again (the counters re-armed)."""
+    """Split K (`splitk.store_or_reduce`: every split's partial into the workspace, the last to arrive sums them):
+    the exact product with bias into a NaN-poisoned output, the same bits again (the counters re-armed)."""
     x, qw, ref = _problem("w4a16:int4:ch:fp16", 13, 70, 200 if split < 3 else 400, seed=3)  # a padded 128-K block
     bias = torch.randn(70).half()
     tw = to_triton_layout(qw)
