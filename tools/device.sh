@@ -56,4 +56,6 @@ while [ $# -gt 0 ]; do
   r=${PIPESTATUS[0]}; [ "$r" -ne 0 ] && rc=$r
   echo "== $part: exit $r, $(( $(date +%s) - t0 )) s"
 done
+# entries added by this call (a carried .tcache that covered the call's kernels gains only the driver's few modules)
+[ -n "${TRITON_CACHE_DIR:-}" ] && echo "Triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) entries after"
 exit $rc
