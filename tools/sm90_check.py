@@ -226,7 +226,12 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt), allow_frag3=True)
     tile = dict(block_m=128) | (tiles or {})
     _compiled.clear()
-    gemm_frag_rs(torch.randn(m, k, dtype=dtype), tw, **tile)
+    if tile.pop("persistent", 0):  # the persistent form (`frag_rsp`, work in progress), 132 CTAs
+        from anybit.kernels.frag_rsp import gemm_frag_rsp
+
+        gemm_frag_rsp(torch.randn(m, k, dtype=dtype), tw, ctas=132, **tile)
+    else:
+        gemm_frag_rs(torch.randn(m, k, dtype=dtype), tw, **tile)
     return _report(f"rs {fmt:25s} M={m:<4d}", _compiled[-1], 128, 64, 4, cuobjdump,
                    sass_dir and (sass_dir, f"rs_{fmt}_{m}"))  # fmt: skip
 

@@ -72,6 +72,18 @@ def _words2_layout():
     )
 
 
+@gluon.constexpr_function
+def _acc_layout(tokens):
+    """A warpgroup's fp32 [64 weight rows, tokens] wgmma accumulator."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, tokens, 16])
+
+
+@gluon.constexpr_function
+def _a_layout(tokens):
+    """The register A operand [64, 64 K] of a wgmma onto `_acc_layout(tokens)`."""
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(tokens), k_width=2)
+
+
 # fmt: off
 @gluon.jit
 def _a_operand(r0, r1, r2, r3, DTYPE: gl.constexpr, a_layout: gl.constexpr):
@@ -117,6 +129,42 @@ def _half_words(words, h):
     `_words2_layout` (h a run-time 0 or 1: one select a register)."""
     a, b = gl.split(gl.permute(gl.reshape(words, [64, 4, 2, 2]), [0, 1, 3, 2]))
     return gl.convert_layout(gl.where(h == 0, a, b), _words2_layout())
+
+
+@gluon.jit
+def _decoded(w, lo, hi, DTYPE: gl.constexpr, a_layout: gl.constexpr, SIGNED: gl.constexpr, E2M1: gl.constexpr,
+             W3: gl.constexpr, ZP: gl.constexpr, W2: gl.constexpr):
+    """A 128-K block's words and scales (`_block_words`) -> its two 64-K halves as the wgmma's register operand."""
+    s_lo, _ = gl.broadcast(lo, w)
+    s_hi, _ = gl.broadcast(hi, w)
+    if W2:
+        r0, r1, r2, r3 = _pairs2(w, s_lo, s_hi, SIGNED, ZP)
+    elif ZP:
+        r0, r1, r2, r3 = _pairs_zp(w, s_lo, s_hi)
+    else:
+        r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1, W3)
+    return _a_operand(r0, r1, r2, r3, DTYPE, a_layout)
+
+
+@gluon.jit
+def _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, b, acc, acc2, TWO: gl.constexpr, a2_layout: gl.constexpr):
+    """Block b's wgmma (not waited for) once its x has landed in x slots 2b, 2b + 1 (of 2 STAGES): the halves a0, a1
+    on x's first BM1 tokens, and (TWO) the same registers renamed (b0, b1) on the BM2 after them. Returns acc, acc2,
+    b0, b1 (a0, a1 without TWO) — the wait's deps."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
+    x0 = (2 * b) % (2 * STAGES)
+    mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
+    mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
+    acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
+    b0 = a0
+    b1 = a1
+    if TWO:  # the same registers as the other N's operand (a renaming)
+        b0 = gl.convert_layout(a0, a2_layout)
+        b1 = gl.convert_layout(a1, a2_layout)
+        acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
+        acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+    return acc, acc2, b0, b1
 
 
 @gluon.jit
@@ -206,10 +254,10 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
-    l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM1, 16])
-    l2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM2, 16])
-    a1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l1, k_width=2)
-    a2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l2, k_width=2)
+    l1: gl.constexpr = _acc_layout(BM1)
+    l2: gl.constexpr = _acc_layout(BM2)
+    a1_layout: gl.constexpr = _a_layout(BM1)
+    a2_layout: gl.constexpr = _a_layout(BM2)
     acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
     acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
     DTYPE: gl.constexpr = x_bufs.dtype
@@ -245,25 +293,8 @@ def _consumer_loop(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, num_blocks, m
             if DIAG:  # timing only: the words themselves as the operand, no decode (wrong results)
                 a0, a1 = _a_operand(w, w, w, w, DTYPE, a1_layout)
             else:
-                s_lo, _ = gl.broadcast(lo, w)
-                s_hi, _ = gl.broadcast(hi, w)
-                if W2:
-                    r0, r1, r2, r3 = _pairs2(w, s_lo, s_hi, SIGNED, ZP)
-                elif ZP:
-                    r0, r1, r2, r3 = _pairs_zp(w, s_lo, s_hi)
-                else:
-                    r0, r1, r2, r3 = _pairs(w, s_lo, s_hi, SIGNED, E2M1, W3)
-                a0, a1 = _a_operand(r0, r1, r2, r3, DTYPE, a1_layout)
-            x0 = (2 * b) % (2 * STAGES)
-            mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
-            mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
-            acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
-            if TWO:  # the same registers as the other N's operand (a renaming)
-                b0 = gl.convert_layout(a0, a2_layout)
-                b1 = gl.convert_layout(a1, a2_layout)
-                acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
-                acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+                a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
+            acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, b, acc, acc2, TWO, a2_layout)
             if AHEAD:  # the next block's words while the wgmma run (the last block's again at the end: still held)
                 nxt = gl.minimum(b + 2, last)
                 w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, k0 + nxt, W3, ZP, W2)

@@ -685,10 +685,11 @@ def _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW
 
 
 @gluon.jit
-def _tile_origin(M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+def _tile_origin(M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr, pid=None):
     """This CTA's (off_m, off_n) in the grouped tile order (L2: GROUP_M row tiles of x share each decoded weight
-    tile's neighbours)."""
-    pid = gl.program_id(0)
+    tile's neighbours); pid: the tile's index in that order (default the CTA's, `program_id(0)`)."""
+    if pid is None:
+        pid = gl.program_id(0)
     num_m = gl.cdiv(M, BM)
     num_n = gl.cdiv(N, BN)
     group = GROUP_M * num_n

@@ -115,12 +115,18 @@ def _run(
     ring = _Ring(stages)
     ring.first_done = unordered
     actors = [_loader(ring, blocks)] + [_warpgroup(ring, me, blocks, guard, ahead, w8) for me in (0, 1)]
+    return _schedule(ring, actors, rng, f"stages={stages} guard={guard} ahead={ahead} seed={seed}")
+
+
+def _schedule(ring: _Ring, actors: list, rng: random.Random, case: str) -> list[str]:
+    """Run the actors (generators yielding their next wait) and land the copies in flight in a random order until
+    all are done; what went wrong, or _Hang (naming `case`) when nothing can move."""
     waits = {id(a): (lambda: True) for a in actors}
     while actors or ring.in_flight:
         runnable = [a for a in actors if waits[id(a)]()]
         landing = ["land"] if ring.in_flight else []
         if not runnable and not landing:
-            raise _Hang(f"stages={stages} guard={guard} ahead={ahead} seed={seed}")
+            raise _Hang(case)
         pick = rng.choice(runnable + landing * rng.randint(1, 3))  # copies land late or early
         if pick == "land":
             ring.land(*ring.in_flight.pop(rng.randrange(len(ring.in_flight))))  # in any order

@@ -1,0 +1,33 @@
+"""The persistent register-operand kernel (`frag_rsp`, work in progress — written in session 37, compiled for sm_90a
+on the CPU machine, not yet run on a GPU) against float64 products of `dequantize()`: CTAs walking several tiles
+(1, 7 and all SMs), N off the 64-row tile, M off the token tile, an odd number of K blocks (the warpgroups' blocks of a
+tile swap parity from one tile to the next), bias into a NaN-poisoned output, bit-equal relaunches; with an even
+number of K blocks the bits of the one-tile kernel."""
+
+import pytest
+import torch
+
+from anybit.kernels.frag_rs import gemm_frag_rs
+from anybit.kernels.frag_rsp import gemm_frag_rsp
+from tests.kernels.test_frag_rs_gpu import ONLY_RS, _only_rs_case
+from tests.kernels.test_frag_ws_gpu import SM90_GPU
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = SM90_GPU
+
+
+@pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                         ("mxfp4", torch.bfloat16), ("w4a16:int4:g128:fp16", torch.float16),
+                                         *ONLY_RS[:2], ONLY_RS[4], ONLY_RS[7]])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(13, 4160, 1024), (96, 2000, 1408), (200, 1040, 2944)])
+@pytest.mark.parametrize("ctas", [1, 7, None])
+def test_matches_the_exact_product(text, dtype, m, n, k, ctas):
+    x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
+    bm = 96 if m == 96 else 128
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rsp(x, tw, b, out=out, block_m=bm, ctas=ctas)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rsp(x, tw, b, block_m=bm, ctas=ctas))
+    if (k // 128) % 2 == 0:  # each tile's blocks split between the warpgroups as in the one-tile kernel
+        assert torch.equal(y, gemm_frag_rs(x, tw, b, block_m=bm))
