@@ -28,6 +28,7 @@ from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m, ws_int_why_not  # noqa: E402
+from anybit.kernels.frag_rsp import gemm_frag_rsp  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -43,7 +44,8 @@ def main() -> int:
     ap = probe_parser(__doc__, "w4a16", "256,512,1024,2048,4096,8192", "stages=4;stages=3", "humming",
                       "humming, route (anybit's own path for the call), nocublas (no dequantize + cuBLAS cells), "
                       "none; tiles swap=1:block_m=0 take the fewest tokens holding M, default the kernel's own, "
-                      "rs=1:block_m=128 the register-operand kernel (rs=1:diag=1: no decode, timing)")  # fmt: skip
+                      "rs=1:block_m=128 the register-operand kernel (rs=1:diag=1: no decode, timing; "
+                      "rs=1:persistent=1 its persistent form, work in progress)")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)
@@ -88,8 +90,9 @@ def main() -> int:
                 if rs_why if tile.get("rs") else ws_why:
                     continue
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
-                if tile.get("rs"):  # the experimental register-operand kernel (`frag_rs`): its own options only
-                    fn, t = gemm_frag_rs, {a: b for a, b in tile.items() if a != "rs"}
+                if tile.get("rs"):  # the register-operand kernel (`frag_rs`): its own options only; persistent=1
+                    t = {a: b for a, b in tile.items() if a not in ("rs", "persistent")}  # its persistent form
+                    fn = gemm_frag_rsp if tile.get("persistent") else gemm_frag_rs
                 else:
                     bits = scheme.weight.bits  # (even where auto says no)
                     fn, t = gemm_frag_ws, (ws_tile(m, n, bits=bits) or ws_tile(1024, 8192, bits=bits)) | tile
