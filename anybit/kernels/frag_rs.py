@@ -150,15 +150,15 @@ RS_SPLIT = 2  # K splits of a tile where two CTAs a tile fit one wave (`rs_tile`
 _SMEM = 227 * 1024 - 2048  # a CTA's shared memory on Hopper, less the barriers and alignment
 
 
-def rs_stages(block_m: int, bits: int = 4) -> int:
+def rs_stages(block_m: int, bits: int = 4, spare: int = 0) -> int:
     """The most ring slots (up to RS_MAX_STAGES) that fit: a slot is a block's words (4 KB), scale rows (at most 8 x
     64 bytes; or scale and zero-point rows, 2-bit codes in 64-K groups four of each: 768 bytes) and x's two halves
     (block_m x 128 x 2 bytes; the reduction reuses one slot's); 96 or 128 tokens: 6, 160: 5, 192: 4, 256: 3. 8-bit
     codes: a 64-K block holds one x slice (block_m x 64 x 2 bytes; the reduction reuses x slots 0 and 1), so 6 slots
     at every tile up to 256 tokens, 5 at 272-320. 3-bit codes: two 4 KB units a slot (96 tokens: 6, 128: 5, 160: 4,
-    192 and 256: 3)."""
+    192 and 256: 3). spare: bytes of shared memory kept for something else (`frag_rsp.rsp_stages`)."""
     words = 8192 if bits == 3 else 4096
-    return min(RS_MAX_STAGES, _SMEM // (words + 1024 + block_m * (128 if bits == 8 else 256)))
+    return min(RS_MAX_STAGES, (_SMEM - spare) // (words + 1024 + block_m * (128 if bits == 8 else 256)))
 
 
 def rs_block_m(m: int, n: int, num_sms: int = 132, bits: int = 4) -> int | None:
@@ -326,14 +326,8 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _rs_launch(tw, key)
-    y = call_output(x, tw, bias, out)
+    y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
     m, n = x.shape[0], tw.n
-    bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
-    x1 = x_desc(x, bm1)
-    x2 = x_desc(x, bm2) if bm2 else x1
-    w_desc, s_desc, z_desc = int_descs(tw, x.dtype, 64)
-    gs = tw.global_scale
-    xs = row_scales(x_scales, m, y)
     tiles = cdiv(m, block_m) * cdiv(n, 64)
     if split_k > 1 and (workspace is None or counters is None):  # the Triton backend's, shared by every call
         from anybit.backends import get_backend
@@ -343,10 +337,21 @@ def gemm_frag_rs(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: 
         if workspace.numel() < split_k * m * n or counters.numel() < tiles:
             raise ValueError(f"split_k={split_k} needs a workspace of >= {split_k * m * n} floats and >= {tiles} "
                              f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
-    launch((tiles, split_k), x1, x2, w_desc, s_desc, z_desc, xs, gs if gs is not None else y,
-           bias if bias is not None else y, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
+    launch((tiles, split_k), *operands, y, workspace if split_k > 1 else y, counters if split_k > 1 else y, m, n,
            tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))  # fmt: skip
     return y
+
+
+def rs_operands(x: torch.Tensor, tw, bias: torch.Tensor | None, out: torch.Tensor | None, block_m: int,
+                x_scales: torch.Tensor | None) -> tuple[torch.Tensor, tuple]:  # fmt: skip
+    """y, and the register-operand kernels' first arguments: x's descriptors (two token parts, `rs_token_parts`),
+    the weight's words / scales / zero points, x's row scales, the global scale and bias (y where absent)."""
+    y = call_output(x, tw, bias, out)
+    bm1, bm2 = rs_token_parts(block_m, tw.fmt["W_BITS"])
+    x1 = x_desc(x, bm1)
+    gs = tw.global_scale
+    return y, (x1, x_desc(x, bm2) if bm2 else x1, *int_descs(tw, x.dtype, 64), row_scales(x_scales, x.shape[0], y),
+               gs if gs is not None else y, bias if bias is not None else y)  # fmt: skip
 
 
 # the arguments of `frag_rs_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is

@@ -131,11 +131,13 @@ def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
                     SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, MMA_REGS: gl.constexpr,
                     E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-                    W3: gl.constexpr = False, ZP: gl.constexpr = False, W2: gl.constexpr = False):
+                    W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
+                    W2: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
+    gl.static_assert(not W8, "8-bit codes: a 64-K block is one x slice (the one-tile kernel runs them)")
     gl.static_assert(not ((W2 or W3 or ZP) and E2M1), "2- or 3-bit codes and zero points: integer words")
     if TWO:
         BM: gl.constexpr = BM1 + BM2
