@@ -1,5 +1,5 @@
-"""Host side of the persistent register-operand kernel (`frag_rsp_kernel`, work in progress: compiled for sm_90a,
-not yet run on a GPU, on no route)."""
+"""Host side of the persistent, stream-K register-operand kernel (`frag_rsp_kernel`, work in progress, on no route):
+`shares` says which blocks each CTA runs (the kernel's `_run` / `_segment`, for the tests' models and the host)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag import sm_count
 from anybit.kernels.frag_rs import rs_consts, rs_operands, rs_stages
+from anybit.kernels.launch import Launcher
 
 
 def rsp_stages(block_m: int, bits: int = 4) -> int:
@@ -15,11 +16,31 @@ def rsp_stages(block_m: int, bits: int = 4) -> int:
     return rs_stages(block_m, bits, spare=256 * block_m)
 
 
+def shares(tiles: int, nb: int, ctas: int) -> list[list[tuple[int, int, int]]]:
+    """Each CTA's run as segments (tile, first K block, end): the tiles' K blocks in units of two (a tile's last unit
+    three when nb is odd), tile after tile, cut into `ctas` runs of units as even as they come (CTA q's
+    [q U // P, (q + 1) U // P)) — every segment two blocks at least, one for each MMA warpgroup."""
+    h = nb // 2
+    units = tiles * h
+    runs = []
+    for q in range(ctas):
+        u0, u1 = q * units // ctas, (q + 1) * units // ctas
+        segs = []
+        for t in range(u0 // h, (u1 - 1) // h + 1):
+            j_lo, j_hi = max(u0 - t * h, 0), min(u1 - t * h, h)
+            segs.append((t, 2 * j_lo, nb if j_hi == h else 2 * j_hi))
+        runs.append(segs)
+    return runs
+
+
 def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
-                  x_scales: torch.Tensor | None = None, ctas: int | None = None) -> torch.Tensor:  # fmt: skip
-    """`frag_rs.gemm_frag_rs` (no split K, no 8-bit codes) with `ctas` persistent CTAs (default: the SMs) walking
-    the tiles; K must hold two 128-K blocks at least."""
+                  x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
+                  counters=None) -> torch.Tensor:  # fmt: skip
+    """`frag_rs.gemm_frag_rs` (no 8-bit codes) with `ctas` persistent CTAs (default: the SMs, at most one a unit of
+    two K blocks) sharing the tiles' K blocks evenly (`shares`); a tile shared by several CTAs is summed by the last
+    to finish through `workspace` (fp32, >= 2 ctas x 64 x block_m) and zeroed int32 `counters` (>= the tiles; left
+    zero) — the Triton backend's shared ones when not given. K must hold two 128-K blocks at least."""
     bits = tw.fmt["W_BITS"]
     if bits == 8:
         raise ValueError("the persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
@@ -28,11 +49,28 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
                          f"got {tw.k}")  # fmt: skip
     m, n = x.shape[0], tw.n
     tiles = cdiv(m, block_m) * cdiv(n, 64)
-    consts = rs_consts(tw, block_m, stages or rsp_stages(block_m, bits), mma_regs)  # (checks the tile)
-    consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
-    from anybit.kernels.frag_rsp_kernel import frag_rsp_kernel
+    units = tiles * (cdiv(tw.k, 128) // 2)
+    grid = (min(ctas or sm_count(x.device) or 1, units),)
+    if workspace is None or counters is None:  # the Triton backend's, shared by every call
+        from anybit.backends import get_backend
 
+        workspace, counters = get_backend("triton").workspace(x.device, 2 * grid[0] * 64 * block_m, tiles)
+    if workspace.numel() < 2 * grid[0] * 64 * block_m or counters.numel() < tiles:
+        raise ValueError(f"{grid[0]} CTAs need a workspace of >= {2 * grid[0] * 64 * block_m} floats and >= {tiles} "
+                         f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
+    key = ("rsp", block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
+    launch = tw.launches.get(key)
+    if launch is None:
+        from anybit.kernels.frag_rsp_kernel import frag_rsp_kernel
+
+        consts = rs_consts(tw, block_m, stages or rsp_stages(block_m, bits), mma_regs)  # (checks the tile)
+        consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
+        launch = tw.launches[key] = Launcher(frag_rsp_kernel, consts, _RSP_LIVE)
     y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
-    grid = (min(ctas or sm_count(x.device) or 1, tiles),)
-    frag_rsp_kernel[grid](*operands, y, m, n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0), **consts)
+    launch(grid, *operands, y, workspace, counters, m, n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))
     return y
+
+
+# the arguments of `frag_rsp_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
+# absent), bias, workspace, counters, M, y's row stride
+_RSP_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15)

@@ -1,18 +1,22 @@
-"""The persistent form of the register-operand kernel (`frag_rs_kernel`), work in progress (session 37; compiled for
-sm_90a here, not yet run on a GPU): one CTA an SM walks the tiles pid, pid + P, ... (P CTAs) with the same three
-partitions, but the rings run on across its tiles — the loader fetches the next tile's first blocks while the MMA
-warpgroups finish this one, and the first warpgroup's epilogue of a tile overlaps the second's next blocks. Why:
-ncu at 128 tokens on 28672x8192 (BENCHMARKS.md, session 37) has our SMs busy 83 % of the cycles against Humming's 93 %
-(two persistent CTAs an SM), the busy SMs' work within 5 %, and each CTA of the one-tile kernel pays the first block's
-latency and the warpgroups' uneven end once more per tile.
+"""The persistent, stream-K form of the register-operand kernel (`frag_rs_kernel`), work in progress (session 38):
+P CTAs (one an SM) share the work of all tiles evenly — the K blocks of every tile, tile after tile, cut into P
+runs at unit boundaries (`frag_rsp.shares`: a unit is two 128-K blocks, a tile's last unit three when its block
+count is odd) — so 448 tiles on 132 SMs cost 3.39 tiles a CTA, not 4 waves (ncu at 128 tokens on 28672x8192,
+session 37: our SMs busy 83 % of the cycles against Humming's 93 %, the gap its stream-K's). The rings run on across
+a CTA's tiles (the loader fetches the next tile's first blocks while the warpgroups finish this one), so the first
+block's latency is paid once a CTA, not once a tile (session 37's split tail, one-tile CTAs of half a tile's K: a
+half cost 23.7 µs, not 17.6).
 
-Blocks are numbered globally, g = t * nb + b (the CTA's t-th tile, its K block b), and owned by parity (g % 2: the
-warpgroup), so the ring's slots, phases and the odd-ring guard of `frag_rs_kernel._block_words` are those of one long
-tile. A warpgroup's last owned block of a tile (every tile has at least two blocks: one each) ends the tile for it:
-the second stores its partial products into a buffer of their own (the x slots hold the next tile's x by then) and
-says so (`red_bar[0]`); the first waits for them, adds them, frees the buffer (`red_bar[1]`, which the second waits
-for before its next store: one tile ahead at most, so the parity waits are exact) and stores y. No split K, no 8-bit
-codes (a block of bytes is 64 K, one x slice).
+A CTA's blocks are numbered g = 0, 1, ... along its run and owned by parity (g % 2: the warpgroup), so the ring's
+slots, phases and the odd-ring guard of `frag_rs_kernel._block_words` are those of one long tile; a run's piece of a
+tile (a segment) holds two blocks at least, one each. At its last block of a segment the second warpgroup stores its
+partial products into a buffer of their own (the x slots hold the next segment's x by then) and says so
+(`red_bar[0]`); the first waits, adds them, frees the buffer (`red_bar[1]`, which the second waits for before its next
+store: one segment ahead at most, so the parity waits are exact) and stores y — or, where the tile's K is shared
+with other CTAs, takes a ticket: all but the last in leave their products in their slot of the workspace and say so,
+the last waits for them (they are past their loops: a bounded wait), sums every part in CTA order (the same bits
+whichever is last), stores y and re-arms the tile's counter (`_fixup`). No 8-bit codes (a block of bytes is 64 K,
+one x slice).
 """
 
 from __future__ import annotations
@@ -35,39 +39,138 @@ from anybit.kernels.frag_ws_kernel import _pow2, _store_tile, _tile_origin, _w_f
 
 # fmt: off
 @gluon.jit
-def _p_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, my_tiles,
-              num_blocks, BM: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
-              PANEL: gl.constexpr, TWO: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
-              ZP: gl.constexpr = False, W2: gl.constexpr = False):
-    """Every block of the CTA's tiles in global order: words and scales into slot g % STAGES, x's two 64-K halves
-    into x slots 2g, 2g + 1 (of 2 STAGES), once the slot's previous block has been released."""
-    STAGES: gl.constexpr = wq.type.shape[0]
+def _run(tiles, nb):
+    """This CTA's run of units [u0, u1) (of tiles x nb // 2, split evenly among the CTAs) and its first and last
+    tile — `frag_rsp.shares`."""
+    units = tiles * (nb // 2)
     pid = gl.program_id(0)
-    total = my_tiles * num_blocks
-    for t in range(my_tiles):
-        off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, pid + t * gl.num_programs(0))
-        for b in range(num_blocks):
-            g = t * num_blocks + b
-            s = g % STAGES
-            mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-            _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, b, num_blocks, GB,
-                     SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP, W2)
-            # x slot 2g (+ 1), x's K step 2b (+ 1): the step is the slot counter plus 2 (b - g)
-            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g, 2 * total, 2 * STAGES, TWO,
-                      2 * (b - g))
-            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g + 1, 2 * total, 2 * STAGES, TWO,
-                      2 * (b - g))
+    P = gl.num_programs(0)
+    u0 = pid * units // P
+    u1 = (pid + 1) * units // P
+    return u0, u1, u0 // (nb // 2), (u1 - 1) // (nb // 2)
 
 
 @gluon.jit
-def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N,
-           stride_ym, my_tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
+def _segment(t, u0, u1, nb):
+    """The K blocks [kb_lo, kb_hi) of tile t in the run [u0, u1): unit j starts at block 2j, the tile's last ends at
+    nb."""
+    h = nb // 2
+    j_lo = gl.maximum(u0 - t * h, 0)
+    j_hi = gl.minimum(u1 - t * h, h)
+    return 2 * j_lo, gl.where(j_hi == h, nb, 2 * j_hi)
+
+
+@gluon.jit
+def _block_at(u, h, nb):
+    """Unit u's first block, counted over whole tiles (a tile's last unit ends at the next tile's block 0)."""
+    return (u // h) * nb + 2 * (u % h)
+
+
+@gluon.jit
+def _owner(u, units):
+    """The CTA whose run holds unit u (the largest q with q * units // P <= u)."""
+    return ((u + 1) * gl.num_programs(0) + units - 1) // units - 1
+
+
+@gluon.jit
+def _slot(q, t, units, nb):
+    """Where CTA q leaves its partial products of tile t in the workspace: 2q for its run's first tile, 2q + 1 for
+    its last (a run's middle tiles are whole)."""
+    first_tile = (q * units // gl.num_programs(0)) // (nb // 2)
+    return 2 * q + (t != first_tile).to(gl.int32)
+
+
+@gluon.jit
+def _ws_offsets(acc):
+    """acc's elements [64, tokens] as offsets row * tokens + token: how every CTA lays its products in a slot."""
+    layout: gl.constexpr = acc.type.layout
+    r = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    return gl.expand_dims(r, 1) * acc.shape[1] + gl.expand_dims(c, 0)
+
+
+@gluon.jit
+def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr):
+    """Tile t's products summed over the CTAs sharing its K (`_owner` of its first and last unit) into the last
+    one in: its ticket says how many came before; all but the last store theirs into their workspace slot
+    (`_slot`, fp32 64 x (BM1 + BM2)) and add `parts` (release, after a barrier of this partition's threads); the last
+    waits (acquire) for parts x parts, adds the parts in CTA order — its own from registers — and re-arms the counter.
+    Returns (is this CTA the one to store y, the sums)."""
+    BM1: gl.constexpr = acc.shape[1]
+    BM2: gl.constexpr = acc2.shape[1]
+    SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
+    units = tiles * (nb // 2)
+    first = _owner(t * (nb // 2), units)
+    last = _owner((t + 1) * (nb // 2) - 1, units)
+    pid = gl.program_id(0)
+    o1 = _ws_offsets(acc)
+    o2 = _ws_offsets(acc2) + 64 * BM1
+    parts = last - first + 1
+    ahead = parts - 1  # (a whole tile: this CTA stores it)
+    if parts > 1:
+        ahead = gl.atomic_add(cnt_ptr + t, 1, sem="relaxed") % parts  # the parts in before this one
+        if ahead != parts - 1:
+            base = ws_ptr + _slot(pid, t, units, nb).to(gl.int64) * SLOT
+            gl.store(base + o1, acc)
+            if TWO:
+                gl.store(base + o2, acc2)
+            gl.thread_barrier()
+            gl.atomic_add(cnt_ptr + t, parts, sem="release")  # (after every thread's stores: the barrier)
+        else:
+            landed = gl.atomic_add(cnt_ptr + t, 0, sem="acquire")
+            while landed != parts * parts:
+                landed = gl.atomic_add(cnt_ptr + t, 0, sem="acquire")
+            own = acc
+            own2 = acc2
+            acc = gl.zeros_like(own)
+            acc2 = gl.zeros_like(own2)
+            for q in range(first, last + 1):
+                base = ws_ptr + _slot(q, t, units, nb).to(gl.int64) * SLOT
+                other = gl.load(base + o1, mask=(o1 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
+                acc += gl.where(q == pid, own, other)
+                if TWO:
+                    other2 = gl.load(base + o2, mask=(o2 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
+                    acc2 += gl.where(q == pid, own2, other2)
+            gl.atomic_xchg(cnt_ptr + t, 0)
+    return ahead == parts - 1, acc, acc2
+
+
+@gluon.jit
+def _p_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
+              num_blocks, BM: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
+              PANEL: gl.constexpr, TWO: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
+              ZP: gl.constexpr = False, W2: gl.constexpr = False):
+    """Every block of the CTA's run in order: words and scales into slot g % STAGES, x's two 64-K halves into x
+    slots 2g, 2g + 1 (of 2 STAGES), once the slot's previous block has been released."""
+    STAGES: gl.constexpr = wq.type.shape[0]
+    u0, u1, t0, t1 = _run(tiles, num_blocks)
+    g = 0
+    for t in range(t0, t1 + 1):
+        off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, t)
+        kb_lo, kb_hi = _segment(t, u0, u1, num_blocks)
+        for kb in range(kb_lo, kb_hi):
+            s = g % STAGES
+            mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+            _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, kb, num_blocks, GB,
+                     SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP, W2)
+            # x slot 2g (+ 1), x's K step 2kb (+ 1): the slot counter plus 2 (kb - g); (no step past the run's)
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g, 2 * g + 2, 2 * STAGES, TWO,
+                      2 * (kb - g))
+            _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g + 1, 2 * g + 2, 2 * STAGES, TWO,
+                      2 * (kb - g))
+            g += 1
+
+
+@gluon.jit
+def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+           cnt_ptr, M, N, stride_ym, tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
            W2: gl.constexpr = False):
-    """MMA warpgroup `me`: its blocks g = me, me + 2, ... of the CTA's tiles, decoded into the wgmma's register operand
-    as `frag_rs_kernel._consumer_loop` does (the next owned block's words loaded while the wgmma run); at its last
-    block of each tile the hand-over through `red` (the second) or the sum and y (the first)."""
+    """MMA warpgroup `me`: the blocks g = me, me + 2, ... of the CTA's run, decoded into the wgmma's register operand
+    as `frag_rs_kernel._consumer_loop` does (the next owned block's words loaded while the wgmma run, across segments
+    too); at its last block of each segment the hand-over through `red` (the second) or the sum, the `_fixup` of a
+    shared tile and y (the first)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
@@ -78,60 +181,63 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
     acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
     acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
     DTYPE: gl.constexpr = x_bufs.dtype
-    pid = gl.program_id(0)
-    total = my_tiles * num_blocks
-    mine = gl.cdiv(total - me, 2)
-    last = me + 2 * (mine - 1)  # its last block
-    w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, me, W3, ZP, W2)
-    kb = me  # block g's K block in its tile t, counted along (no division a block: every tile has >= 2 blocks, so
-    t = 0  # the next owned block is at most one tile on)
-    for i in range(mine):
-        g = 2 * i + me
-        wrap = (kb + 2 >= num_blocks).to(gl.int32)
-        kb_next = kb + 2 - wrap * num_blocks
-        t_next = t + wrap
-        a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
-        acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
-        more = (g + 2 <= last).to(gl.int32)  # (else the last block's words again: still held)
-        nxt = g + 2 * more
-        w, lo, hi = _block_words(wq, sq, ready, empty, nxt, DTYPE, E2M1, zq, more * kb_next + (1 - more) * kb, W3, ZP,
-                                 W2)
-        if TWO:
-            acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
-        else:
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-        mbarrier.arrive(empty.index(g % STAGES), count=1)
-        if wrap == 1:  # this warpgroup's last block of its tile t (the next owned one is past it)
-            if me == 1:
-                mbarrier.wait(red_bar.index(1), (t & 1) ^ 1)  # the previous tile's partial taken
-                red.store(acc)
-                if TWO:
-                    red2.store(acc2)
-                mbarrier.arrive(red_bar.index(0), count=1)
+    u0, u1, t0, t1 = _run(tiles, num_blocks)
+    h = num_blocks // 2
+    total = _block_at(u1, h, num_blocks) - _block_at(u0, h, num_blocks)  # the run's blocks
+    last = me + 2 * (gl.cdiv(total - me, 2) - 1)  # this warpgroup's last block
+    kb = 2 * (u0 % h) + me  # (a run starts on an even g: warpgroup 0 owns its first block)
+    w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, kb, W3, ZP, W2)
+    g = me
+    for t in range(t0, t1 + 1):  # segment t - t0 of the run
+        _, kb_hi = _segment(t, u0, u1, num_blocks)
+        for i in range(gl.cdiv(kb_hi - kb, 2)):
+            kbi = kb + 2 * i
+            a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
+            acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
+            # the next owned block two on: past this segment's end, the next tile's (segments start at its block 0
+            # and hold two blocks at least); past the run's, the last block's words again (still held)
+            kb_next = gl.where(kbi + 2 < kb_hi, kbi + 2, kbi + 2 - kb_hi)
+            more = (g + 2 <= last).to(gl.int32)
+            w, lo, hi = _block_words(wq, sq, ready, empty, g + 2 * more, DTYPE, E2M1, zq,
+                                     more * kb_next + (1 - more) * kbi, W3, ZP, W2)
+            if TWO:
+                acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
             else:
-                mbarrier.wait(red_bar.index(0), t & 1)
-                acc = acc + red.load(l1)
-                if TWO:
-                    acc2 = acc2 + red2.load(l2)
-                mbarrier.arrive(red_bar.index(1), count=1)
-                off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, pid + t * gl.num_programs(0))
+                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+            mbarrier.arrive(empty.index(g % STAGES), count=1)
+            g += 2
+        j = t - t0
+        kb = kb + 2 * gl.cdiv(kb_hi - kb, 2) - kb_hi  # this warpgroup's first block of the next tile
+        if me == 1:
+            mbarrier.wait(red_bar.index(1), (j & 1) ^ 1)  # the previous segment's partial taken
+            red.store(acc)
+            if TWO:
+                red2.store(acc2)
+            mbarrier.arrive(red_bar.index(0), count=1)
+        else:
+            mbarrier.wait(red_bar.index(0), j & 1)
+            acc = acc + red.load(l1)
+            if TWO:
+                acc2 = acc2 + red2.load(l2)
+            mbarrier.arrive(red_bar.index(1), count=1)
+            stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO)
+            if stores:
+                off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, t)
                 _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS,
                             gs_ptr, _pow2(E2M1), HAS_GS, True)
                 if TWO:
                     _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES,
                                 HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
-            acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
-            acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
-        kb = kb_next
-        t = t_next
+        acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
+        acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
 
 
 @gluon.jit
-def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
-                    STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
-                    SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr, MMA_REGS: gl.constexpr,
-                    E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr, TWO: gl.constexpr,
-                    W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
+def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                    nb, stride_ym, STAGES: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
+                    GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
+                    MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
+                    TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
                     W2: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
@@ -158,17 +264,16 @@ def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
         zq = sq
     num_blocks = _rs_blocks(K, BK, False)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, 64)
-    my_tiles = gl.cdiv(tiles - gl.program_id(0), gl.num_programs(0))
     lo_units = 2 * gl.cdiv(K, 512)
     gl.warp_specialize([
         (_p_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, xs_ptr, gs_ptr, bias_ptr, y_ptr,
-                  M, N, stride_ym, my_tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES,
-                  TWO, zq, W3, ZP, W2)),
+                  ws_ptr, cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                  ROW_SCALES, TWO, zq, W3, ZP, W2)),
         (_p_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, xs_ptr, gs_ptr, bias_ptr, y_ptr,
-                  M, N, stride_ym, my_tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES,
-                  TWO, zq, W3, ZP, W2)),
+                  ws_ptr, cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                  ROW_SCALES, TWO, zq, W3, ZP, W2)),
         (_p_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb,
-                     my_tiles, num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP,
+                     tiles, num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP,
                      W2)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on
