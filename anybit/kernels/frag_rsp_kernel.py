@@ -185,11 +185,15 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
     h = num_blocks // 2
     total = _block_at(u1, h, num_blocks) - _block_at(u0, h, num_blocks)  # the run's blocks
     last = me + 2 * (gl.cdiv(total - me, 2) - 1)  # this warpgroup's last block
-    kb = 2 * (u0 % h) + me  # (a run starts on an even g: warpgroup 0 owns its first block)
-    w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, kb, W3, ZP, W2)
-    g = me
+    base = _block_at(u0, h, num_blocks)
+    w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, 2 * (u0 % h) + me, W3, ZP, W2)
+    g = me  # (a run starts on an even g: warpgroup 0 owns its first block)
     for t in range(t0, t1 + 1):  # segment t - t0 of the run
-        _, kb_hi = _segment(t, u0, u1, num_blocks)
+        kb_lo, kb_hi = _segment(t, u0, u1, num_blocks)
+        # this warpgroup's first block of the segment, from its next g and the segment's first (kb carried across
+        # the loop instead was folded away by Triton 3.6's gluon-inline: the inner loop ran each segment's count of
+        # the first, and the GPU hung at odd block counts, session 38)
+        kb = kb_lo + g - (_block_at(gl.maximum(u0, t * h), h, num_blocks) - base)
         for i in range(gl.cdiv(kb_hi - kb, 2)):
             kbi = kb + 2 * i
             a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
@@ -207,7 +211,6 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
             mbarrier.arrive(empty.index(g % STAGES), count=1)
             g += 2
         j = t - t0
-        kb = kb + 2 * gl.cdiv(kb_hi - kb, 2) - kb_hi  # this warpgroup's first block of the next tile
         if me == 1:
             mbarrier.wait(red_bar.index(1), (j & 1) ^ 1)  # the previous segment's partial taken
             red.store(acc)
