@@ -1,4 +1,5 @@
-"""Host side of the persistent, stream-K register-operand kernel (`frag_rsp_kernel`, work in progress, on no route):
+"""Host side of the persistent, stream-K register-operand kernel (`frag_rsp_kernel`; on no route: as fast as the
+one-tile kernel, not faster — BENCHMARKS.md, session 38):
 `shares` says which blocks each CTA runs (the kernel's `_run` / `_segment`, for the tests' models and the host)."""
 
 from __future__ import annotations

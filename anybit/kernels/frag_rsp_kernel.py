@@ -1,4 +1,5 @@
-"""The persistent, stream-K form of the register-operand kernel (`frag_rs_kernel`), work in progress (session 38):
+"""The persistent, stream-K form of the register-operand kernel (`frag_rs_kernel`; on no route — GPU-tested, and as
+fast as the one-tile kernel, not faster: BENCHMARKS.md, session 38):
 P CTAs (one an SM) share the work of all tiles evenly — the K blocks of every tile, tile after tile, cut into P
 runs at unit boundaries (`frag_rsp.shares`: a unit is two 128-K blocks, a tile's last unit three when its block
 count is odd) — so 448 tiles on 132 SMs cost 3.39 tiles a CTA, not 4 waves (ncu at 128 tokens on 28672x8192,
