@@ -28,7 +28,7 @@ from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m, ws_int_why_not  # noqa: E402
-from anybit.kernels.frag_rsp import gemm_frag_rsp  # noqa: E402
+from anybit.kernels.frag_rsp import gemm_frag_rsp, gemm_frag_rsw  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -45,7 +45,8 @@ def main() -> int:
                       "humming, route (anybit's own path for the call), nocublas (no dequantize + cuBLAS cells), "
                       "none; tiles swap=1:block_m=0 take the fewest tokens holding M, default the kernel's own, "
                       "rs=1:block_m=128 the register-operand kernel (rs=1:diag=1: no decode, timing; "
-                      "rs=1:persistent=1 its persistent form, work in progress)")  # fmt: skip
+                      "rs=1:persistent=1 its persistent stream-K form, rs=1:wide=1 the wide one: 128-row "
+                      "tiles)")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     scheme = Scheme.parse(args.scheme)
@@ -91,8 +92,9 @@ def main() -> int:
                     continue
                 name = "ws " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 if tile.get("rs"):  # the register-operand kernel (`frag_rs`): its own options only; persistent=1
-                    t = {a: b for a, b in tile.items() if a not in ("rs", "persistent")}  # its persistent form
-                    fn = gemm_frag_rsp if tile.get("persistent") else gemm_frag_rs
+                    t = {a: b for a, b in tile.items() if a not in ("rs", "persistent", "wide")}  # and wide=1: its
+                    fn = gemm_frag_rs  # persistent stream-K forms
+                    fn = gemm_frag_rsw if tile.get("wide") else gemm_frag_rsp if tile.get("persistent") else fn
                 else:
                     bits = scheme.weight.bits  # (even where auto says no)
                     fn, t = gemm_frag_ws, (ws_tile(m, n, bits=bits) or ws_tile(1024, 8192, bits=bits)) | tile

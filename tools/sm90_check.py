@@ -226,7 +226,11 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt), allow_frag3=True)
     tile = dict(block_m=128) | (tiles or {})
     _compiled.clear()
-    if tile.pop("persistent", 0):  # the persistent form (`frag_rsp`, work in progress), 132 CTAs
+    if tile.pop("wide", 0):  # the wide persistent stream-K form (`frag_rsp.gemm_frag_rsw`), 132 CTAs
+        from anybit.kernels.frag_rsp import gemm_frag_rsw
+
+        gemm_frag_rsw(torch.randn(m, k, dtype=dtype), tw, ctas=132, **tile)
+    elif tile.pop("persistent", 0):  # the persistent stream-K form (`frag_rsp`), 132 CTAs
         from anybit.kernels.frag_rsp import gemm_frag_rsp
 
         gemm_frag_rsp(torch.randn(m, k, dtype=dtype), tw, ctas=132, **tile)

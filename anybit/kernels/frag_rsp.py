@@ -8,7 +8,7 @@ import torch
 
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag import sm_count
-from anybit.kernels.frag_rs import rs_consts, rs_operands, rs_stages
+from anybit.kernels.frag_rs import _SMEM, RS_MAX_STAGES, rs_consts, rs_operands, rs_stages
 from anybit.kernels.launch import Launcher
 
 
@@ -17,11 +17,12 @@ def rsp_stages(block_m: int, bits: int = 4) -> int:
     return rs_stages(block_m, bits, spare=256 * block_m)
 
 
-def shares(tiles: int, nb: int, ctas: int) -> list[list[tuple[int, int, int]]]:
+def shares(tiles: int, nb: int, ctas: int, pairs: bool = True) -> list[list[tuple[int, int, int]]]:
     """Each CTA's run as segments (tile, first K block, end): the tiles' K blocks in units of two (a tile's last unit
-    three when nb is odd), tile after tile, cut into `ctas` runs of units as even as they come (CTA q's
-    [q U // P, (q + 1) U // P)) — every segment two blocks at least, one for each MMA warpgroup."""
-    h = nb // 2
+    three when nb is odd; `pairs`, this kernel: every segment two blocks at least, one for each MMA warpgroup) or of
+    one (`gemm_frag_rsw`, whose warpgroups share every block), tile after tile, cut into `ctas` runs of units as even
+    as they come (CTA q's [q U // P, (q + 1) U // P)) — the kernels' `_run` / `_segment`."""
+    h = nb // 2 if pairs else nb
     units = tiles * h
     runs = []
     for q in range(ctas):
@@ -29,9 +30,25 @@ def shares(tiles: int, nb: int, ctas: int) -> list[list[tuple[int, int, int]]]:
         segs = []
         for t in range(u0 // h, (u1 - 1) // h + 1):
             j_lo, j_hi = max(u0 - t * h, 0), min(u1 - t * h, h)
-            segs.append((t, 2 * j_lo, nb if j_hi == h else 2 * j_hi))
+            if pairs:
+                segs.append((t, 2 * j_lo, nb if j_hi == h else 2 * j_hi))
+            else:
+                segs.append((t, j_lo, j_hi))
         runs.append(segs)
     return runs
+
+
+def _workspace(x: torch.Tensor, floats: int, tiles: int, workspace, counters) -> tuple:
+    """The fp32 workspace and zeroed int32 counters of a launch — the Triton backend's shared ones when not given —
+    after checking their sizes."""
+    if workspace is None or counters is None:
+        from anybit.backends import get_backend
+
+        workspace, counters = get_backend("triton").workspace(x.device, floats, tiles)
+    if workspace.numel() < floats or counters.numel() < tiles:
+        raise ValueError(f"the persistent kernel's CTAs need a workspace of >= {floats} floats and >= {tiles} "
+                         f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
+    return workspace, counters
 
 
 def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -52,13 +69,7 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     tiles = cdiv(m, block_m) * cdiv(n, 64)
     units = tiles * (cdiv(tw.k, 128) // 2)
     grid = (min(ctas or sm_count(x.device) or 1, units),)
-    if workspace is None or counters is None:  # the Triton backend's, shared by every call
-        from anybit.backends import get_backend
-
-        workspace, counters = get_backend("triton").workspace(x.device, 2 * grid[0] * 64 * block_m, tiles)
-    if workspace.numel() < 2 * grid[0] * 64 * block_m or counters.numel() < tiles:
-        raise ValueError(f"{grid[0]} CTAs need a workspace of >= {2 * grid[0] * 64 * block_m} floats and >= {tiles} "
-                         f"counters, got {workspace.numel()} and {counters.numel()}")  # fmt: skip
+    workspace, counters = _workspace(x, 2 * grid[0] * 64 * block_m, tiles, workspace, counters)
     key = ("rsp", block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
     launch = tw.launches.get(key)
     if launch is None:
@@ -72,6 +83,43 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     return y
 
 
-# the arguments of `frag_rsp_kernel` a call changes: x's descriptors, x's row scales, y (also standing in for what is
-# absent), bias, workspace, counters, M, y's row stride
+def rsw_stages(block_m: int, bits: int = 4) -> int:
+    """The most stages (up to RS_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each; 3-bit
+    codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2 bytes);
+    64 or 96 tokens: 6, 128: 5, 192: 3, 256: 3."""
+    words = 8192 if bits == 3 else 4096
+    return min(RS_MAX_STAGES, _SMEM // (2 * (words + 1024) + block_m * 256))
+
+
+def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
+                  x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
+                  counters=None) -> torch.Tensor:  # fmt: skip
+    """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
+    sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
+    persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
+    >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero). Work in progress (session 38:
+    compiled for sm_90a, not yet run on a GPU)."""
+    bits = tw.fmt["W_BITS"]
+    if bits == 8:
+        raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
+    m, n = x.shape[0], tw.n
+    tiles = cdiv(m, block_m) * cdiv(n, 128)
+    grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
+    workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
+    key = ("rsw", block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
+    launch = tw.launches.get(key)
+    if launch is None:
+        from anybit.kernels.frag_rsw_kernel import frag_rsw_kernel
+
+        consts = rs_consts(tw, block_m, stages or rsw_stages(block_m, bits), mma_regs)  # (checks the tile)
+        consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
+        launch = tw.launches[key] = Launcher(frag_rsw_kernel, consts, _RSP_LIVE)
+    y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
+    launch(grid, *operands, y, workspace, counters, m, n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))
+    return y
+
+
+# the arguments of `frag_rsp_kernel` and `frag_rsw_kernel` a call changes: x's descriptors, x's row scales, y (also
+# standing in for what is absent), bias, workspace, counters, M, y's row stride
 _RSP_LIVE = (0, 1, 5, 6, 7, 8, 9, 10, 11, 15)

@@ -40,25 +40,39 @@ from anybit.kernels.frag_ws_kernel import _pow2, _store_tile, _tile_origin, _w_f
 
 # fmt: off
 @gluon.jit
-def _run(tiles, nb):
-    """This CTA's run of units [u0, u1) (of tiles x nb // 2, split evenly among the CTAs) and its first and last
+def _per_tile(nb, PAIRS: gl.constexpr):
+    """A tile's units: pairs of its nb K blocks (the last three when nb is odd; this kernel), or blocks (PAIRS False:
+    `frag_rsw_kernel`, whose warpgroups share every block)."""
+    if PAIRS:
+        return nb // 2
+    else:
+        return nb
+
+
+@gluon.jit
+def _run(tiles, nb, PAIRS: gl.constexpr = True):
+    """This CTA's run of units [u0, u1) (of all tiles' units, split evenly among the CTAs) and its first and last
     tile — `frag_rsp.shares`."""
-    units = tiles * (nb // 2)
+    per = _per_tile(nb, PAIRS)
+    units = tiles * per
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     u0 = pid * units // P
     u1 = (pid + 1) * units // P
-    return u0, u1, u0 // (nb // 2), (u1 - 1) // (nb // 2)
+    return u0, u1, u0 // per, (u1 - 1) // per
 
 
 @gluon.jit
-def _segment(t, u0, u1, nb):
-    """The K blocks [kb_lo, kb_hi) of tile t in the run [u0, u1): unit j starts at block 2j, the tile's last ends at
-    nb."""
-    h = nb // 2
+def _segment(t, u0, u1, nb, PAIRS: gl.constexpr = True):
+    """The K blocks [kb_lo, kb_hi) of tile t in the run [u0, u1): unit j starts at block 2j (PAIRS; the tile's last
+    ends at nb) or is block j."""
+    h = _per_tile(nb, PAIRS)
     j_lo = gl.maximum(u0 - t * h, 0)
     j_hi = gl.minimum(u1 - t * h, h)
-    return 2 * j_lo, gl.where(j_hi == h, nb, 2 * j_hi)
+    if PAIRS:
+        return 2 * j_lo, gl.where(j_hi == h, nb, 2 * j_hi)
+    else:
+        return j_lo, j_hi
 
 
 @gluon.jit
@@ -74,10 +88,10 @@ def _owner(u, units):
 
 
 @gluon.jit
-def _slot(q, t, units, nb):
-    """Where CTA q leaves its partial products of tile t in the workspace: 2q for its run's first tile, 2q + 1 for
-    its last (a run's middle tiles are whole)."""
-    first_tile = (q * units // gl.num_programs(0)) // (nb // 2)
+def _slot(q, t, units, per):
+    """Where CTA q leaves its partial products of tile t (of `per` units) in the workspace: 2q for its run's first
+    tile, 2q + 1 for its last (a run's middle tiles are whole)."""
+    first_tile = (q * units // gl.num_programs(0)) // per
     return 2 * q + (t != first_tile).to(gl.int32)
 
 
@@ -91,49 +105,79 @@ def _ws_offsets(acc):
 
 
 @gluon.jit
-def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr):
+def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr = True, lane=0,
+           LANES: gl.constexpr = 1):
     """Tile t's products summed over the CTAs sharing its K (`_owner` of its first and last unit) into the last
     one in: its ticket says how many came before; all but the last store theirs into their workspace slot
     (`_slot`, fp32 64 x (BM1 + BM2)) and add `parts` (release, after a barrier of this partition's threads); the last
     waits (acquire) for parts x parts, adds the parts in CTA order — its own from registers — and re-arms the counter.
-    Returns (is this CTA the one to store y, the sums)."""
+    LANES: partitions of a CTA that each sum their own products of the tile (`frag_rsw_kernel`'s two warpgroups, a
+    weight panel each), with a counter (t x LANES + lane) and slots of their own. Returns (is this CTA the one to
+    store y, the sums)."""
     BM1: gl.constexpr = acc.shape[1]
     BM2: gl.constexpr = acc2.shape[1]
     SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
-    units = tiles * (nb // 2)
-    first = _owner(t * (nb // 2), units)
-    last = _owner((t + 1) * (nb // 2) - 1, units)
+    per = _per_tile(nb, PAIRS)
+    units = tiles * per
+    first = _owner(t * per, units)
+    last = _owner((t + 1) * per - 1, units)
     pid = gl.program_id(0)
     o1 = _ws_offsets(acc)
     o2 = _ws_offsets(acc2) + 64 * BM1
+    cnt = cnt_ptr + t * LANES + lane
     parts = last - first + 1
     ahead = parts - 1  # (a whole tile: this CTA stores it)
     if parts > 1:
-        ahead = gl.atomic_add(cnt_ptr + t, 1, sem="relaxed") % parts  # the parts in before this one
+        ahead = gl.atomic_add(cnt, 1, sem="relaxed") % parts  # the parts in before this one
         if ahead != parts - 1:
-            base = ws_ptr + _slot(pid, t, units, nb).to(gl.int64) * SLOT
+            base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
             gl.store(base + o1, acc)
             if TWO:
                 gl.store(base + o2, acc2)
             gl.thread_barrier()
-            gl.atomic_add(cnt_ptr + t, parts, sem="release")  # (after every thread's stores: the barrier)
+            gl.atomic_add(cnt, parts, sem="release")  # (after every thread's stores: the barrier)
         else:
-            landed = gl.atomic_add(cnt_ptr + t, 0, sem="acquire")
+            landed = gl.atomic_add(cnt, 0, sem="acquire")
             while landed != parts * parts:
-                landed = gl.atomic_add(cnt_ptr + t, 0, sem="acquire")
+                landed = gl.atomic_add(cnt, 0, sem="acquire")
             own = acc
             own2 = acc2
             acc = gl.zeros_like(own)
             acc2 = gl.zeros_like(own2)
             for q in range(first, last + 1):
-                base = ws_ptr + _slot(q, t, units, nb).to(gl.int64) * SLOT
+                base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
                 other = gl.load(base + o1, mask=(o1 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
                 acc += gl.where(q == pid, own, other)
                 if TWO:
                     other2 = gl.load(base + o2, mask=(o2 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
                     acc2 += gl.where(q == pid, own2, other2)
-            gl.atomic_xchg(cnt_ptr + t, 0)
+            gl.atomic_xchg(cnt, 0)
     return ahead == parts - 1, acc, acc2
+
+
+@gluon.jit
+def _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
+                 HAS_BIAS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, TWO: gl.constexpr):
+    """y of a tile's 64 weight rows from off_n: acc's BM1 tokens from off_m and (TWO) acc2's BM2 after them."""
+    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr, _pow2(E2M1),
+                HAS_GS, True)
+    if TWO:
+        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + acc.shape[1], off_n, ROW_SCALES, HAS_BIAS,
+                    gs_ptr, _pow2(E2M1), HAS_GS, True)
+
+
+@gluon.jit
+def _token_tile(x_desc, x2_desc, TWO: gl.constexpr, W8: gl.constexpr, W3: gl.constexpr, ZP: gl.constexpr,
+                W2: gl.constexpr, E2M1: gl.constexpr):
+    """The persistent kernels' token tile BM (BM1, and BM2 more with TWO), after checking what they run."""
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
+    gl.static_assert(not W8, "8-bit codes: a 64-K block is one x slice (the one-tile kernel runs them)")
+    gl.static_assert(not ((W2 or W3 or ZP) and E2M1), "2- or 3-bit codes and zero points: integer words")
+    if TWO:
+        return x_desc.block_type.shape[0] + x2_desc.block_type.shape[0]
+    else:
+        return x_desc.block_type.shape[0]
 
 
 @gluon.jit
@@ -227,11 +271,8 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
             stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO)
             if stores:
                 off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, t)
-                _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS,
-                            gs_ptr, _pow2(E2M1), HAS_GS, True)
-                if TWO:
-                    _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + BM1, off_n, ROW_SCALES,
-                                HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
+                _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES,
+                             HAS_BIAS, E2M1, HAS_GS, TWO)
         acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
         acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
 
@@ -246,13 +287,7 @@ def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
-    gl.static_assert(not W8, "8-bit codes: a 64-K block is one x slice (the one-tile kernel runs them)")
-    gl.static_assert(not ((W2 or W3 or ZP) and E2M1), "2- or 3-bit codes and zero points: integer words")
-    if TWO:
-        BM: gl.constexpr = BM1 + BM2
-    else:
-        BM: gl.constexpr = BM1
+    BM: gl.constexpr = _token_tile(x_desc, x2_desc, TWO, W8, W3, ZP, W2, E2M1)
     x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
                                                                        False, W3)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])

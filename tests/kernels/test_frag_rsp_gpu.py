@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from anybit.kernels.frag_rs import gemm_frag_rs
-from anybit.kernels.frag_rsp import gemm_frag_rsp
+from anybit.kernels.frag_rsp import gemm_frag_rsp, gemm_frag_rsw
 from tests.kernels.test_frag_rs_gpu import ONLY_RS, _only_rs_case
 from tests.kernels.test_frag_ws_gpu import SM90_GPU
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -31,3 +31,28 @@ def test_matches_the_exact_product(text, dtype, m, n, k, ctas):
     assert torch.equal(y, gemm_frag_rsp(x, tw, b, block_m=bm, ctas=ctas))
     if ctas == 1 and (k // 128) % 2 == 0:  # each tile's blocks split between the warpgroups as in the one-tile kernel
         assert torch.equal(y, gemm_frag_rs(x, tw, b, block_m=bm))
+
+
+@pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                         ("w4a16:int4:g128:fp16", torch.float16), *ONLY_RS[:2], ONLY_RS[4],
+                                         ONLY_RS[7]])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(13, 4160, 1024), (96, 2000, 1408), (200, 1040, 2944), (64, 128, 128)])
+@pytest.mark.parametrize("ctas", [1, 7, None])
+def test_wide_matches_the_exact_product(text, dtype, m, n, k, ctas):
+    """The wide form (`gemm_frag_rsw`, work in progress: 128-row tiles, the warpgroups a panel each sharing x, K
+    blocks shared one by one): N = 4160 ends on a lone 64-row panel (the other's words past the weight, zero-filled,
+    its rows not stored), K = 128 is one block a tile (7 CTAs: the host caps them at the blocks), bit-equal relaunch
+    and CUDA-graph replay (the tile counters re-armed by the kernel)."""
+    x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
+    bm = 96 if m == 96 else 64 if m == 64 else 128
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rsw(x, tw, b, out=out, block_m=bm, ctas=ctas)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rsw(x, tw, b, block_m=bm, ctas=ctas))
+    graph = torch.cuda.CUDAGraph()  # capturable: no host synchronisation, the counters re-armed in the graph
+    with torch.cuda.graph(graph):
+        yg = gemm_frag_rsw(x, tw, b, block_m=bm, ctas=ctas)
+    graph.replay()
+    graph.replay()
+    assert torch.equal(yg, y)

@@ -96,22 +96,23 @@ def _owner(u: int, units: int, ctas: int) -> int:  # `frag_rsp_kernel._owner`
 
 @pytest.mark.parametrize("tiles, nb, ctas", [(448, 64, 132), (448, 63, 132), (64, 56, 132), (64, 3, 132),
                                              (1, 2, 1), (7, 11, 5), (128, 16, 132), (33, 5, 132)])  # fmt: skip
-def test_runs_cover_every_block_once_and_the_kernel_finds_their_owners(tiles, nb, ctas):
-    units = tiles * (nb // 2)
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "blocks"])  # frag_rsp_kernel, frag_rsw_kernel
+def test_runs_cover_every_block_once_and_the_kernel_finds_their_owners(tiles, nb, ctas, pairs):
+    h = nb // 2 if pairs else nb
+    units = tiles * h
     ctas = min(ctas, units)  # (the host's grid)
-    runs = shares(tiles, nb, ctas)
+    runs = shares(tiles, nb, ctas, pairs)
     seen = {}
     for q, run in enumerate(runs):
         assert run, q
         for i, (t, lo, hi) in enumerate(run):
-            assert hi - lo >= 2 and (i == 0 or lo == 0) and (i == len(run) - 1 or hi == nb), (q, run)
+            assert hi - lo >= (2 if pairs else 1) and (i == 0 or lo == 0) and (i == len(run) - 1 or hi == nb), (q, run)
             for kb in range(lo, hi):
                 assert (t, kb) not in seen
                 seen[t, kb] = q
         ts = [t for t, _, _ in run]
         assert ts == list(range(ts[0], ts[-1] + 1))
     assert sorted(seen) == [(t, kb) for t in range(tiles) for kb in range(nb)]
-    h = nb // 2
     for t in range(tiles):  # the CTAs sharing tile t: `_owner` of its first and last unit, each its slot
         holders = sorted({seen[t, kb] for kb in range(nb)})
         assert holders == list(range(_owner(t * h, units, ctas), _owner((t + 1) * h - 1, units, ctas) + 1))
