@@ -100,8 +100,10 @@ def main() -> int:
                     fn, t = gemm_frag_ws, (ws_tile(m, n, bits=bits) or ws_tile(1024, 8192, bits=bits)) | tile
                 if t.get("swap") and not t.get("block_m"):  # 0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
-                if tile.get("rs") and not t.get("block_m"):  # 0: the kernel's token tile (`rs_block_m`)
-                    t["block_m"] = rs_block_m(m, n) or 128
+                if tile.get("rs") and not t.get("block_m"):  # 0: the kernel's token tile (`rs_block_m`; the wide
+                    t["block_m"] = rs_block_m(m, n) or 128  # form's up to 192)
+                    if tile.get("wide") and t["block_m"] > 192:
+                        t["block_m"] = 128
                 try:
                     why = relaunch_check(lambda fn=fn, t=t, x=x, tw=tws[0]: fn(x, tw, **t), ref)
                     if why is not None and not t.get("diag"):  # diag variants time wrong results

@@ -86,7 +86,7 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
 def rsw_stages(block_m: int, bits: int = 4) -> int:
     """The most stages (up to RS_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each; 3-bit
     codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2 bytes);
-    64 or 96 tokens: 6, 128: 5, 192: 3, 256: 3."""
+    64 or 96 tokens: 6, 128: 5, 192: 3."""
     words = 8192 if bits == 3 else 4096
     return min(RS_MAX_STAGES, _SMEM // (2 * (words + 1024) + block_m * 256))
 
@@ -103,6 +103,9 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     bits = tw.fmt["W_BITS"]
     if bits == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
+    if block_m > 192:
+        raise ValueError(f"block_m={block_m}: the wide persistent kernel takes up to 192 tokens a tile (at 256 its "
+                         "warpgroups spill: sm_90a, session 38); two tiles of 128 hold 256 rows")  # fmt: skip
     m, n = x.shape[0], tw.n
     tiles = cdiv(m, block_m) * cdiv(n, 128)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)

@@ -110,7 +110,8 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
     """Tile t's products summed over the CTAs sharing its K (`_owner` of its first and last unit) into the last
     one in: its ticket says how many came before; all but the last store theirs into their workspace slot
     (`_slot`, fp32 64 x (BM1 + BM2)) and add `parts` (release, after a barrier of this partition's threads); the last
-    waits (acquire) for parts x parts, adds the parts in CTA order — its own from registers — and re-arms the counter.
+    waits (acquire) for parts x parts, adds the other part to its own (two parts: one add, the same bits either way)
+    or every part in CTA order, its own stored first (three or more), and re-arms the counter.
     LANES: partitions of a CTA that each sum their own products of the tile (`frag_rsw_kernel`'s two warpgroups, a
     weight panel each), with a counter (t x LANES + lane) and slots of their own. Returns (is this CTA the one to
     store y, the sums)."""
@@ -140,17 +141,25 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
             landed = gl.atomic_add(cnt, 0, sem="acquire")
             while landed != parts * parts:
                 landed = gl.atomic_add(cnt, 0, sem="acquire")
-            own = acc
-            own2 = acc2
-            acc = gl.zeros_like(own)
-            acc2 = gl.zeros_like(own2)
-            for q in range(first, last + 1):
-                base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-                other = gl.load(base + o1, mask=(o1 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
-                acc += gl.where(q == pid, own, other)
+            if parts == 2:  # one add: the same bits whichever part is last
+                other = first + last - pid
+                base = ws_ptr + (_slot(other, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+                acc += gl.load(base + o1, cache_modifier=".cg")
                 if TWO:
-                    other2 = gl.load(base + o2, mask=(o2 >= 0) & (q != pid), other=0.0, cache_modifier=".cg")
-                    acc2 += gl.where(q == pid, own2, other2)
+                    acc2 += gl.load(base + o2, cache_modifier=".cg")
+            else:  # its own products through its slot too (each thread reads back what it wrote), then all in order:
+                # one accumulator, not its own kept beside the sum (spills at 192 tokens)
+                base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+                gl.store(base + o1, acc)
+                if TWO:
+                    gl.store(base + o2, acc2)
+                acc = gl.zeros_like(acc)
+                acc2 = gl.zeros_like(acc2)
+                for q in range(first, last + 1):
+                    base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+                    acc += gl.load(base + o1, cache_modifier=".cg")
+                    if TWO:
+                        acc2 += gl.load(base + o2, cache_modifier=".cg")
             gl.atomic_xchg(cnt, 0)
     return ahead == parts - 1, acc, acc2
 
@@ -167,17 +176,18 @@ def _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, of
 
 
 @gluon.jit
-def _token_tile(x_desc, x2_desc, TWO: gl.constexpr, W8: gl.constexpr, W3: gl.constexpr, ZP: gl.constexpr,
-                W2: gl.constexpr, E2M1: gl.constexpr):
-    """The persistent kernels' token tile BM (BM1, and BM2 more with TWO), after checking what they run."""
-    BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 64, "x comes in 64-K halves of a 128-K frag block")
+def _checks(x_desc, W8: gl.constexpr, W3: gl.constexpr, ZP: gl.constexpr, W2: gl.constexpr, E2M1: gl.constexpr):
+    """What the persistent kernels run: 128-K blocks of x in 64-K halves, no 8-bit codes, integer words with 2- or
+    3-bit codes and zero points."""
+    gl.static_assert(x_desc.block_type.shape[1] == 64, "x comes in 64-K halves of a 128-K frag block")
     gl.static_assert(not W8, "8-bit codes: a 64-K block is one x slice (the one-tile kernel runs them)")
     gl.static_assert(not ((W2 or W3 or ZP) and E2M1), "2- or 3-bit codes and zero points: integer words")
-    if TWO:
-        return x_desc.block_type.shape[0] + x2_desc.block_type.shape[0]
-    else:
-        return x_desc.block_type.shape[0]
+
+
+@gluon.constexpr_function
+def _token_tile(bm1, bm2, two):
+    """A tile's tokens: BM1, and BM2 more with TWO."""
+    return bm1 + bm2 if two else bm1
 
 
 @gluon.jit
@@ -287,7 +297,8 @@ def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    BM: gl.constexpr = _token_tile(x_desc, x2_desc, TWO, W8, W3, ZP, W2, E2M1)
+    _checks(x_desc, W8, W3, ZP, W2, E2M1)
+    BM: gl.constexpr = _token_tile(BM1, BM2, TWO)
     x_bufs, x2_bufs, wq, sq, ready, empty, x_ready, red_bar = _rs_smem(x_desc, x2_desc, w_desc, s_desc, STAGES, TWO,
                                                                        False, W3)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])

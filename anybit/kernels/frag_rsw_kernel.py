@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
 
 from anybit.kernels.frag_rs_kernel import _a_layout, _acc_layout, _block_mma, _block_words, _decoded, _rs_blocks
-from anybit.kernels.frag_rsp_kernel import _fixup, _run, _segment, _store_tiles, _token_tile
+from anybit.kernels.frag_rsp_kernel import _checks, _fixup, _run, _segment, _store_tiles, _token_tile
 from anybit.kernels.frag_ws_kernel import _tile_origin, _w_fetch, _x_issue2
 
 
@@ -119,7 +119,8 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
-    BM: gl.constexpr = _token_tile(x_desc, x2_desc, TWO, W8, W3, ZP, W2, E2M1)
+    _checks(x_desc, W8, W3, ZP, W2, E2M1)
+    BM: gl.constexpr = _token_tile(BM1, BM2, TWO)
     # x rings of 2 STAGES slots shared by the warpgroups; a word ring of 2 STAGES panel slots (stage s, panel q:
     # 2s + q) with a barrier each; a stage released by both warpgroups
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)

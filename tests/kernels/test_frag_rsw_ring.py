@@ -107,6 +107,9 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     tw = to_triton_layout(quantize(torch.randn(128, 256), "w8a16"))
     with pytest.raises(ValueError, match="8-bit"):
         gemm_frag_rsw(torch.randn(4, 256).half(), tw)
+    tw = to_triton_layout(quantize(torch.randn(128, 256), "w4a16"))
+    with pytest.raises(ValueError, match="block_m=256"):
+        gemm_frag_rsw(torch.randn(4, 256).half(), tw, block_m=256)
     assert [rsw_stages(bm) for bm in (64, 96, 128, 192, 256)] == [6, 6, 5, 3, 3]
     runs = shares(5, 7, 4, pairs=False)  # one block a unit: 35 blocks in runs of 8 or 9, split anywhere
     assert [sum(hi - lo for _, lo, hi in run) for run in runs] == [8, 9, 9, 9]
