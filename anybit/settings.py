@@ -86,6 +86,11 @@ class Settings:
     frag_rs_parts: bool
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
+    rs_wide: bool
+    """ANYBIT_RS_WIDE (default 0; 1 turns it on — work in progress, not yet measured), with `frag_rs`: the
+    register-operand kernel's calls (of its own tiles, not `rs_parts`, not 8-bit codes) run its wide persistent
+    stream-K form instead (`frag_rsp.gemm_frag_rsw`: 128-row tiles whose warpgroups share x, the K blocks shared among
+    the SMs; up to 192 tokens a tile, else 128); read per call."""
     rs_w2: bool
     """ANYBIT_RS_W2 (default 1; 0 turns it off), with `frag_rs`: 2-bit integer codes on the register-operand kernel
     (`frag_rs.rs_int_why_not`; off: the frag kernel's decode tiles and dequantize + cuBLAS at 65-256 rows). H200 graphs,
@@ -216,6 +221,11 @@ def frag_rs_parts() -> bool:
     return _level("ANYBIT_FRAG_RS_PARTS", 1, (0, 1)) == 1
 
 
+def rs_wide() -> bool:
+    """ANYBIT_RS_WIDE alone (see `Settings.rs_wide`)."""
+    return _level("ANYBIT_RS_WIDE", 0, (0, 1)) == 1
+
+
 def rs_w2() -> bool:
     """ANYBIT_RS_W2 alone (see `Settings.rs_w2`)."""
     return _level("ANYBIT_RS_W2", 1, (0, 1)) == 1
@@ -250,7 +260,7 @@ def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
     `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `moe_rs_min_rows`, `frag_rs`,
-    `frag_rs_parts`, `rs_w2`, `ws_int`, `fast_launch`)."""
+    `frag_rs_parts`, `rs_wide`, `rs_w2`, `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -268,6 +278,7 @@ def load() -> Settings:
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
         frag_rs_parts=frag_rs_parts(),
+        rs_wide=rs_wide(),
         rs_w2=rs_w2(),
         ws_int=ws_int(),
         e2m1_a8=e2m1_a8(),

@@ -124,6 +124,10 @@ def _e2m1_a8(on: bool) -> None:
     os.environ["ANYBIT_E2M1_A8"] = "1" if on else "0"  # read when a weight is prepared
 
 
+def _rs_wide(on: bool) -> None:
+    os.environ["ANYBIT_RS_WIDE"] = "1" if on else "0"  # read per call
+
+
 def _rs_parts(on: bool) -> None:
     os.environ["ANYBIT_FRAG_RS_PARTS"] = "1" if on else "0"  # read when a prepared weight first sees an M
 
@@ -136,6 +140,7 @@ SWITCHES = {
     "subs": _subs,
     "rs": _rs,
     "rs-parts": _rs_parts,
+    "rs-wide": _rs_wide,
     "e2m1-a8": _e2m1_a8,
     "pairs": _pairs,
     "pairs3": _pairs3,

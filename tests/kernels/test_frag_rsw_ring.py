@@ -116,3 +116,25 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     assert sorted((t, kb) for run in runs for t, lo, hi in run for kb in range(lo, hi)) == [
         (t, kb) for t in range(5) for kb in range(7)
     ]
+
+
+def test_the_opt_in_route_sends_the_register_operand_tiles_to_the_wide_kernel(monkeypatch):
+    """ANYBIT_RS_WIDE=1: the backend's `_rs_gemm` runs `gemm_frag_rsw` on the tile's tokens (128 past 192), not the
+    one-tile kernel; 8-bit codes and split launches (`rs_parts`) stay; off by default."""
+    import torch
+
+    from anybit import quantize
+    from anybit.backends import triton as backend
+    from anybit.backends.triton_layout import to_triton_layout
+
+    calls = []
+    monkeypatch.setattr(backend, "gemm_frag_rsw", lambda x, tw, bias, **kw: calls.append(("rsw", kw["block_m"])))
+    monkeypatch.setattr(backend, "gemm_frag_rs", lambda x, tw, bias, **kw: calls.append(("rs", kw["block_m"])))
+    x = torch.randn(4, 256).half()
+    w4 = to_triton_layout(quantize(torch.randn(128, 256), "w4a16"))
+    w8 = to_triton_layout(quantize(torch.randn(128, 256), "w8a16"))
+    backend._rs_gemm(x, w4, None, None, {"rs": True, "block_m": 96})
+    monkeypatch.setenv("ANYBIT_RS_WIDE", "1")
+    for tw, bm in [(w4, 96), (w4, 256), (w8, 96)]:
+        backend._rs_gemm(x, tw, None, None, {"rs": True, "block_m": bm, "split_k": 2})
+    assert calls == [("rs", 96), ("rsw", 96), ("rsw", 128), ("rs", 96)]
