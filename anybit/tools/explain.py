@@ -186,6 +186,14 @@ def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
                 f"{_rs_plan(via, scheme, first, dtype)}; the other {rest}: "
                 f"{_rs_plan('', scheme, second, dtype)}")  # fmt: skip
     bits, notes = scheme.weight.bits, _int_notes(scheme, dtype, "each half of a 256-K block of 2-bit codes a block")
+    if settings.rs_wide() and bits != 8:  # the backend's `_rs_gemm` sends it to the wide form
+        bm = t["block_m"] if t["block_m"] <= 192 else 128
+        return (
+            f"{via}{scheme.weight_bits}-bit fragment layout, {bm}-token tile: the register-operand Gluon kernel's "
+            f"wide persistent stream-K form (ANYBIT_RS_WIDE=1, experimental: 128 weight rows a tile, one MMA "
+            f"warpgroup a 64-row panel, both on the same x slices; every tile's 128-K blocks shared evenly among "
+            f"the SMs, a tile shared by CTAs summed by the last one in)" + "".join(f"; {n}" for n in notes)
+        )
     if t.get("split_k", 1) > 1:
         notes.insert(0, f"K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)")
     block_k = rs_block_k(bits)

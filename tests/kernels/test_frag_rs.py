@@ -205,6 +205,10 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, fake_hopper, m, n, k):
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
         assert ("K split 2 ways" in plan) == ("split_k" in tile), plan  # few 64-row tiles, K >= 2N: split in two
     assert ("split_k" in tile) == (n == 4096 and k >= 2 * n and m <= 192)  # 193-256 rows: 128 CTAs unsplit
+    monkeypatch.setenv("ANYBIT_RS_WIDE", "1")  # (opt-in) the wide persistent form takes the same calls
+    plan = triton_plan(Scheme.parse("w4a16"), m, n, k, cuda, torch.bfloat16)
+    bm = tile["block_m"] if tile["block_m"] <= 192 else 128
+    assert f"{bm}-token tile: the register-operand Gluon kernel's wide persistent stream-K form" in plan, plan
 
 
 def test_split_k_leaves_every_split_some_blocks():
