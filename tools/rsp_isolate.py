@@ -19,6 +19,7 @@ CASES = [  # text, m, n, k, block_m, ctas
     ("w4a16", 13, 4160, 1024, 128, 7),
     ("w4a16", 13, 4160, 1024, 128, 132),
     ("w4a16", 128, 28672, 8192, 128, 132),  # a real size
+    ("nvfp4", 96, 4160, 2944, 96, 132),  # e2m1 and its global scale, two token parts, odd block count
 ]
 
 ONE = """
