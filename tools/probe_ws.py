@@ -28,7 +28,7 @@ from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.frag_dequant import dequantize_frag  # noqa: E402
 from anybit.kernels.frag_rs import frag_rs_why_not, gemm_frag_rs, rs_block_m, ws_int_why_not  # noqa: E402
-from anybit.kernels.frag_rsp import gemm_frag_rsp, gemm_frag_rsw  # noqa: E402
+from anybit.kernels.frag_rsp import gemm_frag_rsp, gemm_frag_rsw, rsw_block_m  # noqa: E402
 from anybit.kernels.frag_ws import frag_ws_weight_why_not, gemm_frag_ws, swap_block_m, ws_tile  # noqa: E402
 
 
@@ -101,9 +101,9 @@ def main() -> int:
                 if t.get("swap") and not t.get("block_m"):  # 0: the fewest tokens holding M
                     t["block_m"] = swap_block_m(m) or 256
                 if tile.get("rs") and not t.get("block_m"):  # 0: the kernel's token tile (`rs_block_m`; the wide
-                    t["block_m"] = rs_block_m(m, n) or 128  # form's up to 192)
-                    if tile.get("wide") and t["block_m"] > 192:
-                        t["block_m"] = 128
+                    t["block_m"] = rs_block_m(m, n) or 128  # form's up to 192, `rsw_block_m`)
+                    if tile.get("wide"):
+                        t["block_m"] = rsw_block_m(t["block_m"])
                 try:
                     why = relaunch_check(lambda fn=fn, t=t, x=x, tw=tws[0]: fn(x, tw, **t), ref)
                     if why is not None and not t.get("diag"):  # diag variants time wrong results

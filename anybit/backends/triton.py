@@ -41,7 +41,7 @@ from anybit.kernels.frag_rs import (
     rs_tile,
     ws_int_why_not,
 )
-from anybit.kernels.frag_rsp import gemm_frag_rsw
+from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_block_m
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -247,9 +247,9 @@ def _rs_gemm(
     """The register-operand kernel on an `rs_tile` tile, or on an `rs_parts` one: each part's rows of x (and of its
     row scales) into the same rows of one output."""
     if "parts" not in tile:
-        if settings.rs_wide() and tw.fmt["W_BITS"] != 8:  # (opt-in, work in progress) its wide stream-K form
-            bm = tile.get("block_m", 128)
-            return gemm_frag_rsw(x, tw, bias, out=out, x_scales=x_scales, block_m=bm if bm <= 192 else 128)
+        if tw.fmt["W_BITS"] != 8 and settings.rs_wide():  # (opt-in, work in progress) its wide stream-K form
+            block_m = rsw_block_m(tile.get("block_m", 128))
+            return gemm_frag_rsw(x, tw, bias, out=out, x_scales=x_scales, block_m=block_m)
         return gemm_frag_rs(x, tw, bias, out=out, x_scales=x_scales, **{a: v for a, v in tile.items() if a != "rs"})
     y = torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype) if out is None else out
     row = 0

@@ -59,28 +59,15 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     two K blocks) sharing the tiles' K blocks evenly (`shares`); a tile shared by several CTAs is summed by the last
     to finish through `workspace` (fp32, >= 2 ctas x 64 x block_m) and zeroed int32 `counters` (>= the tiles; left
     zero) — the Triton backend's shared ones when not given. K must hold two 128-K blocks at least."""
-    bits = tw.fmt["W_BITS"]
-    if bits == 8:
+    if tw.fmt["W_BITS"] == 8:
         raise ValueError("the persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if tw.k <= 128:
         raise ValueError(f"the persistent kernel needs K > 128 (two 128-K blocks a tile: one each warpgroup), "
                          f"got {tw.k}")  # fmt: skip
-    m, n = x.shape[0], tw.n
-    tiles = cdiv(m, block_m) * cdiv(n, 64)
-    units = tiles * (cdiv(tw.k, 128) // 2)
-    grid = (min(ctas or sm_count(x.device) or 1, units),)
+    tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 64)
+    grid = (min(ctas or sm_count(x.device) or 1, tiles * (cdiv(tw.k, 128) // 2)),)  # (at most a CTA a unit)
     workspace, counters = _workspace(x, 2 * grid[0] * 64 * block_m, tiles, workspace, counters)
-    key = ("rsp", block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
-    launch = tw.launches.get(key)
-    if launch is None:
-        from anybit.kernels.frag_rsp_kernel import frag_rsp_kernel
-
-        consts = rs_consts(tw, block_m, stages or rsp_stages(block_m, bits), mma_regs)  # (checks the tile)
-        consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
-        launch = tw.launches[key] = Launcher(frag_rsp_kernel, consts, _RSP_LIVE)
-    y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
-    launch(grid, *operands, y, workspace, counters, m, n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))
-    return y
+    return _launch("rsp", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
 
 
 def rsw_stages(block_m: int, bits: int = 4) -> int:
@@ -100,26 +87,43 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero). Work in progress (session 38:
     compiled for sm_90a, not yet run on a GPU)."""
-    bits = tw.fmt["W_BITS"]
-    if bits == 8:
+    if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
         raise ValueError(f"block_m={block_m}: the wide persistent kernel takes up to 192 tokens a tile (at 256 its "
                          "warpgroups spill: sm_90a, session 38); two tiles of 128 hold 256 rows")  # fmt: skip
-    m, n = x.shape[0], tw.n
-    tiles = cdiv(m, block_m) * cdiv(n, 128)
+    tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 128)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
-    key = ("rsw", block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
+    return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
+
+
+def rsw_block_m(block_m: int) -> int:
+    """The wide kernel's token tile for a register-operand tile of `block_m` tokens: the same up to 192, else 128
+    (at 256 it spills; the route and `explain` send such calls here as two 128-token tiles)."""
+    return block_m if block_m <= 192 else 128
+
+
+def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int | None, group_m: int, mma_regs: int,
+            x_scales, grid: tuple, workspace: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """y from the persistent kernel `kind` ("rsp": `frag_rsp_kernel`, "rsw": `frag_rsw_kernel`), its `Launcher`
+    and constexprs worked out once per weight and key (an eager call's host time)."""
+    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
     launch = tw.launches.get(key)
     if launch is None:
-        from anybit.kernels.frag_rsw_kernel import frag_rsw_kernel
+        if kind == "rsp":
+            from anybit.kernels.frag_rsp_kernel import frag_rsp_kernel as kernel
 
-        consts = rs_consts(tw, block_m, stages or rsw_stages(block_m, bits), mma_regs)  # (checks the tile)
+            rule = rsp_stages
+        else:
+            from anybit.kernels.frag_rsw_kernel import frag_rsw_kernel as kernel
+
+            rule = rsw_stages
+        consts = rs_consts(tw, block_m, stages or rule(block_m, tw.fmt["W_BITS"]), mma_regs)  # (checks the tile)
         consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
-        launch = tw.launches[key] = Launcher(frag_rsw_kernel, consts, _RSP_LIVE)
+        launch = tw.launches[key] = Launcher(kernel, consts, _RSP_LIVE)
     y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
-    launch(grid, *operands, y, workspace, counters, m, n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))
+    launch(grid, *operands, y, workspace, counters, x.shape[0], tw.n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))
     return y
 
 

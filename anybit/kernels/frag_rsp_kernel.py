@@ -191,6 +191,29 @@ def _token_tile(bm1, bm2, two):
 
 
 @gluon.jit
+def _retire(acc, acc2, a0, a1, b0, b1, empty, g, TWO: gl.constexpr):
+    """Block g's wgmma waited for — its register operands kept alive to the wait (`frag_rs_kernel._consumer_loop`) —
+    and its stage released (`empty` slot g % its length). Returns the accumulators."""
+    if TWO:
+        acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
+    else:
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+    mbarrier.arrive(empty.index(g % empty.type.shape[0]), count=1)
+    return acc, acc2
+
+
+@gluon.jit
+def _zero_ring(z_desc, sq, ZP: gl.constexpr):
+    """The zero-point rows' ring beside the scale ring `sq` (as many slots; at least two rows a slot: a TMA copy's
+    destination 128-byte aligned), or `sq` standing in without zero points."""
+    if ZP:
+        ZR: gl.constexpr = max(2, z_desc.block_type.shape[0])
+        return gl.allocate_shared_memory(z_desc.dtype, [sq.type.shape[0], ZR, 64], z_desc.layout)
+    else:
+        return sq
+
+
+@gluon.jit
 def _p_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
               num_blocks, BM: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
               PANEL: gl.constexpr, TWO: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
@@ -228,7 +251,6 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
     shared tile and y (the first)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
-    STAGES: gl.constexpr = wq.type.shape[0]
     l1: gl.constexpr = _acc_layout(BM1)
     l2: gl.constexpr = _acc_layout(BM2)
     a1_layout: gl.constexpr = _a_layout(BM1)
@@ -259,11 +281,7 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
             more = (g + 2 <= last).to(gl.int32)
             w, lo, hi = _block_words(wq, sq, ready, empty, g + 2 * more, DTYPE, E2M1, zq,
                                      more * kb_next + (1 - more) * kbi, W3, ZP, W2)
-            if TWO:
-                acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
-            else:
-                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-            mbarrier.arrive(empty.index(g % STAGES), count=1)
+            acc, acc2 = _retire(acc, acc2, a0, a1, b0, b1, empty, g, TWO)
             g += 2
         j = t - t0
         if me == 1:
@@ -307,11 +325,7 @@ def frag_rsp_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
         red2 = gl.allocate_shared_memory(gl.float32, [64, BM2], flat)
     else:
         red2 = red
-    if ZP:
-        ZR: gl.constexpr = max(2, z_desc.block_type.shape[0])
-        zq = gl.allocate_shared_memory(z_desc.dtype, [STAGES, ZR, 64], z_desc.layout)
-    else:
-        zq = sq
+    zq = _zero_ring(z_desc, sq, ZP)
     num_blocks = _rs_blocks(K, BK, False)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, 64)
     lo_units = 2 * gl.cdiv(K, 512)

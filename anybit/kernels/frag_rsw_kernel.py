@@ -26,10 +26,19 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from anybit.kernels.frag_rs_kernel import _a_layout, _acc_layout, _block_mma, _block_words, _decoded, _rs_blocks
-from anybit.kernels.frag_rsp_kernel import _checks, _fixup, _run, _segment, _store_tiles, _token_tile
+from anybit.kernels.frag_rsp_kernel import (
+    _checks,
+    _fixup,
+    _retire,
+    _run,
+    _segment,
+    _store_tiles,
+    _token_tile,
+    _zero_ring,
+)
 from anybit.kernels.frag_ws_kernel import _tile_origin, _w_fetch, _x_issue2
 
 
@@ -71,7 +80,6 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
     words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
-    STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
     l1: gl.constexpr = _acc_layout(BM1)
     l2: gl.constexpr = _acc_layout(BM2)
     a1_layout: gl.constexpr = _a_layout(BM1)
@@ -94,11 +102,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
             kb_next = gl.where(kb + 1 < kb_hi, kb + 1, 0)
             w, lo, hi = _block_words(wq, sq, ready, empty, 2 * (g + more) + me, DTYPE, E2M1, zq,
                                      more * kb_next + (1 - more) * kb, W3, ZP, W2)
-            if TWO:
-                acc, acc2, a0, a1, b0, b1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a0, a1, b0, b1))
-            else:
-                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-            mbarrier.arrive(empty.index(g % STAGES), count=1)
+            acc, acc2 = _retire(acc, acc2, a0, a1, b0, b1, empty, g, TWO)
             g += 1
         stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2)
         if stores:
@@ -130,11 +134,7 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
         x2_bufs = x_bufs
     wq = gl.allocate_shared_memory(gl.int32, [2 * STAGES, 8 if W3 else 4, 256], w_desc.layout)
     sq = gl.allocate_shared_memory(s_desc.dtype, [2 * STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
-    if ZP:
-        ZR: gl.constexpr = max(2, z_desc.block_type.shape[0])
-        zq = gl.allocate_shared_memory(z_desc.dtype, [2 * STAGES, ZR, 64], z_desc.layout)
-    else:
-        zq = sq
+    zq = _zero_ring(z_desc, sq, ZP)
     ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     x_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

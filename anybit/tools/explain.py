@@ -179,6 +179,7 @@ def _int_notes(scheme: Scheme, dtype: torch.dtype, two_bit: str) -> list[str]:
 def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`; `rs_parts`' two launches, each its own)."""
     from anybit.kernels.frag_rs import rs_block_k
+    from anybit.kernels.frag_rsp import rsw_block_m
 
     if t.get("parts"):
         (head, first), (rest, second) = t["parts"]
@@ -187,7 +188,7 @@ def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
                 f"{_rs_plan('', scheme, second, dtype)}")  # fmt: skip
     bits, notes = scheme.weight.bits, _int_notes(scheme, dtype, "each half of a 256-K block of 2-bit codes a block")
     if settings.rs_wide() and bits != 8:  # the backend's `_rs_gemm` sends it to the wide form
-        bm = t["block_m"] if t["block_m"] <= 192 else 128
+        bm = rsw_block_m(t["block_m"])
         return (
             f"{via}{scheme.weight_bits}-bit fragment layout, {bm}-token tile: the register-operand Gluon kernel's "
             f"wide persistent stream-K form (ANYBIT_RS_WIDE=1, experimental: 128 weight rows a tile, one MMA "
