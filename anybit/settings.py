@@ -87,10 +87,10 @@ class Settings:
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
     rs_wide: bool
-    """ANYBIT_RS_WIDE (default 0; 1 turns it on — work in progress, not yet measured), with `frag_rs`: the
-    register-operand kernel's calls (of its own tiles, not `rs_parts`, not 8-bit codes) run its wide persistent
-    stream-K form instead (`frag_rsp.gemm_frag_rsw`: 128-row tiles whose warpgroups share x, the K blocks shared among
-    the SMs; up to 192 tokens a tile, else 128); read per call."""
+    """ANYBIT_RS_WIDE (default 1; 0 turns it off), with `frag_rs`: 33-192-row calls of 2-4-bit codes on weights whose
+    64-row tiles overfill one wave (N > 64 x SMs) run the register-operand kernel's wide persistent stream-K form
+    (`frag_rsp.rsw_tile`, `gemm_frag_rsw`: 128-row tiles whose warpgroups share x, the K blocks shared among the SMs;
+    H200 graphs W4A16 28672x8192 M=96 118.2 -> 102.3 µs); read when a prepared weight first sees an M."""
     rs_w2: bool
     """ANYBIT_RS_W2 (default 1; 0 turns it off), with `frag_rs`: 2-bit integer codes on the register-operand kernel
     (`frag_rs.rs_int_why_not`; off: the frag kernel's decode tiles and dequantize + cuBLAS at 65-256 rows). H200 graphs,
@@ -223,7 +223,7 @@ def frag_rs_parts() -> bool:
 
 def rs_wide() -> bool:
     """ANYBIT_RS_WIDE alone (see `Settings.rs_wide`)."""
-    return _level("ANYBIT_RS_WIDE", 0, (0, 1)) == 1
+    return _level("ANYBIT_RS_WIDE", 1, (0, 1)) == 1
 
 
 def rs_w2() -> bool:

@@ -125,7 +125,7 @@ def _e2m1_a8(on: bool) -> None:
 
 
 def _rs_wide(on: bool) -> None:
-    os.environ["ANYBIT_RS_WIDE"] = "1" if on else "0"  # read per call
+    os.environ["ANYBIT_RS_WIDE"] = "1" if on else "0"  # read when a prepared weight first sees an M
 
 
 def _rs_parts(on: bool) -> None:
@@ -133,7 +133,7 @@ def _rs_parts(on: bool) -> None:
 
 
 # switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
-PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts", "rs-w2"}
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts", "rs-w2", "rs-wide"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,

@@ -41,7 +41,7 @@ from anybit.kernels.frag_rs import (
     rs_tile,
     ws_int_why_not,
 )
-from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_block_m
+from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
@@ -232,6 +232,8 @@ def ws_route_tile(
     `rs_only_tile` takes, `ws_tile`'s row-major tile."""
     rs = bits in RS_BITS and settings.frag_rs()
     tile = (rs_tile if ws else rs_only_tile)(m, n, k, num_sms, bits) if rs else None
+    if tile is not None and "split_k" not in tile and settings.rs_wide():  # its wide form where `rsw_tile` says
+        tile = rsw_tile(m, n, k, num_sms, bits) or tile
     if tile is None and rs and settings.frag_rs_parts():
         tile = rs_parts(m, n, k, num_sms, bits)
     if tile is not None or m <= FRAG_MAX_M or not (ws or plain):
@@ -247,9 +249,8 @@ def _rs_gemm(
     """The register-operand kernel on an `rs_tile` tile, or on an `rs_parts` one: each part's rows of x (and of its
     row scales) into the same rows of one output."""
     if "parts" not in tile:
-        if tw.fmt["W_BITS"] != 8 and settings.rs_wide():  # (opt-in, work in progress) its wide stream-K form
-            block_m = rsw_block_m(tile.get("block_m", 128))
-            return gemm_frag_rsw(x, tw, bias, out=out, x_scales=x_scales, block_m=block_m)
+        if tile.get("wide"):  # `rsw_tile`: the wide persistent stream-K form
+            return gemm_frag_rsw(x, tw, bias, out=out, x_scales=x_scales, block_m=tile["block_m"])
         return gemm_frag_rs(x, tw, bias, out=out, x_scales=x_scales, **{a: v for a, v in tile.items() if a != "rs"})
     y = torch.empty((x.shape[0], tw.n), device=x.device, dtype=x.dtype) if out is None else out
     row = 0

@@ -8,7 +8,7 @@ import torch
 
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.frag import sm_count
-from anybit.kernels.frag_rs import _SMEM, RS_MAX_STAGES, rs_consts, rs_operands, rs_stages
+from anybit.kernels.frag_rs import _SMEM, rs_block_m, rs_consts, rs_operands, rs_stages
 from anybit.kernels.launch import Launcher
 
 
@@ -70,12 +70,16 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     return _launch("rsp", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
 
 
+RSW_MAX_STAGES = 8  # H200 graphs, W4A16 M=64 (session 39), 6 -> 8 stages: 28672x8192 81.6 -> 76.9 µs, 4096x14336
+# 28.3 -> 27.8
+
+
 def rsw_stages(block_m: int, bits: int = 4) -> int:
-    """The most stages (up to RS_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each; 3-bit
-    codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2 bytes);
-    64 or 96 tokens: 6, 128: 5, 192: 3."""
+    """The most stages (up to RSW_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each;
+    3-bit codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2
+    bytes); up to 64 tokens: 8, 96: 6, 128: 5, 192: 3."""
     words = 8192 if bits == 3 else 4096
-    return min(RS_MAX_STAGES, _SMEM // (2 * (words + 1024) + block_m * 256))
+    return min(RSW_MAX_STAGES, _SMEM // (2 * (words + 1024) + block_m * 256))
 
 
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -96,6 +100,23 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
     return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
+
+
+RSW_MIN_M = 33  # up to 32 rows the frag kernel's split-K decode
+RSW_MAX_M = 192  # past this the wide form runs two 128-token tiles: slower (28672x8192 M=256 214.4 -> 227.1 µs)
+
+
+def rsw_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
+    """The wide kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes, where the route runs it in
+    place of a one-tile, unsplit `frag_rs.rs_tile` tile (`ws_route_tile`), else None: 2-4-bit codes (e2m1 too),
+    RSW_MIN_M-RSW_MAX_M rows, weights whose 64-row tiles overfill one wave of the one-tile kernel (N > 64 x SMs: its
+    CTAs end unevenly and re-read x for every 64-row tile). H200 graphs, W4A16 (tools/probe_ws.py, session 39), the
+    one-tile kernel -> this (Humming), µs: 28672x8192 M=64 88.6 -> 76.9 (73.5), M=96 118.2 -> 102.3 (92.7), M=128
+    125.9 -> 118.0 (108.6); where the 64-row tiles fit one wave it is slower (8192^2 M=64 / 96 / 128 23.5 / 29.4 /
+    34.1 -> 29.3 / 37.0 / 42.7)."""
+    if bits not in (2, 3, 4) or not RSW_MIN_M <= m <= RSW_MAX_M or cdiv(n, 64) <= num_sms:
+        return None
+    return dict(rs=True, wide=True, block_m=rsw_block_m(rs_block_m(m, n, num_sms, bits) or 128))
 
 
 def rsw_block_m(block_m: int) -> int:

@@ -179,7 +179,6 @@ def _int_notes(scheme: Scheme, dtype: torch.dtype, two_bit: str) -> list[str]:
 def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
     """The register-operand kernel's line (`frag_rs.rs_tile`'s tile `t`; `rs_parts`' two launches, each its own)."""
     from anybit.kernels.frag_rs import rs_block_k
-    from anybit.kernels.frag_rsp import rsw_block_m
 
     if t.get("parts"):
         (head, first), (rest, second) = t["parts"]
@@ -187,13 +186,12 @@ def _rs_plan(via: str, scheme: Scheme, t: dict, dtype: torch.dtype) -> str:
                 f"{_rs_plan(via, scheme, first, dtype)}; the other {rest}: "
                 f"{_rs_plan('', scheme, second, dtype)}")  # fmt: skip
     bits, notes = scheme.weight.bits, _int_notes(scheme, dtype, "each half of a 256-K block of 2-bit codes a block")
-    if settings.rs_wide() and bits != 8:  # the backend's `_rs_gemm` sends it to the wide form
-        bm = rsw_block_m(t["block_m"])
+    if t.get("wide"):  # `frag_rsp.rsw_tile`: the backend's `_rs_gemm` runs the wide form
         return (
-            f"{via}{scheme.weight_bits}-bit fragment layout, {bm}-token tile: the register-operand Gluon kernel's "
-            f"wide persistent stream-K form (ANYBIT_RS_WIDE=1, experimental: 128 weight rows a tile, one MMA "
-            f"warpgroup a 64-row panel, both on the same x slices; every tile's 128-K blocks shared evenly among "
-            f"the SMs, a tile shared by CTAs summed by the last one in)" + "".join(f"; {n}" for n in notes)
+            f"{via}{scheme.weight_bits}-bit fragment layout, {t['block_m']}-token tile: the register-operand Gluon "
+            f"kernel's wide persistent stream-K form (128 weight rows a tile, one MMA warpgroup a 64-row panel, both "
+            f"on the same x slices; every tile's 128-K blocks shared evenly among the SMs, a tile shared by CTAs "
+            f"summed by the last one in; ANYBIT_RS_WIDE=0 turns it off)" + "".join(f"; {n}" for n in notes)
         )
     if t.get("split_k", 1) > 1:
         notes.insert(0, f"K split {t['split_k']} ways (the last CTA of a tile sums the fp32 partials)")

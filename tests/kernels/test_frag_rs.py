@@ -197,6 +197,7 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, fake_hopper, m, n, k):
     before = triton_backend.ws_route_tile(m, n, k, 132)
     assert not (before or {}).get("rs")
     monkeypatch.delenv("ANYBIT_FRAG_RS")
+    monkeypatch.setenv("ANYBIT_RS_WIDE", "0")  # (the one-tile kernel's tiles; the wide form's below)
     tile = triton_backend.ws_route_tile(m, n, k, 132)
     assert tile["rs"] and tile["block_m"] == rs_block_m(m, n)
     assert not triton_backend.frag_mid(Scheme.parse("w4a16"), m, n, k, torch.bfloat16, cuda)
@@ -205,10 +206,10 @@ def test_frag_rs_takes_the_mid_calls(monkeypatch, fake_hopper, m, n, k):
         assert "register-operand Gluon kernel" in plan and f"tile {tile['block_m']}x64x128" in plan, (text, plan)
         assert ("K split 2 ways" in plan) == ("split_k" in tile), plan  # few 64-row tiles, K >= 2N: split in two
     assert ("split_k" in tile) == (n == 4096 and k >= 2 * n and m <= 192)  # 193-256 rows: 128 CTAs unsplit
-    monkeypatch.setenv("ANYBIT_RS_WIDE", "1")  # (opt-in) the wide persistent form takes the same calls
+    monkeypatch.delenv("ANYBIT_RS_WIDE")  # weights whose 64-row tiles overfill a wave: the wide form (`rsw_tile`)
     plan = triton_plan(Scheme.parse("w4a16"), m, n, k, cuda, torch.bfloat16)
-    bm = tile["block_m"] if tile["block_m"] <= 192 else 128
-    assert f"{bm}-token tile: the register-operand Gluon kernel's wide persistent stream-K form" in plan, plan
+    wide = f"{tile['block_m']}-token tile: the register-operand Gluon kernel's wide persistent stream-K form"
+    assert (wide in plan) == (n > 64 * 132), plan
 
 
 def test_split_k_leaves_every_split_some_blocks():

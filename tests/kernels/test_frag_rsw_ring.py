@@ -110,7 +110,7 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     tw = to_triton_layout(quantize(torch.randn(128, 256), "w4a16"))
     with pytest.raises(ValueError, match="block_m=256"):
         gemm_frag_rsw(torch.randn(4, 256).half(), tw, block_m=256)
-    assert [rsw_stages(bm) for bm in (64, 96, 128, 192, 256)] == [6, 6, 5, 3, 3]
+    assert [rsw_stages(bm) for bm in (48, 64, 96, 128, 192, 256)] == [8, 8, 6, 5, 3, 3]
     runs = shares(5, 7, 4, pairs=False)  # one block a unit: 35 blocks in runs of 8 or 9, split anywhere
     assert [sum(hi - lo for _, lo, hi in run) for run in runs] == [8, 9, 9, 9]
     assert sorted((t, kb) for run in runs for t, lo, hi in run for kb in range(lo, hi)) == [
@@ -118,23 +118,36 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     ]
 
 
-def test_the_opt_in_route_sends_the_register_operand_tiles_to_the_wide_kernel(monkeypatch):
-    """ANYBIT_RS_WIDE=1: the backend's `_rs_gemm` runs `gemm_frag_rsw` on the tile's tokens (128 past 192), not the
-    one-tile kernel; 8-bit codes and split launches (`rs_parts`) stay; off by default."""
+def test_the_route_sends_tall_weights_one_tile_calls_to_the_wide_kernel(monkeypatch):
+    """`rsw_tile`: 2-4-bit codes at 33-192 rows of weights whose 64-row tiles overfill a wave; the route runs it where
+    it would run a one-tile, unsplit `rs_tile` tile (4-bit W4A16 at 65-128 rows of 28672x8192, 3-bit codes with zero
+    points from 33 rows), with the same tokens; 8-bit codes, shorter weights, other row counts, the frag kernel's
+    decode (4-bit at 64 rows) and ANYBIT_RS_WIDE=0 keep their route; the backend's `_rs_gemm` runs `gemm_frag_rsw` on
+    a wide tile only."""
     import torch
 
     from anybit import quantize
     from anybit.backends import triton as backend
     from anybit.backends.triton_layout import to_triton_layout
+    from anybit.kernels.frag_rs import rs_block_m
+    from anybit.kernels.frag_rsp import rsw_tile
 
+    for m in (33, 64, 96, 128, 160, 192):
+        assert rsw_tile(m, 28672, 8192) == dict(rs=True, wide=True, block_m=rs_block_m(m, 28672)), m
+        assert backend.ws_route_tile(m, 28672, 8192, 132, 3, ws=False) == rsw_tile(m, 28672, 8192, bits=3), m
+        wide = (backend.ws_route_tile(m, 28672, 8192, 132, 4) or {}).get("wide", False)
+        assert wide == (64 < m <= 128), m
+    for args in [(32, 28672, 8192, 132, 4), (193, 28672, 8192, 132, 4), (96, 8448, 8192, 132, 4),
+                 (96, 8192, 8192, 132, 4), (96, 28672, 8192, 132, 8)]:  # fmt: skip
+        assert rsw_tile(*args) is None, args
+        assert not (backend.ws_route_tile(*args) or {}).get("wide"), args
+    assert rsw_tile(96, 8448, 8192, 120) is not None  # (the SMs decide: 132 tiles overfill 120 SMs)
+    monkeypatch.setenv("ANYBIT_RS_WIDE", "0")
+    assert not (backend.ws_route_tile(96, 28672, 8192, 132, 4) or {}).get("wide")
     calls = []
     monkeypatch.setattr(backend, "gemm_frag_rsw", lambda x, tw, bias, **kw: calls.append(("rsw", kw["block_m"])))
     monkeypatch.setattr(backend, "gemm_frag_rs", lambda x, tw, bias, **kw: calls.append(("rs", kw["block_m"])))
-    x = torch.randn(4, 256).half()
-    w4 = to_triton_layout(quantize(torch.randn(128, 256), "w4a16"))
-    w8 = to_triton_layout(quantize(torch.randn(128, 256), "w8a16"))
+    x, w4 = torch.randn(4, 256).half(), to_triton_layout(quantize(torch.randn(128, 256), "w4a16"))
     backend._rs_gemm(x, w4, None, None, {"rs": True, "block_m": 96})
-    monkeypatch.setenv("ANYBIT_RS_WIDE", "1")
-    for tw, bm in [(w4, 96), (w4, 256), (w8, 96)]:
-        backend._rs_gemm(x, tw, None, None, {"rs": True, "block_m": bm, "split_k": 2})
-    assert calls == [("rs", 96), ("rsw", 96), ("rsw", 128), ("rs", 96)]
+    backend._rs_gemm(x, w4, None, None, {"rs": True, "wide": True, "block_m": 160})
+    assert calls == [("rs", 96), ("rsw", 160)]
