@@ -34,6 +34,8 @@ def main() -> None:
             input_config=None,
             torch_dtype=torch.bfloat16,
         ).cuda()
+        layer.load_from_unquantized(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+        layer.transform()  # (the layer's meta exists from here on)
         meta = HummingLayerMethod._get_meta(layer, "")
         for m in (int(v) for v in a.m.split(",")):
             cfg = get_heuristics_config(meta, shape_m=m, device=torch.device("cuda"))

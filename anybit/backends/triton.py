@@ -232,7 +232,8 @@ def ws_route_tile(
     `rs_only_tile` takes, `ws_tile`'s row-major tile."""
     rs = bits in RS_BITS and settings.frag_rs()
     tile = (rs_tile if ws else rs_only_tile)(m, n, k, num_sms, bits) if rs else None
-    if tile is not None and "split_k" not in tile and settings.rs_wide():  # its wide form where `rsw_tile` says
+    one_tile = tile is not None and "split_k" not in tile  # (the one-tile kernel's, or none at 129-192 rows)
+    if rs and (one_tile or m > 128) and settings.rs_wide():  # its wide form where `rsw_tile` says
         tile = rsw_tile(m, n, k, num_sms, bits) or tile
     if tile is None and rs and settings.frag_rs_parts():
         tile = rs_parts(m, n, k, num_sms, bits)

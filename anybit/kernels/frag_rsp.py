@@ -104,17 +104,26 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
 
 RSW_MIN_M = 33  # up to 32 rows the frag kernel's split-K decode
 RSW_MAX_M = 192  # past this the wide form runs two 128-token tiles: slower (28672x8192 M=256 214.4 -> 227.1 µs)
+RSW_MIN_BLOCKS = 96  # 128-K blocks a CTA at least: each tile a CTA shares costs ~4 µs (14336x4096, 54 a CTA, lost)
 
 
 def rsw_tile(m: int, n: int, k: int, num_sms: int = 132, bits: int = 4) -> dict | None:
-    """The wide kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes, where the route runs it in
-    place of a one-tile, unsplit `frag_rs.rs_tile` tile (`ws_route_tile`), else None: 2-4-bit codes (e2m1 too),
-    RSW_MIN_M-RSW_MAX_M rows, weights whose 64-row tiles overfill one wave of the one-tile kernel (N > 64 x SMs: its
-    CTAs end unevenly and re-read x for every 64-row tile). H200 graphs, W4A16 (tools/probe_ws.py, session 39), the
-    one-tile kernel -> this (Humming), µs: 28672x8192 M=64 88.6 -> 76.9 (73.5), M=96 118.2 -> 102.3 (92.7), M=128
-    125.9 -> 118.0 (108.6); where the 64-row tiles fit one wave it is slower (8192^2 M=64 / 96 / 128 23.5 / 29.4 /
-    34.1 -> 29.3 / 37.0 / 42.7)."""
+    """The wide kernel's tile for an M-row call of a weight [N, K] with `bits`-bit codes where the route runs it
+    (`ws_route_tile`: in place of a one-tile, unsplit `frag_rs.rs_tile` tile, and at 129-RSW_MAX_M rows of the
+    warp-specialised kernel's), else None: 2-4-bit codes (e2m1 too), RSW_MIN_M-RSW_MAX_M rows, weights whose 64-row
+    tiles overfill one wave of the one-tile kernel (N > 64 x SMs: its CTAs end unevenly and re-read x for every 64-row
+    tile) and whose 128-K blocks give each CTA RSW_MIN_BLOCKS at least. H200 graphs (session 39; probe_toggle
+    --switch rs-wide and probe_ws), the route -> this, µs: W4A16 / NVFP4 / W3A16 28672x8192 M=96 116.1 / 127.6 / 124.5
+    -> 101.4 / 107.9 / 103.4, M=128 124.0 / 145.3 / 138.2 -> 114.7 / 127.6 / 122.0 (Humming W4A16 92.7, 108.6);
+    57344x8192 M=96 217.5 / 238.2 / 234.6 -> 197.9 / 213.3 / 216.8, M=128 240.4 / 279.0 / 263.7 -> 225.5 / 245.6 /
+    240.8; W3A16 (whose 33-64 rows the one-tile kernel took) 28672x8192 M=40 / 64 101.7 / 100.6 -> 83.3 / 89.8; W4A16
+    28672x8192 M=160 / 192 (the warp-specialised kernel) 160.3 / 172.3 -> 145.3 / 163.5 (116.4 / 162.8). Not where
+    the 64-row tiles fit one wave (8192^2 M=64 / 96 / 128 the one-tile kernel 23.5 / 29.4 / 34.1 -> 29.3 / 37.0 /
+    42.7) nor with few blocks a CTA (14336x4096, 54: M=128 32.4 -> 38.2, M=192 51.0 -> 57.4); the 4-bit decode at
+    33-64 rows stays (28672x8192 M=64 73.4 vs 76.3)."""
     if bits not in (2, 3, 4) or not RSW_MIN_M <= m <= RSW_MAX_M or cdiv(n, 64) <= num_sms:
+        return None
+    if cdiv(n, 128) * cdiv(k, 128) < RSW_MIN_BLOCKS * num_sms:
         return None
     return dict(rs=True, wide=True, block_m=rsw_block_m(rs_block_m(m, n, num_sms, bits) or 128))
 

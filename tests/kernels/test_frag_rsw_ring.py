@@ -119,11 +119,11 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
 
 
 def test_the_route_sends_tall_weights_one_tile_calls_to_the_wide_kernel(monkeypatch):
-    """`rsw_tile`: 2-4-bit codes at 33-192 rows of weights whose 64-row tiles overfill a wave; the route runs it where
-    it would run a one-tile, unsplit `rs_tile` tile (4-bit W4A16 at 65-128 rows of 28672x8192, 3-bit codes with zero
-    points from 33 rows), with the same tokens; 8-bit codes, shorter weights, other row counts, the frag kernel's
-    decode (4-bit at 64 rows) and ANYBIT_RS_WIDE=0 keep their route; the backend's `_rs_gemm` runs `gemm_frag_rsw` on
-    a wide tile only."""
+    """`rsw_tile`: 2-4-bit codes at 33-192 rows of weights whose 64-row tiles overfill a wave and whose K blocks give
+    each CTA 96 at least; the route runs it where it would run a one-tile, unsplit `rs_tile` tile and at 129-192 rows
+    (4-bit W4A16 at 65-192 rows of 28672x8192, 3-bit codes with zero points from 33 rows), with the same tokens; 8-bit
+    codes, shorter weights or K, other row counts, the frag kernel's decode (4-bit at 64 rows) and ANYBIT_RS_WIDE=0
+    keep their route; the backend's `_rs_gemm` runs `gemm_frag_rsw` on a wide tile only."""
     import torch
 
     from anybit import quantize
@@ -136,12 +136,12 @@ def test_the_route_sends_tall_weights_one_tile_calls_to_the_wide_kernel(monkeypa
         assert rsw_tile(m, 28672, 8192) == dict(rs=True, wide=True, block_m=rs_block_m(m, 28672)), m
         assert backend.ws_route_tile(m, 28672, 8192, 132, 3, ws=False) == rsw_tile(m, 28672, 8192, bits=3), m
         wide = (backend.ws_route_tile(m, 28672, 8192, 132, 4) or {}).get("wide", False)
-        assert wide == (64 < m <= 128), m
+        assert wide == (64 < m <= 192), m
     for args in [(32, 28672, 8192, 132, 4), (193, 28672, 8192, 132, 4), (96, 8448, 8192, 132, 4),
-                 (96, 8192, 8192, 132, 4), (96, 28672, 8192, 132, 8)]:  # fmt: skip
+                 (96, 8192, 8192, 132, 4), (96, 28672, 8192, 132, 8), (96, 14336, 4096, 132, 4)]:  # fmt: skip
         assert rsw_tile(*args) is None, args
         assert not (backend.ws_route_tile(*args) or {}).get("wide"), args
-    assert rsw_tile(96, 8448, 8192, 120) is not None  # (the SMs decide: 132 tiles overfill 120 SMs)
+    assert rsw_tile(96, 16896, 8192, 80) is not None  # (the SMs decide: 264 tiles overfill 80 SMs, 105 blocks each)
     monkeypatch.setenv("ANYBIT_RS_WIDE", "0")
     assert not (backend.ws_route_tile(96, 28672, 8192, 132, 4) or {}).get("wide")
     calls = []
