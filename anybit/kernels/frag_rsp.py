@@ -85,12 +85,13 @@ def rsw_stages(block_m: int, bits: int = 4) -> int:
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
-                  counters=None) -> torch.Tensor:  # fmt: skip
+                  counters=None, order: bool = False) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
-    >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero). Work in progress (session 38:
-    compiled for sm_90a, not yet run on a GPU)."""
+    >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `order`: the warpgroups issue
+    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER). GPU-tested session 39 (`test_frag_rsp_gpu.py`); the
+    route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
@@ -99,7 +100,9 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 128)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
-    return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
+    return _launch(
+        "rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters, order
+    )
 
 
 RSW_MIN_M = 33  # up to 32 rows the frag kernel's split-K decode
@@ -135,10 +138,11 @@ def rsw_block_m(block_m: int) -> int:
 
 
 def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int | None, group_m: int, mma_regs: int,
-            x_scales, grid: tuple, workspace: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:  # fmt: skip
+            x_scales, grid: tuple, workspace: torch.Tensor, counters: torch.Tensor,
+            order: bool = False) -> torch.Tensor:  # fmt: skip
     """y from the persistent kernel `kind` ("rsp": `frag_rsp_kernel`, "rsw": `frag_rsw_kernel`), its `Launcher`
     and constexprs worked out once per weight and key (an eager call's host time)."""
-    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None)
+    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, order)
     launch = tw.launches.get(key)
     if launch is None:
         if kind == "rsp":
@@ -151,6 +155,8 @@ def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int
             rule = rsw_stages
         consts = rs_consts(tw, block_m, stages or rule(block_m, tw.fmt["W_BITS"]), mma_regs)  # (checks the tile)
         consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
+        if order:  # (the wide kernel's wgmma in turns)
+            consts["ORDER"] = True
         launch = tw.launches[key] = Launcher(kernel, consts, _RSP_LIVE)
     y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
     launch(grid, *operands, y, workspace, counters, x.shape[0], tw.n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))

@@ -71,13 +71,15 @@ def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x
 
 
 @gluon.jit
-def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-           stride_ym, tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
+def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M,
+           N, stride_ym, tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-           W2: gl.constexpr = False):
+           W2: gl.constexpr = False, ORDER: gl.constexpr = False):
     """MMA warpgroup `me` (the tile's panel me): every block of the CTA's run on its panel's words, the next block's
-    words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`)."""
+    words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). ORDER:
+    the warpgroups issue their wgmma in turns (block g: warpgroup 0's, then 1's, then 0's of g + 1 …, through the
+    `turn` barriers), so one's products run while the other decodes instead of both decoding at once."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     l1: gl.constexpr = _acc_layout(BM1)
@@ -96,7 +98,11 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
         kb_lo, kb_hi = _segment(t, u0, u1, num_blocks, False)
         for kb in range(kb_lo, kb_hi):
             a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
+            if ORDER:  # warpgroup 0 after 1's block g - 1 (a fresh barrier passes its first wait), 1 after 0's g
+                mbarrier.wait(turn.index(me), (g & 1) ^ (1 - me))
             acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
+            if ORDER:
+                mbarrier.arrive(turn.index(1 - me), count=1)
             # the next block's words (the next tile's block 0 past this segment; past the run, this block's again)
             more = (g + 1 < total).to(gl.int32)
             kb_next = gl.where(kb + 1 < kb_hi, kb + 1, 0)
@@ -119,7 +125,7 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                     MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-                    W2: gl.constexpr = False):
+                    W2: gl.constexpr = False, ORDER: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -143,16 +149,19 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
         mbarrier.init(x_ready.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(empty.index(i), count=2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # (ORDER: the wgmma turns)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
     num_blocks = _rs_blocks(K, BK, False)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, 128)
     lo_units = 2 * gl.cdiv(K, 512)
     gl.warp_specialize([
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M,
-                  N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO, zq,
-                  W3, ZP, W2)),
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M,
-                  N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS, ROW_SCALES, TWO, zq,
-                  W3, ZP, W2)),
+        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                  cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER)),
+        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                  cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
                      num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2)),
     ], [4, 1], [MMA_REGS, 48])
