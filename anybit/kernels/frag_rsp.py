@@ -85,13 +85,14 @@ def rsw_stages(block_m: int, bits: int = 4) -> int:
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
-                  counters=None, order: bool = False) -> torch.Tensor:  # fmt: skip
+                  counters=None, order: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `order`: the warpgroups issue
-    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER). GPU-tested session 39 (`test_frag_rsp_gpu.py`); the
-    route runs it where `rsw_tile` says."""
+    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER); `times` (int64, >= ctas x 20; a diagnostic,
+    `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key. GPU-tested session
+    39 (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
@@ -101,7 +102,7 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
     return _launch(
-        "rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters, order
+        "rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters, order, times
     )
 
 
@@ -139,10 +140,10 @@ def rsw_block_m(block_m: int) -> int:
 
 def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int | None, group_m: int, mma_regs: int,
             x_scales, grid: tuple, workspace: torch.Tensor, counters: torch.Tensor,
-            order: bool = False) -> torch.Tensor:  # fmt: skip
+            order: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y from the persistent kernel `kind` ("rsp": `frag_rsp_kernel`, "rsw": `frag_rsw_kernel`), its `Launcher`
     and constexprs worked out once per weight and key (an eager call's host time)."""
-    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, order)
+    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, order, times is None)
     launch = tw.launches.get(key)
     if launch is None:
         if kind == "rsp":
@@ -157,6 +158,8 @@ def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int
         consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
         if order:  # (the wide kernel's wgmma in turns)
             consts["ORDER"] = True
+        if times is not None:  # (the wide kernel's timestamps)
+            consts |= dict(times_ptr=times, TIMES=True)
         launch = tw.launches[key] = Launcher(kernel, consts, _RSP_LIVE)
     y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
     launch(grid, *operands, y, workspace, counters, x.shape[0], tw.n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))

@@ -75,11 +75,13 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
            N, stride_ym, tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-           W2: gl.constexpr = False, ORDER: gl.constexpr = False):
+           W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False):
     """MMA warpgroup `me` (the tile's panel me): every block of the CTA's run on its panel's words, the next block's
     words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). ORDER:
     the warpgroups issue their wgmma in turns (block g: warpgroup 0's, then 1's, then 0's of g + 1 …, through the
-    `turn` barriers), so one's products run while the other decodes instead of both decoding at once."""
+    `turn` barriers), so one's products run while the other decodes instead of both decoding at once. TIMES (a
+    diagnostic, `tools/rsw_timeline.py`): the warpgroup's %globaltimer at its start, at the end of its first six
+    segments and at its end, its SM and its segment count into times_ptr [CTA, warpgroup, 10] (int64)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     l1: gl.constexpr = _acc_layout(BM1)
@@ -91,6 +93,11 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     DTYPE: gl.constexpr = x_bufs.dtype
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
     total = u1 - u0  # the run's blocks
+    if TIMES:
+        stamps = times_ptr + (gl.program_id(0) * 2 + me) * 10
+        gl.store(stamps, _now(t0))
+        gl.store(stamps + 8, _smid(t0))
+        gl.store(stamps + 9, (t1 - t0 + 1).to(gl.int64))
     # block g's panel me: word slot 2g + me of the 2 STAGES panel slots (phase (2g + me) // (2 STAGES) = g // STAGES)
     w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, u0 % num_blocks, W3, ZP, W2)
     g = 0
@@ -115,8 +122,27 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
             off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
             _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + 64 * me,
                          ROW_SCALES, HAS_BIAS, E2M1, HAS_GS, TWO)
+        if TIMES:
+            if t - t0 < 6:
+                gl.store(stamps + 1 + t - t0, _now(t))
         acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
         acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
+    if TIMES:
+        gl.store(stamps + 7, _now(t1))
+
+
+@gluon.jit
+def _now(dep):
+    """%globaltimer (ns), after `dep` (a scalar the asm takes, so it is not hoisted)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def _smid(dep):
+    """The SM this runs on."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [dep], dtype=gl.int32, is_pure=False,
+                                     pack=1).to(gl.int64)
 
 
 @gluon.jit
@@ -125,7 +151,8 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                     MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-                    W2: gl.constexpr = False, ORDER: gl.constexpr = False):
+                    W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None,
+                    TIMES: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -158,10 +185,10 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     gl.warp_specialize([
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES)),
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
                      num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2)),
     ], [4, 1], [MMA_REGS, 48])

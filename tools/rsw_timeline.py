@@ -1,0 +1,95 @@
+"""When each CTA of the wide persistent kernel (`frag_rsp.gemm_frag_rsw`) starts, ends each segment and ends, on the
+device: the kernel's TIMES stamps (%globaltimer, ns) of one launch after warm-up, per CTA and warpgroup.
+
+    bash tools/device.sh py tools/rsw_timeline.py --shapes 8192x8192,28672x8192 --m 128 [--scheme w4a16]
+
+Why (session 39, ncu): on 8192^2 at 128 tokens the SMs were active 69 % of the kernel's cycles (28672x8192: 82 %) with
+every CTA given the same number of K blocks — so CTAs end at different times. Prints per shape the spread of starts and
+ends, the slowest CTAs' segments, and the end time against the segment count and the SM; writes $OUT/rsw_timeline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from anybit import quantize  # noqa: E402
+from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
+from anybit.kernels.frag_rs import rs_block_m  # noqa: E402
+from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_block_m  # noqa: E402
+
+
+def timeline(scheme: str, n: int, k: int, m: int, order: bool) -> dict:
+    dev = torch.device("cuda")
+    tw = to_triton_layout(quantize(torch.randn(n, k, device=dev) * 0.02, scheme), allow_frag3=True)
+    x = torch.randn(m, k, device=dev).bfloat16()
+    ctas = torch.cuda.get_device_properties(dev).multi_processor_count
+    times = torch.zeros(ctas * 20, dtype=torch.int64, device=dev)
+    block_m = rsw_block_m(rs_block_m(m, n) or 128)
+    for _ in range(5):
+        gemm_frag_rsw(x, tw, block_m=block_m, order=order, times=times)
+    torch.cuda.synchronize()
+    t = times.view(ctas, 2, 10).cpu()
+    t0 = int(t[:, :, 0].min())
+    rows = []
+    for q in range(ctas):
+        segs = int(t[q, 0, 9])
+        ends = [(int(t[q, 0, 1 + i]) - t0) / 1e3 for i in range(min(segs, 6))]
+        rows.append(dict(cta=q, sm=int(t[q, 0, 8]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
+                         end=(int(t[q, 0, 7]) - t0) / 1e3, end_wg1=(int(t[q, 1, 7]) - t0) / 1e3,
+                         segment_ends=ends))  # fmt: skip
+    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, order=order, rows=rows)
+
+
+def report(r: dict) -> None:
+    rows = r["rows"]
+    starts = [c["start"] for c in rows]
+    ends = [c["end"] for c in rows]
+    print(f"{r['scheme']} {r['n']}x{r['k']} M={r['m']} block_m={r['block_m']} order={r['order']}: {len(rows)} CTAs; "
+          f"start {min(starts):.1f}-{max(starts):.1f} µs (median {statistics.median(starts):.1f}), end "
+          f"{min(ends):.1f}-{max(ends):.1f} (median {statistics.median(ends):.1f})")  # fmt: skip
+    by_segs: dict[int, list[float]] = {}
+    for c in rows:
+        by_segs.setdefault(c["segments"], []).append(c["end"] - c["start"])
+    print(
+        "  run time by segment count: "
+        + ", ".join(
+            f"{s}: {len(v)} CTAs median {statistics.median(v):.1f} max {max(v):.1f}" for s, v in sorted(by_segs.items())
+        )
+    )
+    for c in sorted(rows, key=lambda c: -c["end"])[:6] + sorted(rows, key=lambda c: c["end"])[:3]:
+        segs = " ".join(f"{e:.1f}" for e in c["segment_ends"])
+        print(f"  CTA {c['cta']:3d} SM {c['sm']:3d} start {c['start']:6.1f} segment ends {segs} end {c['end']:.1f} "
+              f"(warpgroup 1 {c['end_wg1']:.1f})")  # fmt: skip
+    by_sm = sorted(rows, key=lambda c: c["sm"])
+    print("  end by SM (µs, SM order): " + " ".join(f"{c['end']:.0f}" for c in by_sm))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scheme", default="w4a16")
+    ap.add_argument("--shapes", default="8192x8192,28672x8192")
+    ap.add_argument("--m", default="128")
+    ap.add_argument("--order", action="store_true", help="the warpgroups' wgmma in turns (ORDER)")
+    args = ap.parse_args()
+    out = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        for m in (int(v) for v in args.m.split(",")):
+            r = timeline(args.scheme, n, k, m, args.order)
+            report(r)
+            out.append(r)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "rsw_timeline.json"), "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
