@@ -31,20 +31,22 @@ def timeline(scheme: str, n: int, k: int, m: int, order: bool) -> dict:
     tw = to_triton_layout(quantize(torch.randn(n, k, device=dev) * 0.02, scheme), allow_frag3=True)
     x = torch.randn(m, k, device=dev).bfloat16()
     ctas = torch.cuda.get_device_properties(dev).multi_processor_count
-    times = torch.zeros(ctas * 20, dtype=torch.int64, device=dev)
+    times = torch.zeros(ctas * 40, dtype=torch.int64, device=dev)
     block_m = rsw_block_m(rs_block_m(m, n) or 128)
     for _ in range(5):
         gemm_frag_rsw(x, tw, block_m=block_m, order=order, times=times)
     torch.cuda.synchronize()
-    t = times.view(ctas, 2, 10).cpu()
+    t = times.view(ctas, 2, 20).cpu()
     t0 = int(t[:, :, 0].min())
     rows = []
     for q in range(ctas):
-        segs = int(t[q, 0, 9])
-        ends = [(int(t[q, 0, 1 + i]) - t0) / 1e3 for i in range(min(segs, 6))]
-        rows.append(dict(cta=q, sm=int(t[q, 0, 8]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
-                         end=(int(t[q, 0, 7]) - t0) / 1e3, end_wg1=(int(t[q, 1, 7]) - t0) / 1e3,
-                         segment_ends=ends))  # fmt: skip
+        segs = int(t[q, 0, 15])
+        done = [(int(t[q, 0, 1 + i]) - t0) / 1e3 for i in range(min(segs, 6))]
+        summed = [(int(t[q, 0, 7 + i]) - t0) / 1e3 for i in range(min(segs, 6))]
+        stored = [bool(int(t[q, 0, 16]) >> i & 1) for i in range(min(segs, 6))]
+        rows.append(dict(cta=q, sm=int(t[q, 0, 14]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
+                         end=(int(t[q, 0, 13]) - t0) / 1e3, end_wg1=(int(t[q, 1, 13]) - t0) / 1e3,
+                         blocks_done=done, summed=summed, stored=stored))  # fmt: skip
     return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, order=order, rows=rows)
 
 
@@ -64,10 +66,19 @@ def report(r: dict) -> None:
             f"{s}: {len(v)} CTAs median {statistics.median(v):.1f} max {max(v):.1f}" for s, v in sorted(by_segs.items())
         )
     )
+    fix = {True: [], False: []}  # the segment-end cost: blocks done -> products summed / stored (the fixup)
+    for c in rows:
+        for d, e, st in zip(c["blocks_done"], c["summed"], c["stored"], strict=True):
+            fix[st].append(e - d)
+    for st, v in fix.items():
+        if v:
+            print(f"  segment ends {'storing y (last in or whole)' if st else 'leaving a part'}: {len(v)}, "
+                  f"done -> summed median {statistics.median(v):.2f} µs, max {max(v):.2f}")  # fmt: skip
     for c in sorted(rows, key=lambda c: -c["end"])[:6] + sorted(rows, key=lambda c: c["end"])[:3]:
-        segs = " ".join(f"{e:.1f}" for e in c["segment_ends"])
-        print(f"  CTA {c['cta']:3d} SM {c['sm']:3d} start {c['start']:6.1f} segment ends {segs} end {c['end']:.1f} "
-              f"(warpgroup 1 {c['end_wg1']:.1f})")  # fmt: skip
+        segs = " ".join(f"{d:.1f}->{e:.1f}{'*' if st else ''}" for d, e, st in
+                        zip(c["blocks_done"], c["summed"], c["stored"], strict=True))  # fmt: skip
+        print(f"  CTA {c['cta']:3d} SM {c['sm']:3d} start {c['start']:5.1f} segments (done->summed, * stored y) "
+              f"{segs} end {c['end']:.1f} (warpgroup 1 {c['end_wg1']:.1f})")  # fmt: skip
     by_sm = sorted(rows, key=lambda c: c["sm"])
     print("  end by SM (µs, SM order): " + " ".join(f"{c['end']:.0f}" for c in by_sm))
 

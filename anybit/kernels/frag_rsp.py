@@ -90,7 +90,7 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `order`: the warpgroups issue
-    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER); `times` (int64, >= ctas x 20; a diagnostic,
+    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER); `times` (int64, >= ctas x 40; a diagnostic,
     `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key. GPU-tested session
     39 (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:

@@ -80,8 +80,9 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). ORDER:
     the warpgroups issue their wgmma in turns (block g: warpgroup 0's, then 1's, then 0's of g + 1 …, through the
     `turn` barriers), so one's products run while the other decodes instead of both decoding at once. TIMES (a
-    diagnostic, `tools/rsw_timeline.py`): the warpgroup's %globaltimer at its start, at the end of its first six
-    segments and at its end, its SM and its segment count into times_ptr [CTA, warpgroup, 10] (int64)."""
+    diagnostic, `tools/rsw_timeline.py`): into times_ptr [CTA, warpgroup, 20] (int64) the warpgroup's %globaltimer at
+    its start (0), when each of its first six segments' blocks are done (1 + i) and when their products are summed
+    and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     l1: gl.constexpr = _acc_layout(BM1)
@@ -94,10 +95,11 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
     total = u1 - u0  # the run's blocks
     if TIMES:
-        stamps = times_ptr + (gl.program_id(0) * 2 + me) * 10
+        stamps = times_ptr + (gl.program_id(0) * 2 + me) * 20
         gl.store(stamps, _now(t0))
-        gl.store(stamps + 8, _smid(t0))
-        gl.store(stamps + 9, (t1 - t0 + 1).to(gl.int64))
+        gl.store(stamps + 14, _smid(t0))
+        gl.store(stamps + 15, (t1 - t0 + 1).to(gl.int64))
+        stored = (t0 * 0).to(gl.int64)
     # block g's panel me: word slot 2g + me of the 2 STAGES panel slots (phase (2g + me) // (2 STAGES) = g // STAGES)
     w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, u0 % num_blocks, W3, ZP, W2)
     g = 0
@@ -117,6 +119,9 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
                                      more * kb_next + (1 - more) * kb, W3, ZP, W2)
             acc, acc2 = _retire(acc, acc2, a0, a1, b0, b1, empty, g, TWO)
             g += 1
+        if TIMES:
+            if t - t0 < 6:
+                gl.store(stamps + 1 + t - t0, _now(t + g))
         stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2)
         if stores:
             off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
@@ -124,11 +129,13 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
                          ROW_SCALES, HAS_BIAS, E2M1, HAS_GS, TWO)
         if TIMES:
             if t - t0 < 6:
-                gl.store(stamps + 1 + t - t0, _now(t))
+                gl.store(stamps + 7 + t - t0, _now(t + stores.to(gl.int32)))
+            stored = stored | (stores.to(gl.int64) << (t - t0).to(gl.int64))
         acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
         acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
     if TIMES:
-        gl.store(stamps + 7, _now(t1))
+        gl.store(stamps + 13, _now(t1))
+        gl.store(stamps + 16, stored)
 
 
 @gluon.jit
