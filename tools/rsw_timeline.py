@@ -26,7 +26,7 @@ from anybit.kernels.frag_rs import rs_block_m  # noqa: E402
 from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_block_m  # noqa: E402
 
 
-def timeline(scheme: str, n: int, k: int, m: int, order: bool) -> dict:
+def timeline(scheme: str, n: int, k: int, m: int, order: bool, cvt: bool = False) -> dict:
     dev = torch.device("cuda")
     tw = to_triton_layout(quantize(torch.randn(n, k, device=dev) * 0.02, scheme), allow_frag3=True)
     x = torch.randn(m, k, device=dev).bfloat16()
@@ -34,7 +34,7 @@ def timeline(scheme: str, n: int, k: int, m: int, order: bool) -> dict:
     times = torch.zeros(ctas * 40, dtype=torch.int64, device=dev)
     block_m = rsw_block_m(rs_block_m(m, n) or 128)
     for _ in range(5):
-        gemm_frag_rsw(x, tw, block_m=block_m, order=order, times=times)
+        gemm_frag_rsw(x, tw, block_m=block_m, order=order, times=times, cvt=cvt)
     torch.cuda.synchronize()
     t = times.view(ctas, 2, 20).cpu()
     t0 = int(t[:, :, 0].min())
@@ -47,14 +47,15 @@ def timeline(scheme: str, n: int, k: int, m: int, order: bool) -> dict:
         rows.append(dict(cta=q, sm=int(t[q, 0, 14]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
                          end=(int(t[q, 0, 13]) - t0) / 1e3, end_wg1=(int(t[q, 1, 13]) - t0) / 1e3,
                          blocks_done=done, summed=summed, stored=stored))  # fmt: skip
-    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, order=order, rows=rows)
+    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, order=order, cvt=cvt, rows=rows)
 
 
 def report(r: dict) -> None:
     rows = r["rows"]
     starts = [c["start"] for c in rows]
     ends = [c["end"] for c in rows]
-    print(f"{r['scheme']} {r['n']}x{r['k']} M={r['m']} block_m={r['block_m']} order={r['order']}: {len(rows)} CTAs; "
+    print(f"{r['scheme']} {r['n']}x{r['k']} M={r['m']} block_m={r['block_m']} order={r['order']} cvt={r['cvt']}: "
+          f"{len(rows)} CTAs; "
           f"start {min(starts):.1f}-{max(starts):.1f} µs (median {statistics.median(starts):.1f}), end "
           f"{min(ends):.1f}-{max(ends):.1f} (median {statistics.median(ends):.1f})")  # fmt: skip
     by_segs: dict[int, list[float]] = {}
@@ -89,14 +90,16 @@ def main() -> None:
     ap.add_argument("--shapes", default="8192x8192,28672x8192")
     ap.add_argument("--m", default="128")
     ap.add_argument("--order", action="store_true", help="the warpgroups' wgmma in turns (ORDER)")
+    ap.add_argument("--cvt", default="0", help="y stored 16 bytes a thread (CVT): 0, 1 or 0,1 (both)")
     args = ap.parse_args()
     out = []
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.m.split(",")):
-            r = timeline(args.scheme, n, k, m, args.order)
-            report(r)
-            out.append(r)
+            for cvt in (bool(int(v)) for v in args.cvt.split(",")):
+                r = timeline(args.scheme, n, k, m, args.order, cvt)
+                report(r)
+                out.append(r)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "rsw_timeline.json"), "w") as f:
             json.dump(out, f)

@@ -74,24 +74,28 @@ RSW_MAX_STAGES = 8  # H200 graphs, W4A16 M=64 (session 39), 6 -> 8 stages: 28672
 # 28.3 -> 27.8
 
 
-def rsw_stages(block_m: int, bits: int = 4) -> int:
+def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False) -> int:
     """The most stages (up to RSW_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each;
     3-bit codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2
-    bytes); up to 64 tokens: 8, 96: 6, 128: 5, 192: 3."""
+    bytes); up to 64 tokens: 8, 96: 6, 128: 5, 192: 3. cvt: less 8 KB, the scratch of both warpgroups' layout
+    conversions (`frag_rsp_kernel._store_tile_cvt`; sm_90a, 128 tokens: 3.9 KB — Triton converts in rounds)."""
     words = 8192 if bits == 3 else 4096
-    return min(RSW_MAX_STAGES, _SMEM // (2 * (words + 1024) + block_m * 256))
+    spare = 8192 if cvt else 0
+    return min(RSW_MAX_STAGES, (_SMEM - spare) // (2 * (words + 1024) + block_m * 256))
 
 
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
-                  counters=None, order: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                  counters=None, order: bool = False, times: torch.Tensor | None = None,
+                  cvt: bool = False) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `order`: the warpgroups issue
     their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER); `times` (int64, >= ctas x 40; a diagnostic,
-    `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key. GPU-tested session
+    `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key; `cvt`: y stored 16
+    bytes a thread (CVT, one stage fewer where its shared memory needs it). GPU-tested session
     39 (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
@@ -101,9 +105,10 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 128)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
-    return _launch(
-        "rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters, order, times
-    )
+    extra = dict(ORDER=order, CVT=cvt) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
+    stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt)
+    return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters,
+                   extra)  # fmt: skip
 
 
 RSW_MIN_M = 33  # up to 32 rows the frag kernel's split-K decode
@@ -140,10 +145,13 @@ def rsw_block_m(block_m: int) -> int:
 
 def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int | None, group_m: int, mma_regs: int,
             x_scales, grid: tuple, workspace: torch.Tensor, counters: torch.Tensor,
-            order: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+            extra: dict | None = None) -> torch.Tensor:  # fmt: skip
     """y from the persistent kernel `kind` ("rsp": `frag_rsp_kernel`, "rsw": `frag_rsw_kernel`), its `Launcher`
-    and constexprs worked out once per weight and key (an eager call's host time)."""
-    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, order, times is None)
+    and constexprs worked out once per weight and key (an eager call's host time); `extra`: the kernel's own options
+    (constexprs, the wide kernel's timestamp buffer) for its key."""
+    extra = extra or {}
+    options = tuple((a, id(v) if isinstance(v, torch.Tensor) else v) for a, v in extra.items())
+    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, options)
     launch = tw.launches.get(key)
     if launch is None:
         if kind == "rsp":
@@ -156,10 +164,7 @@ def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int
             rule = rsw_stages
         consts = rs_consts(tw, block_m, stages or rule(block_m, tw.fmt["W_BITS"]), mma_regs)  # (checks the tile)
         consts |= dict(GROUP_M=group_m, HAS_BIAS=bias is not None, ROW_SCALES=x_scales is not None)
-        if order:  # (the wide kernel's wgmma in turns)
-            consts["ORDER"] = True
-        if times is not None:  # (the wide kernel's timestamps)
-            consts |= dict(times_ptr=times, TIMES=True)
+        consts |= extra
         launch = tw.launches[key] = Launcher(kernel, consts, _RSP_LIVE)
     y, operands = rs_operands(x, tw, bias, out, block_m, x_scales)
     launch(grid, *operands, y, workspace, counters, x.shape[0], tw.n, tw.k, tw.planes[0].shape[-1] // 16, y.stride(0))

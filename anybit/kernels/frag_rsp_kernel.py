@@ -35,7 +35,7 @@ from anybit.kernels.frag_rs_kernel import (
     _rs_blocks,
     _rs_smem,
 )
-from anybit.kernels.frag_ws_kernel import _pow2, _store_tile, _tile_origin, _w_fetch, _x_issue2
+from anybit.kernels.frag_ws_kernel import _pow2, _scaled, _store_tile, _tile_index, _tile_origin, _w_fetch, _x_issue2
 
 
 # fmt: off
@@ -166,13 +166,41 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
 
 @gluon.jit
 def _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
-                 HAS_BIAS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, TWO: gl.constexpr):
-    """y of a tile's 64 weight rows from off_n: acc's BM1 tokens from off_m and (TWO) acc2's BM2 after them."""
-    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr, _pow2(E2M1),
-                HAS_GS, True)
-    if TWO:
-        _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + acc.shape[1], off_n, ROW_SCALES, HAS_BIAS,
-                    gs_ptr, _pow2(E2M1), HAS_GS, True)
+                 HAS_BIAS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, TWO: gl.constexpr,
+                 CVT: gl.constexpr = False):
+    """y of a tile's 64 weight rows from off_n: acc's BM1 tokens from off_m and (TWO) acc2's BM2 after them. CVT:
+    through `_store_tile_cvt` (16-byte stores along y's rows)."""
+    if CVT:
+        _store_tile_cvt(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
+                        _pow2(E2M1), HAS_GS)
+        if TWO:
+            _store_tile_cvt(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + acc.shape[1], off_n, ROW_SCALES,
+                            HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS)
+    else:
+        _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES, HAS_BIAS, gs_ptr,
+                    _pow2(E2M1), HAS_GS, True)
+        if TWO:
+            _store_tile(acc2, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m + acc.shape[1], off_n, ROW_SCALES,
+                        HAS_BIAS, gs_ptr, _pow2(E2M1), HAS_GS, True)
+
+
+@gluon.jit
+def _store_tile_cvt(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, gs_ptr, POW2: gl.constexpr, HAS_GS: gl.constexpr):
+    """`_store_tile` of a [64 weight rows, tokens] accumulator (the same arithmetic: scaled, bias added in fp32, one
+    rounding) whose y values go through shared memory (a layout conversion of the rounded tile) so that a thread
+    stores 8 consecutive weight rows of one token — 16 bytes along y's row — instead of the wgmma layout's 2 bytes
+    a token (8 half-used sectors a store instruction; session 39: a segment's y store took ~3 µs)."""
+    rows, cols = _tile_index(acc, off_m, off_n, True)
+    acc = _scaled(acc, xs_ptr, M, off_m, ROW_SCALES, gs_ptr, POW2, HAS_GS, True)
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0).to(gl.float32), 1)
+    rowwise: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+    v = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), rowwise)
+    n = off_n + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, rowwise))
+    t = off_m + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, rowwise))
+    ptrs = y_ptr + gl.expand_dims(t.to(gl.int64) * stride_ym, 0) + gl.expand_dims(n, 1)
+    gl.store(ptrs, v, mask=gl.expand_dims(t < M, 0) & gl.expand_dims(n < N, 1))
 
 
 @gluon.jit
