@@ -1,7 +1,7 @@
 """When each CTA of the wide persistent kernel (`frag_rsp.gemm_frag_rsw`) starts, ends each segment and ends, on the
 device: the kernel's TIMES stamps (%globaltimer, ns) of one launch after warm-up, per CTA and warpgroup.
 
-    bash tools/device.sh py tools/rsw_timeline.py --shapes 8192x8192,28672x8192 --m 128 [--scheme w4a16]
+    bash tools/device.sh py tools/rsw_timeline.py --shapes 8192x8192,28672x8192 --m 128 [--variants 'default;head=1']
 
 Why (session 39, ncu): on 8192^2 at 128 tokens the SMs were active 69 % of the kernel's cycles (28672x8192: 82 %) with
 every CTA given the same number of K blocks — so CTAs end at different times. Prints per shape the spread of starts and
@@ -20,13 +20,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from probe_out import tile_overrides  # noqa: E402
+
 from anybit import quantize  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.kernels.frag_rs import rs_block_m  # noqa: E402
 from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_block_m  # noqa: E402
 
 
-def timeline(scheme: str, n: int, k: int, m: int, order: bool, cvt: bool = False) -> dict:
+def timeline(scheme: str, n: int, k: int, m: int, options: dict) -> dict:
     dev = torch.device("cuda")
     tw = to_triton_layout(quantize(torch.randn(n, k, device=dev) * 0.02, scheme), allow_frag3=True)
     x = torch.randn(m, k, device=dev).bfloat16()
@@ -34,7 +36,7 @@ def timeline(scheme: str, n: int, k: int, m: int, order: bool, cvt: bool = False
     times = torch.zeros(ctas * 40, dtype=torch.int64, device=dev)
     block_m = rsw_block_m(rs_block_m(m, n) or 128)
     for _ in range(5):
-        gemm_frag_rsw(x, tw, block_m=block_m, order=order, times=times, cvt=cvt)
+        gemm_frag_rsw(x, tw, block_m=block_m, times=times, **options)
     torch.cuda.synchronize()
     t = times.view(ctas, 2, 20).cpu()
     t0 = int(t[:, :, 0].min())
@@ -47,14 +49,14 @@ def timeline(scheme: str, n: int, k: int, m: int, order: bool, cvt: bool = False
         rows.append(dict(cta=q, sm=int(t[q, 0, 14]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
                          end=(int(t[q, 0, 13]) - t0) / 1e3, end_wg1=(int(t[q, 1, 13]) - t0) / 1e3,
                          blocks_done=done, summed=summed, stored=stored))  # fmt: skip
-    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, order=order, cvt=cvt, rows=rows)
+    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, options=options, rows=rows)
 
 
 def report(r: dict) -> None:
     rows = r["rows"]
     starts = [c["start"] for c in rows]
     ends = [c["end"] for c in rows]
-    print(f"{r['scheme']} {r['n']}x{r['k']} M={r['m']} block_m={r['block_m']} order={r['order']} cvt={r['cvt']}: "
+    print(f"{r['scheme']} {r['n']}x{r['k']} M={r['m']} block_m={r['block_m']} {r['options'] or 'defaults'}: "
           f"{len(rows)} CTAs; "
           f"start {min(starts):.1f}-{max(starts):.1f} µs (median {statistics.median(starts):.1f}), end "
           f"{min(ends):.1f}-{max(ends):.1f} (median {statistics.median(ends):.1f})")  # fmt: skip
@@ -89,15 +91,19 @@ def main() -> None:
     ap.add_argument("--scheme", default="w4a16")
     ap.add_argument("--shapes", default="8192x8192,28672x8192")
     ap.add_argument("--m", default="128")
-    ap.add_argument("--order", action="store_true", help="the warpgroups' wgmma in turns (ORDER)")
-    ap.add_argument("--cvt", default="0", help="y stored 16 bytes a thread (CVT): 0, 1 or 0,1 (both)")
+    ap.add_argument(
+        "--variants",
+        default="default",
+        help="gemm_frag_rsw options a variant, ';' between: e.g. 'default;cvt=0;head=1' (order=1: ORDER)",
+    )
     args = ap.parse_args()
     out = []
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.m.split(",")):
-            for cvt in (bool(int(v)) for v in args.cvt.split(",")):
-                r = timeline(args.scheme, n, k, m, args.order, cvt)
+            for text in args.variants.split(";"):
+                options = {a: bool(v) for a, v in tile_overrides("" if text == "default" else text).items()}
+                r = timeline(args.scheme, n, k, m, options)
                 report(r)
                 out.append(r)
     if os.environ.get("OUT"):

@@ -106,15 +106,19 @@ def _ws_offsets(acc):
 
 @gluon.jit
 def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr = True, lane=0,
-           LANES: gl.constexpr = 1):
+           LANES: gl.constexpr = 1, HEAD: gl.constexpr = False):
     """Tile t's products summed over the CTAs sharing its K (`_owner` of its first and last unit) into the last
     one in: its ticket says how many came before; all but the last store theirs into their workspace slot
     (`_slot`, fp32 64 x (BM1 + BM2)) and add `parts` (release, after a barrier of this partition's threads); the last
     waits (acquire) for parts x parts, adds the other part to its own (two parts: one add, the same bits either way)
     or every part in CTA order, its own stored first (three or more), and re-arms the counter.
     LANES: partitions of a CTA that each sum their own products of the tile (`frag_rsw_kernel`'s two warpgroups, a
-    weight panel each), with a counter (t x LANES + lane) and slots of their own. Returns (is this CTA the one to
-    store y, the sums)."""
+    weight panel each), with a counter (t x LANES + lane) and slots of their own. HEAD: no ticket — the CTA holding
+    the tile's first block (whose run ends on it) sums, waiting (acquire) for the others' parts - 1 releases; the
+    others store their part and add 1 (release, no value back): one atomic round trip less on each side, the same sum
+    order (`_fixup_head`). Returns (is this CTA the one to store y, the sums)."""
+    if HEAD:
+        return _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO, PAIRS, lane, LANES)
     BM1: gl.constexpr = acc.shape[1]
     BM2: gl.constexpr = acc2.shape[1]
     SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
@@ -162,6 +166,43 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
                         acc2 += gl.load(base + o2, cache_modifier=".cg")
             gl.atomic_xchg(cnt, 0)
     return ahead == parts - 1, acc, acc2
+
+
+@gluon.jit
+def _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr, lane,
+                LANES: gl.constexpr):
+    """`_fixup` with HEAD: the tile's first CTA sums (its own products, then the other parts in CTA order) and re-arms
+    the counter with a plain store (every other CTA is done with it)."""
+    BM1: gl.constexpr = acc.shape[1]
+    BM2: gl.constexpr = acc2.shape[1]
+    SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
+    per = _per_tile(nb, PAIRS)
+    units = tiles * per
+    first = _owner(t * per, units)
+    last = _owner((t + 1) * per - 1, units)
+    pid = gl.program_id(0)
+    o1 = _ws_offsets(acc)
+    o2 = _ws_offsets(acc2) + 64 * BM1
+    cnt = cnt_ptr + t * LANES + lane
+    if last > first:
+        if pid != first:
+            base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+            gl.store(base + o1, acc)
+            if TWO:
+                gl.store(base + o2, acc2)
+            gl.thread_barrier()
+            gl.atomic_add(cnt, 1, sem="release")  # (after every thread's stores: the barrier)
+        else:
+            landed = gl.atomic_add(cnt, 0, sem="acquire")
+            while landed != last - first:
+                landed = gl.atomic_add(cnt, 0, sem="acquire")
+            for q in range(first + 1, last + 1):
+                base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+                acc += gl.load(base + o1, cache_modifier=".cg")
+                if TWO:
+                    acc2 += gl.load(base + o2, cache_modifier=".cg")
+            gl.store(cnt, 0)
+    return pid == first, acc, acc2
 
 
 @gluon.jit

@@ -76,7 +76,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
            W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False,
-           CVT: gl.constexpr = False):
+           CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
     """MMA warpgroup `me` (the tile's panel me): every block of the CTA's run on its panel's words, the next block's
     words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). ORDER:
     the warpgroups issue their wgmma in turns (block g: warpgroup 0's, then 1's, then 0's of g + 1 …, through the
@@ -84,7 +84,8 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     diagnostic, `tools/rsw_timeline.py`): into times_ptr [CTA, warpgroup, 20] (int64) the warpgroup's %globaltimer at
     its start (0), when each of its first six segments' blocks are done (1 + i) and when their products are summed
     and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits).
-    CVT: y stored 16 bytes a thread along its rows (`frag_rsp_kernel._store_tile_cvt`)."""
+    CVT: y stored 16 bytes a thread along its rows (`frag_rsp_kernel._store_tile_cvt`). HEAD: a shared tile summed
+    by its first CTA, no ticket (`frag_rsp_kernel._fixup_head`)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     l1: gl.constexpr = _acc_layout(BM1)
@@ -124,7 +125,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
         if TIMES:
             if t - t0 < 6:
                 gl.store(stamps + 1 + t - t0, _now(t + g))
-        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2)
+        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2, HEAD)
         if stores:
             off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
             _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + 64 * me,
@@ -161,7 +162,7 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
                     W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None,
-                    TIMES: gl.constexpr = False, CVT: gl.constexpr = False):
+                    TIMES: gl.constexpr = False, CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -194,10 +195,10 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     gl.warp_specialize([
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT, HEAD)),
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT, HEAD)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
                      num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2)),
     ], [4, 1], [MMA_REGS, 48])
