@@ -37,9 +37,13 @@ def timeline(scheme: str, n: int, k: int, m: int, options: dict) -> dict:
     block_m = rsw_block_m(rs_block_m(m, n) or 128)
     for _ in range(5):
         gemm_frag_rsw(x, tw, block_m=block_m, times=times, **options)
+    begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    gemm_frag_rsw(x, tw, block_m=block_m, times=times, **options)  # (the stamps read are this launch's)
+    finish.record()
     torch.cuda.synchronize()
     t = times.view(ctas, 2, 20).cpu()
-    t0 = int(t[:, :, 0].min())
+    t0 = int(t[:, 0, 17].min())  # the first CTA's entry
     rows = []
     for q in range(ctas):
         segs = int(t[q, 0, 15])
@@ -48,8 +52,10 @@ def timeline(scheme: str, n: int, k: int, m: int, options: dict) -> dict:
         stored = [bool(int(t[q, 0, 16]) >> i & 1) for i in range(min(segs, 6))]
         rows.append(dict(cta=q, sm=int(t[q, 0, 14]), segments=segs, start=(int(t[q, 0, 0]) - t0) / 1e3,
                          end=(int(t[q, 0, 13]) - t0) / 1e3, end_wg1=(int(t[q, 1, 13]) - t0) / 1e3,
-                         blocks_done=done, summed=summed, stored=stored))  # fmt: skip
-    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, options=options, rows=rows)
+                         blocks_done=done, summed=summed, stored=stored, entry=(int(t[q, 0, 17]) - t0) / 1e3,
+                         loader=((int(t[q, 0, 19]) - t0) / 1e3, (int(t[q, 0, 18]) - t0) / 1e3)))  # fmt: skip
+    event_us = begin.elapsed_time(finish) * 1e3
+    return dict(scheme=scheme, n=n, k=k, m=m, block_m=block_m, options=options, event_us=event_us, rows=rows)
 
 
 def report(r: dict) -> None:
@@ -60,6 +66,12 @@ def report(r: dict) -> None:
           f"{len(rows)} CTAs; "
           f"start {min(starts):.1f}-{max(starts):.1f} µs (median {statistics.median(starts):.1f}), end "
           f"{min(ends):.1f}-{max(ends):.1f} (median {statistics.median(ends):.1f})")  # fmt: skip
+    span = max(max(c["end"], c["end_wg1"]) for c in rows)
+    print(f"  one launch: CUDA events {r['event_us']:.1f} µs; stamped from the first entry to the last end {span:.1f}; "
+          f"entry {min(c['entry'] for c in rows):.1f}-{max(c['entry'] for c in rows):.1f}, entry -> MMA start median "
+          f"{statistics.median(c['start'] - c['entry'] for c in rows):.2f}, loader start median "
+          f"{statistics.median(c['loader'][0] for c in rows):.1f} / end median "
+          f"{statistics.median(c['loader'][1] for c in rows):.1f}")  # fmt: skip
     by_segs: dict[int, list[float]] = {}
     for c in rows:
         by_segs.setdefault(c["segments"], []).append(c["end"] - c["start"])

@@ -47,11 +47,13 @@ from anybit.kernels.frag_ws_kernel import _tile_origin, _w_fetch, _x_issue2
 def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
               num_blocks, BM: gl.constexpr, GROUP_M: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr,
               PANEL: gl.constexpr, TWO: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
-              ZP: gl.constexpr = False, W2: gl.constexpr = False):
+              ZP: gl.constexpr = False, W2: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False):
     """Every block of the CTA's run in order: each panel's words and scales into its word slot, x's halves into
-    x slots 2g, 2g + 1, once both warpgroups released the stage."""
+    x slots 2g, 2g + 1, once both warpgroups released the stage. TIMES: its start and end (`_w_mma`'s slots 19, 18)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
+    if TIMES:
+        gl.store(times_ptr + gl.program_id(0) * 40 + 19, _now(t0))
     g = 0
     for t in range(t0, t1 + 1):
         off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
@@ -68,6 +70,8 @@ def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g + 1, 2 * g + 2, 2 * STAGES, TWO,
                       2 * (kb - g))
             g += 1
+    if TIMES:
+        gl.store(times_ptr + gl.program_id(0) * 40 + 18, _now(g))
 
 
 @gluon.jit
@@ -83,7 +87,8 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     `turn` barriers), so one's products run while the other decodes instead of both decoding at once. TIMES (a
     diagnostic, `tools/rsw_timeline.py`): into times_ptr [CTA, warpgroup, 20] (int64) the warpgroup's %globaltimer at
     its start (0), when each of its first six segments' blocks are done (1 + i) and when their products are summed
-    and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits).
+    and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits);
+    in warpgroup 0's row also the kernel's entry (17) and the loader's end and start (18, 19).
     CVT: y stored 16 bytes a thread along its rows (`frag_rsp_kernel._store_tile_cvt`). HEAD: a shared tile summed
     by its first CTA, no ticket (`frag_rsp_kernel._fixup_head`)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
@@ -168,6 +173,8 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     BK: gl.constexpr = x_desc.block_type.shape[1]
     _checks(x_desc, W8, W3, ZP, W2, E2M1)
     BM: gl.constexpr = _token_tile(BM1, BM2, TWO)
+    if TIMES:
+        gl.store(times_ptr + gl.program_id(0) * 40 + 17, _now(M))
     # x rings of 2 STAGES slots shared by the warpgroups; a word ring of 2 STAGES panel slots (stage s, panel q:
     # 2s + q) with a barrier each; a stage released by both warpgroups
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)
@@ -200,6 +207,7 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
                   ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT, HEAD)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
-                     num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2)),
+                     num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2,
+                     times_ptr, TIMES)),
     ], [4, 1], [MMA_REGS, 48])
 # fmt: on
