@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="default",
-        help="gemm_frag_rsw options a variant, ';' between: e.g. 'default;cvt=0;head=1' (order=1: ORDER)",
+        help="gemm_frag_rsw options a variant, ';' between: e.g. 'default;cvt=0;head=1'",
     )
     args = ap.parse_args()
     out = []

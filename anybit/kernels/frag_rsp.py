@@ -91,17 +91,16 @@ def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False) -> int:
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
-                  counters=None, order: bool = False, times: torch.Tensor | None = None,
+                  counters=None, times: torch.Tensor | None = None,
                   cvt: bool | None = None, head: bool = False) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
-    >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `order`: the warpgroups issue
-    their wgmma in turns (`frag_rsw_kernel._w_mma`, ORDER); `times` (int64, >= ctas x 40; a diagnostic,
-    `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key; `cvt`: y stored 16
-    bytes a thread (CVT; default from RSW_CVT_MIN_M tokens a tile); `head`: a shared tile summed by its first CTA
-    without a ticket (HEAD, not yet measured). GPU-tested session
-    39 (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
+    >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `times` (int64, >= ctas x
+    40; a diagnostic, `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key;
+    `cvt`: y stored 16 bytes a thread (CVT; default from RSW_CVT_MIN_M tokens a tile); `head`: a shared tile summed by
+    its first CTA without a ticket (HEAD, not yet measured). GPU-tested session 39 (`test_frag_rsp_gpu.py`); the route
+    runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
@@ -109,9 +108,12 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
                          "warpgroups spill: sm_90a, session 38); two tiles of 128 hold 256 rows")  # fmt: skip
     tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 128)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
+    if times is not None and (times.dtype != torch.int64 or times.numel() < 40 * grid[0]):
+        raise ValueError(f"times: an int64 buffer of >= 40 x {grid[0]} CTAs = {40 * grid[0]} stamps, got "
+                         f"{times.dtype} x {times.numel()}")  # fmt: skip
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
     cvt = block_m >= RSW_CVT_MIN_M if cvt is None else cvt
-    extra = dict(ORDER=order, CVT=cvt, HEAD=head) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
+    extra = dict(CVT=cvt, HEAD=head) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
     stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt)
     return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters,
                    extra)  # fmt: skip
@@ -156,8 +158,7 @@ def _launch(kind: str, x: torch.Tensor, tw, bias, out, block_m: int, stages: int
     and constexprs worked out once per weight and key (an eager call's host time); `extra`: the kernel's own options
     (constexprs, the wide kernel's timestamp buffer) for its key."""
     extra = extra or {}
-    options = tuple((a, id(v) if isinstance(v, torch.Tensor) else v) for a, v in extra.items())
-    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, options)
+    key = (kind, block_m, stages, group_m, mma_regs, x.dtype, bias is None, x_scales is None, *extra.items())
     launch = tw.launches.get(key)
     if launch is None:
         if kind == "rsp":

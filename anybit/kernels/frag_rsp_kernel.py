@@ -105,13 +105,52 @@ def _ws_offsets(acc):
 
 
 @gluon.jit
+def _shared_tile(cnt_ptr, t, nb, tiles, PAIRS: gl.constexpr, lane, LANES: gl.constexpr):
+    """Tile t's sharing: its first and last CTA (`_owner` of its first and last unit), the units, the units a tile, and
+    this lane's counter (t x LANES + lane)."""
+    per = _per_tile(nb, PAIRS)
+    units = tiles * per
+    first = _owner(t * per, units)
+    last = _owner((t + 1) * per - 1, units)
+    return first, last, units, per, cnt_ptr + t * LANES + lane
+
+
+@gluon.jit
+def _part(ws_ptr, acc, acc2, q, t, units, per, lane, LANES: gl.constexpr, TWO: gl.constexpr):
+    """Where CTA q leaves this lane's part of tile t (`_slot`; fp32 64 x (BM1 + BM2)), and the offsets of acc's and
+    acc2's elements in it."""
+    BM1: gl.constexpr = acc.shape[1]
+    BM2: gl.constexpr = acc2.shape[1]
+    SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
+    base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
+    return base + _ws_offsets(acc), base + _ws_offsets(acc2) + 64 * BM1
+
+
+@gluon.jit
+def _put(ptrs, ptrs2, acc, acc2, TWO: gl.constexpr):
+    """A part's products into its slot (`_part`)."""
+    gl.store(ptrs, acc)
+    if TWO:
+        gl.store(ptrs2, acc2)
+
+
+@gluon.jit
+def _add(ptrs, ptrs2, acc, acc2, TWO: gl.constexpr):
+    """acc (and acc2) plus the part in a slot (`_part`), read past L1."""
+    acc += gl.load(ptrs, cache_modifier=".cg")
+    if TWO:
+        acc2 += gl.load(ptrs2, cache_modifier=".cg")
+    return acc, acc2
+
+
+@gluon.jit
 def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr = True, lane=0,
            LANES: gl.constexpr = 1, HEAD: gl.constexpr = False):
-    """Tile t's products summed over the CTAs sharing its K (`_owner` of its first and last unit) into the last
-    one in: its ticket says how many came before; all but the last store theirs into their workspace slot
-    (`_slot`, fp32 64 x (BM1 + BM2)) and add `parts` (release, after a barrier of this partition's threads); the last
-    waits (acquire) for parts x parts, adds the other part to its own (two parts: one add, the same bits either way)
-    or every part in CTA order, its own stored first (three or more), and re-arms the counter.
+    """Tile t's products summed over the CTAs sharing its K (`_shared_tile`) into the last one in: its ticket says how
+    many came before; all but the last store theirs into their workspace slot (`_part`) and add `parts` (release,
+    after a barrier of this partition's threads); the last waits (acquire) for parts x parts, adds the other part to
+    its own (two parts: one add, the same bits either way) or every part in CTA order, its own stored first (three or
+    more), and re-arms the counter.
     LANES: partitions of a CTA that each sum their own products of the tile (`frag_rsw_kernel`'s two warpgroups, a
     weight panel each), with a counter (t x LANES + lane) and slots of their own. HEAD: no ticket — the CTA holding
     the tile's first block (whose run ends on it) sums, waiting (acquire) for the others' parts - 1 releases; the
@@ -119,26 +158,15 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
     order (`_fixup_head`). Returns (is this CTA the one to store y, the sums)."""
     if HEAD:
         return _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO, PAIRS, lane, LANES)
-    BM1: gl.constexpr = acc.shape[1]
-    BM2: gl.constexpr = acc2.shape[1]
-    SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
-    per = _per_tile(nb, PAIRS)
-    units = tiles * per
-    first = _owner(t * per, units)
-    last = _owner((t + 1) * per - 1, units)
+    first, last, units, per, cnt = _shared_tile(cnt_ptr, t, nb, tiles, PAIRS, lane, LANES)
     pid = gl.program_id(0)
-    o1 = _ws_offsets(acc)
-    o2 = _ws_offsets(acc2) + 64 * BM1
-    cnt = cnt_ptr + t * LANES + lane
     parts = last - first + 1
     ahead = parts - 1  # (a whole tile: this CTA stores it)
     if parts > 1:
         ahead = gl.atomic_add(cnt, 1, sem="relaxed") % parts  # the parts in before this one
         if ahead != parts - 1:
-            base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-            gl.store(base + o1, acc)
-            if TWO:
-                gl.store(base + o2, acc2)
+            p1, p2 = _part(ws_ptr, acc, acc2, pid, t, units, per, lane, LANES, TWO)
+            _put(p1, p2, acc, acc2, TWO)
             gl.thread_barrier()
             gl.atomic_add(cnt, parts, sem="release")  # (after every thread's stores: the barrier)
         else:
@@ -146,24 +174,17 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
             while landed != parts * parts:
                 landed = gl.atomic_add(cnt, 0, sem="acquire")
             if parts == 2:  # one add: the same bits whichever part is last
-                other = first + last - pid
-                base = ws_ptr + (_slot(other, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-                acc += gl.load(base + o1, cache_modifier=".cg")
-                if TWO:
-                    acc2 += gl.load(base + o2, cache_modifier=".cg")
+                p1, p2 = _part(ws_ptr, acc, acc2, first + last - pid, t, units, per, lane, LANES, TWO)
+                acc, acc2 = _add(p1, p2, acc, acc2, TWO)
             else:  # its own products through its slot too (each thread reads back what it wrote), then all in order:
                 # one accumulator, not its own kept beside the sum (spills at 192 tokens)
-                base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-                gl.store(base + o1, acc)
-                if TWO:
-                    gl.store(base + o2, acc2)
+                p1, p2 = _part(ws_ptr, acc, acc2, pid, t, units, per, lane, LANES, TWO)
+                _put(p1, p2, acc, acc2, TWO)
                 acc = gl.zeros_like(acc)
                 acc2 = gl.zeros_like(acc2)
                 for q in range(first, last + 1):
-                    base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-                    acc += gl.load(base + o1, cache_modifier=".cg")
-                    if TWO:
-                        acc2 += gl.load(base + o2, cache_modifier=".cg")
+                    p1, p2 = _part(ws_ptr, acc, acc2, q, t, units, per, lane, LANES, TWO)
+                    acc, acc2 = _add(p1, p2, acc, acc2, TWO)
             gl.atomic_xchg(cnt, 0)
     return ahead == parts - 1, acc, acc2
 
@@ -173,23 +194,12 @@ def _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAI
                 LANES: gl.constexpr):
     """`_fixup` with HEAD: the tile's first CTA sums (its own products, then the other parts in CTA order) and re-arms
     the counter with a plain store (every other CTA is done with it)."""
-    BM1: gl.constexpr = acc.shape[1]
-    BM2: gl.constexpr = acc2.shape[1]
-    SLOT: gl.constexpr = 64 * (BM1 + BM2) if TWO else 64 * BM1
-    per = _per_tile(nb, PAIRS)
-    units = tiles * per
-    first = _owner(t * per, units)
-    last = _owner((t + 1) * per - 1, units)
+    first, last, units, per, cnt = _shared_tile(cnt_ptr, t, nb, tiles, PAIRS, lane, LANES)
     pid = gl.program_id(0)
-    o1 = _ws_offsets(acc)
-    o2 = _ws_offsets(acc2) + 64 * BM1
-    cnt = cnt_ptr + t * LANES + lane
     if last > first:
         if pid != first:
-            base = ws_ptr + (_slot(pid, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-            gl.store(base + o1, acc)
-            if TWO:
-                gl.store(base + o2, acc2)
+            p1, p2 = _part(ws_ptr, acc, acc2, pid, t, units, per, lane, LANES, TWO)
+            _put(p1, p2, acc, acc2, TWO)
             gl.thread_barrier()
             gl.atomic_add(cnt, 1, sem="release")  # (after every thread's stores: the barrier)
         else:
@@ -197,12 +207,20 @@ def _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAI
             while landed != last - first:
                 landed = gl.atomic_add(cnt, 0, sem="acquire")
             for q in range(first + 1, last + 1):
-                base = ws_ptr + (_slot(q, t, units, per) * LANES + lane).to(gl.int64) * SLOT
-                acc += gl.load(base + o1, cache_modifier=".cg")
-                if TWO:
-                    acc2 += gl.load(base + o2, cache_modifier=".cg")
+                p1, p2 = _part(ws_ptr, acc, acc2, q, t, units, per, lane, LANES, TWO)
+                acc, acc2 = _add(p1, p2, acc, acc2, TWO)
             gl.store(cnt, 0)
     return pid == first, acc, acc2
+
+
+@gluon.jit
+def _zero_accs(x_bufs, x2_bufs):
+    """The MMA warpgroups' fp32 accumulators [64, BM1] and [64, BM2] (x's token parts), zero."""
+    BM1: gl.constexpr = x_bufs.type.shape[1]
+    BM2: gl.constexpr = x2_bufs.type.shape[1]
+    acc = gl.zeros((64, BM1), dtype=gl.float32, layout=_acc_layout(BM1))
+    acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=_acc_layout(BM2))
+    return acc, acc2
 
 
 @gluon.jit
@@ -320,12 +338,11 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
     shared tile and y (the first)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
-    l1: gl.constexpr = _acc_layout(BM1)
+    l1: gl.constexpr = _acc_layout(BM1)  # (the other warpgroup's products read in these)
     l2: gl.constexpr = _acc_layout(BM2)
     a1_layout: gl.constexpr = _a_layout(BM1)
     a2_layout: gl.constexpr = _a_layout(BM2)
-    acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
-    acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
+    acc, acc2 = _zero_accs(x_bufs, x2_bufs)
     DTYPE: gl.constexpr = x_bufs.dtype
     u0, u1, t0, t1 = _run(tiles, num_blocks)
     h = num_blocks // 2
@@ -370,8 +387,7 @@ def _p_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, red_bar, red, red2, x
                 off_m, off_n = _tile_origin(M, N, BM, 64, GROUP_M, t)
                 _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, ROW_SCALES,
                              HAS_BIAS, E2M1, HAS_GS, TWO)
-        acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
-        acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
+        acc, acc2 = _zero_accs(x_bufs, x2_bufs)
 
 
 @gluon.jit

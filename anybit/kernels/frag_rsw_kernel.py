@@ -28,7 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_rs_kernel import _a_layout, _acc_layout, _block_mma, _block_words, _decoded, _rs_blocks
+from anybit.kernels.frag_rs_kernel import _a_layout, _block_mma, _block_words, _decoded, _rs_blocks
 from anybit.kernels.frag_rsp_kernel import (
     _checks,
     _fixup,
@@ -37,6 +37,7 @@ from anybit.kernels.frag_rsp_kernel import (
     _segment,
     _store_tiles,
     _token_tile,
+    _zero_accs,
     _zero_ring,
 )
 from anybit.kernels.frag_ws_kernel import _tile_origin, _w_fetch, _x_issue2
@@ -75,16 +76,16 @@ def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x
 
 
 @gluon.jit
-def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M,
+def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M,
            N, stride_ym, tiles, num_blocks, me: gl.constexpr, BM: gl.constexpr, GROUP_M: gl.constexpr,
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-           W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False,
+           W2: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False,
            CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
     """MMA warpgroup `me` (the tile's panel me): every block of the CTA's run on its panel's words, the next block's
-    words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). ORDER:
-    the warpgroups issue their wgmma in turns (block g: warpgroup 0's, then 1's, then 0's of g + 1 …, through the
-    `turn` barriers), so one's products run while the other decodes instead of both decoding at once. TIMES (a
+    words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). (The
+    warpgroups' wgmma issued in turns through two barriers, so one's products run while the other decodes, measured
+    no faster: session 39, dab86c3.) TIMES (a
     diagnostic, `tools/rsw_timeline.py`): into times_ptr [CTA, warpgroup, 20] (int64) the warpgroup's %globaltimer at
     its start (0), when each of its first six segments' blocks are done (1 + i) and when their products are summed
     and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits);
@@ -93,12 +94,9 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
     by its first CTA, no ticket (`frag_rsp_kernel._fixup_head`)."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
-    l1: gl.constexpr = _acc_layout(BM1)
-    l2: gl.constexpr = _acc_layout(BM2)
     a1_layout: gl.constexpr = _a_layout(BM1)
     a2_layout: gl.constexpr = _a_layout(BM2)
-    acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
-    acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
+    acc, acc2 = _zero_accs(x_bufs, x2_bufs)
     DTYPE: gl.constexpr = x_bufs.dtype
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
     total = u1 - u0  # the run's blocks
@@ -115,11 +113,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
         kb_lo, kb_hi = _segment(t, u0, u1, num_blocks, False)
         for kb in range(kb_lo, kb_hi):
             a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
-            if ORDER:  # warpgroup 0 after 1's block g - 1 (a fresh barrier passes its first wait), 1 after 0's g
-                mbarrier.wait(turn.index(me), (g & 1) ^ (1 - me))
             acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
-            if ORDER:
-                mbarrier.arrive(turn.index(1 - me), count=1)
             # the next block's words (the next tile's block 0 past this segment; past the run, this block's again)
             more = (g + 1 < total).to(gl.int32)
             kb_next = gl.where(kb + 1 < kb_hi, kb + 1, 0)
@@ -139,8 +133,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr,
             if t - t0 < 6:
                 gl.store(stamps + 7 + t - t0, _now(t + stores.to(gl.int32)))
             stored = stored | (stores.to(gl.int64) << (t - t0).to(gl.int64))
-        acc = gl.zeros((64, BM1), dtype=gl.float32, layout=l1)
-        acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=l2)
+        acc, acc2 = _zero_accs(x_bufs, x2_bufs)
     if TIMES:
         gl.store(stamps + 13, _now(t1))
         gl.store(stamps + 16, stored)
@@ -166,7 +159,7 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                     MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
-                    W2: gl.constexpr = False, ORDER: gl.constexpr = False, times_ptr=None,
+                    W2: gl.constexpr = False, times_ptr=None,
                     TIMES: gl.constexpr = False, CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
@@ -193,19 +186,16 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
         mbarrier.init(x_ready.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(empty.index(i), count=2)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # (ORDER: the wgmma turns)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
     num_blocks = _rs_blocks(K, BK, False)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, 128)
     lo_units = 2 * gl.cdiv(K, 512)
     gl.warp_specialize([
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT, HEAD)),
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, turn, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD)),
+        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, ORDER, times_ptr, TIMES, CVT, HEAD)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
                      num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2,
                      times_ptr, TIMES)),

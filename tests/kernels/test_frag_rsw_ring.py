@@ -111,6 +111,12 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     with pytest.raises(ValueError, match="block_m=256"):
         gemm_frag_rsw(torch.randn(4, 256).half(), tw, block_m=256)
     assert [rsw_stages(bm) for bm in (48, 64, 96, 128, 192, 256)] == [8, 8, 6, 5, 3, 3]
+    with pytest.raises(
+        ValueError, match=r"times: an int64 buffer of >= 40 x 2 CTAs = 80 stamps, got torch.int32 x 160"
+    ):
+        gemm_frag_rsw(
+            torch.randn(4, 256).half(), tw, ctas=4, times=torch.zeros(160, dtype=torch.int32)
+        )  # (2 blocks: 2 CTAs)
     runs = shares(5, 7, 4, pairs=False)  # one block a unit: 35 blocks in runs of 8 or 9, split anywhere
     assert [sum(hi - lo for _, lo, hi in run) for run in runs] == [8, 9, 9, 9]
     assert sorted((t, kb) for run in runs for t, lo, hi in run for kb in range(lo, hi)) == [
