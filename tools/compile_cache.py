@@ -133,6 +133,38 @@ def replay(lines: list[str], cache: str) -> tuple[int, list[str]]:
     return done, failed
 
 
+def with_constexprs(line: str, name: str, values: dict) -> str:
+    """A record of kernel `name` with constexprs set to `values` (a constexpr the kernel gained since the record was
+    made is appended: it must be the kernel's last parameters, in order); other kernels' records as they are. For
+    replaying the records of a call made before a kernel gained an option, and for the option's variants no call has
+    compiled yet."""
+    rec = json.loads(line)
+    if rec["name"] != name:
+        return line
+    spec = json.loads(rec["data"])
+    params = list(spec["signature"])
+    head, tail = spec["key"].rsplit("]", 1)  # str(the specialisation list) + str(the options)
+    for key, value in values.items():
+        if key in params:
+            i = params.index(key)
+            spec["constant_vals"][spec["constant_keys"].index([i])] = value
+            parts = head.split("), (")  # (one entry a parameter, "('constexpr', value)")
+            parts[i] = parts[i][: parts[i].index(",") + 1] + f" {value!r}" + (")" if i == len(parts) - 1 else "")
+            head = "), (".join(parts)
+        else:
+            spec["signature"][key] = "constexpr"
+            spec["constant_keys"].append([len(params)])
+            spec["constant_vals"].append(value)
+            params.append(key)
+            head += f", ('constexpr', {value!r})"
+    spec["key"] = head + "]" + tail
+    return json.dumps(dict(rec, data=json.dumps(spec)))
+
+
+def _value(text: str):
+    return {"True": True, "False": False, "None": None}.get(text, int(text) if text.lstrip("-").isdigit() else text)
+
+
 def prune(cache: str) -> int:
     """Keep of each cache entry its group file, metadata JSON and cubin (what a launch from the cache reads); bytes
     left."""
@@ -154,8 +186,19 @@ def main() -> int:
     ap.add_argument("--cache", default=".tcache")
     ap.add_argument("--keep", action="store_true", help="add to the cache (default: start it afresh, so that it holds "
                     "this checkout's kernels only)")  # fmt: skip
+    ap.add_argument("--variant", action="append", default=[], metavar="KERNEL:NAME=VALUE[,NAME=VALUE]",
+                    help="compile each record of KERNEL with these constexprs instead of as made (appended where the "
+                    "record lacks them; several --variant of a kernel: each); e.g. frag_rsw_kernel:LATE=False for "
+                    "records made before LATE existed")  # fmt: skip
     args = ap.parse_args()
     lines = [ln for path in args.records for ln in open(path).read().splitlines() if ln.strip()]
+    variants = [(v.split(":", 1)[0], dict(kv.split("=") for kv in v.split(":", 1)[1].split(","))) for v in args.variant]
+    varied = {kernel for kernel, _ in variants}
+    made = [ln for ln in lines if json.loads(ln)["name"] not in varied]
+    for kernel, sets in variants:
+        values = {k: _value(x) for k, x in sets.items()}
+        made += [with_constexprs(ln, kernel, values) for ln in lines if json.loads(ln)["name"] == kernel]
+    lines = made
     cache = os.path.abspath(args.cache)
     if not args.keep:
         shutil.rmtree(cache, ignore_errors=True)

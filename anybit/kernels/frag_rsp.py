@@ -74,6 +74,11 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
 # 28672x8192 M=128 118.7 -> 105.3 (Humming 107.0), M=192 164.2 -> 154.3 (160.5); 57344x8192 M=128 225.6 -> 223.4,
 # M=192 312.9 -> 297.0 (309.6); at 64 / 96 tokens no gain (71.5 / 100.5 -> 75.5 / 102.0)
 RSW_CVT_MIN_M = 128
+# a shared tile summed by its first CTA (HEAD) up to this many tokens a tile: H200 graphs, W4A16 (session 40), the
+# ticket form -> HEAD, µs: 28672x8192 M=96 / 128 105.0 / 113.4 -> 103.5 / 107.8 (Humming 91.1 / 108.6), 57344x8192
+# 202.1 / 228.9 -> 201.5 / 211.0; at 160 / 192 tokens slower: 141.9 / 155.0 -> 141.2 / 160.4, 285.5 / 295.6 -> 291.0
+# / 309.9
+RSW_HEAD_MAX_M = 128
 RSW_MAX_STAGES = 8  # H200 graphs, W4A16 M=64 (session 39), 6 -> 8 stages: 28672x8192 81.6 -> 76.9 µs, 4096x14336
 # 28.3 -> 27.8
 
@@ -92,15 +97,16 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
                   counters=None, times: torch.Tensor | None = None,
-                  cvt: bool | None = None, head: bool = False) -> torch.Tensor:  # fmt: skip
+                  cvt: bool | None = None, head: bool | None = None, late: bool = False) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `times` (int64, >= ctas x
     40; a diagnostic, `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key;
     `cvt`: y stored 16 bytes a thread (CVT; default from RSW_CVT_MIN_M tokens a tile); `head`: a shared tile summed by
-    its first CTA without a ticket (HEAD, not yet measured). GPU-tested session 39 (`test_frag_rsp_gpu.py`); the route
-    runs it where `rsw_tile` says."""
+    its first CTA without a ticket (HEAD; default up to RSW_HEAD_MAX_M tokens a tile); `late` (with head): a part left
+    for another CTA announced under the next segment's wgmma (LATE). GPU-tested sessions 39-40
+    (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
@@ -113,7 +119,10 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
                          f"{times.dtype} x {times.numel()}")  # fmt: skip
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
     cvt = block_m >= RSW_CVT_MIN_M if cvt is None else cvt
-    extra = dict(CVT=cvt, HEAD=head) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
+    head = block_m <= RSW_HEAD_MAX_M if head is None else head
+    if late and not head:
+        raise ValueError("late=True announces the parts of the head form: it needs head=True")
+    extra = dict(CVT=cvt, HEAD=head, LATE=late) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
     stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt)
     return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters,
                    extra)  # fmt: skip

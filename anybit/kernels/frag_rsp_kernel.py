@@ -112,7 +112,21 @@ def _shared_tile(cnt_ptr, t, nb, tiles, PAIRS: gl.constexpr, lane, LANES: gl.con
     units = tiles * per
     first = _owner(t * per, units)
     last = _owner((t + 1) * per - 1, units)
-    return first, last, units, per, cnt_ptr + t * LANES + lane
+    return first, last, units, per, _counter(cnt_ptr, t, lane, LANES)
+
+
+@gluon.jit
+def _counter(cnt_ptr, t, lane, LANES: gl.constexpr):
+    """Lane `lane`'s counter of tile t (`_shared_tile`)."""
+    return cnt_ptr + t * LANES + lane
+
+
+@gluon.jit
+def _release(cnt, n):
+    """A stored part announced: `n` added to its counter (release) once every thread of the partition stored its
+    share (the barrier)."""
+    gl.thread_barrier()
+    gl.atomic_add(cnt, n, sem="release")
 
 
 @gluon.jit
@@ -145,7 +159,7 @@ def _add(ptrs, ptrs2, acc, acc2, TWO: gl.constexpr):
 
 @gluon.jit
 def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr = True, lane=0,
-           LANES: gl.constexpr = 1, HEAD: gl.constexpr = False):
+           LANES: gl.constexpr = 1, HEAD: gl.constexpr = False, LATE: gl.constexpr = False):
     """Tile t's products summed over the CTAs sharing its K (`_shared_tile`) into the last one in: its ticket says how
     many came before; all but the last store theirs into their workspace slot (`_part`) and add `parts` (release,
     after a barrier of this partition's threads); the last waits (acquire) for parts x parts, adds the other part to
@@ -155,9 +169,10 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
     weight panel each), with a counter (t x LANES + lane) and slots of their own. HEAD: no ticket — the CTA holding
     the tile's first block (whose run ends on it) sums, waiting (acquire) for the others' parts - 1 releases; the
     others store their part and add 1 (release, no value back): one atomic round trip less on each side, the same sum
-    order (`_fixup_head`). Returns (is this CTA the one to store y, the sums)."""
+    order (`_fixup_head`); LATE (with HEAD): a part stored, not released — the caller owes `_release` of its counter
+    (`_counter`) before it waits on anything. Returns (is this CTA the one to store y, the sums)."""
     if HEAD:
-        return _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO, PAIRS, lane, LANES)
+        return _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO, PAIRS, lane, LANES, LATE)
     first, last, units, per, cnt = _shared_tile(cnt_ptr, t, nb, tiles, PAIRS, lane, LANES)
     pid = gl.program_id(0)
     parts = last - first + 1
@@ -167,8 +182,7 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
         if ahead != parts - 1:
             p1, p2 = _part(ws_ptr, acc, acc2, pid, t, units, per, lane, LANES, TWO)
             _put(p1, p2, acc, acc2, TWO)
-            gl.thread_barrier()
-            gl.atomic_add(cnt, parts, sem="release")  # (after every thread's stores: the barrier)
+            _release(cnt, parts)
         else:
             landed = gl.atomic_add(cnt, 0, sem="acquire")
             while landed != parts * parts:
@@ -191,17 +205,18 @@ def _fixup(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: g
 
 @gluon.jit
 def _fixup_head(acc, acc2, ws_ptr, cnt_ptr, t, nb, tiles, TWO: gl.constexpr, PAIRS: gl.constexpr, lane,
-                LANES: gl.constexpr):
+                LANES: gl.constexpr, LATE: gl.constexpr = False):
     """`_fixup` with HEAD: the tile's first CTA sums (its own products, then the other parts in CTA order) and re-arms
-    the counter with a plain store (every other CTA is done with it)."""
+    the counter with a plain store (every other CTA is done with it); LATE: the others store their part only (the
+    release is the caller's, later)."""
     first, last, units, per, cnt = _shared_tile(cnt_ptr, t, nb, tiles, PAIRS, lane, LANES)
     pid = gl.program_id(0)
     if last > first:
         if pid != first:
             p1, p2 = _part(ws_ptr, acc, acc2, pid, t, units, per, lane, LANES, TWO)
             _put(p1, p2, acc, acc2, TWO)
-            gl.thread_barrier()
-            gl.atomic_add(cnt, 1, sem="release")  # (after every thread's stores: the barrier)
+            if not LATE:
+                _release(cnt, 1)
         else:
             landed = gl.atomic_add(cnt, 0, sem="acquire")
             while landed != last - first:

@@ -31,7 +31,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from anybit.kernels.frag_rs_kernel import _a_layout, _block_mma, _block_words, _decoded, _rs_blocks
 from anybit.kernels.frag_rsp_kernel import (
     _checks,
+    _counter,
     _fixup,
+    _release,
     _retire,
     _run,
     _segment,
@@ -81,7 +83,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
            SIGNED: gl.constexpr, E2M1: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GS: gl.constexpr,
            ROW_SCALES: gl.constexpr, TWO: gl.constexpr, zq=None, W3: gl.constexpr = False, ZP: gl.constexpr = False,
            W2: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False,
-           CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
+           CVT: gl.constexpr = False, HEAD: gl.constexpr = False, LATE: gl.constexpr = False):
     """MMA warpgroup `me` (the tile's panel me): every block of the CTA's run on its panel's words, the next block's
     words loaded while the wgmma run; at each segment's end its rows' products stored or summed (`_fixup`). (The
     warpgroups' wgmma issued in turns through two barriers, so one's products run while the other decodes, measured
@@ -91,7 +93,10 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
     and stored (7 + i), at its end (13); its SM (14), its segment count (15) and which segments it stored (16, bits);
     in warpgroup 0's row also the kernel's entry (17) and the loader's end and start (18, 19).
     CVT: y stored 16 bytes a thread along its rows (`frag_rsp_kernel._store_tile_cvt`). HEAD: a shared tile summed
-    by its first CTA, no ticket (`frag_rsp_kernel._fixup_head`)."""
+    by its first CTA, no ticket (`frag_rsp_kernel._fixup_head`). LATE (with HEAD): a part left for another CTA is
+    announced (`_release`: a barrier, a fence that waits for the part's stores, the add) during the next segment's
+    second block, under its wgmma, not at the segment's end — or before the next `_fixup` (which may wait) or at the
+    run's end if that comes first: the tile's first CTA, which reads it, gets to it at the end of its own run."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
     a1_layout: gl.constexpr = _a_layout(BM1)
@@ -109,11 +114,16 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
     # block g's panel me: word slot 2g + me of the 2 STAGES panel slots (phase (2g + me) // (2 STAGES) = g // STAGES)
     w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, u0 % num_blocks, W3, ZP, W2)
     g = 0
+    owed = t0 * 0 - 1  # LATE: the tile whose part this warpgroup left unannounced, announced at block rel_at
+    rel_at = owed
     for t in range(t0, t1 + 1):
         kb_lo, kb_hi = _segment(t, u0, u1, num_blocks, False)
         for kb in range(kb_lo, kb_hi):
             a0, a1 = _decoded(w, lo, hi, DTYPE, a1_layout, SIGNED, E2M1, W3, ZP, W2)
             acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
+            if LATE:
+                if g == rel_at:
+                    _release(_counter(cnt_ptr, owed, me, 2), 1)
             # the next block's words (the next tile's block 0 past this segment; past the run, this block's again)
             more = (g + 1 < total).to(gl.int32)
             kb_next = gl.where(kb + 1 < kb_hi, kb + 1, 0)
@@ -124,7 +134,13 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
         if TIMES:
             if t - t0 < 6:
                 gl.store(stamps + 1 + t - t0, _now(t + g))
-        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2, HEAD)
+        if LATE:
+            if rel_at >= g:  # (not yet announced: this segment was too short) before _fixup may wait
+                _release(_counter(cnt_ptr, owed, me, 2), 1)
+        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2, HEAD, LATE)
+        if LATE:
+            rel_at = gl.where(stores, -1, g + 1)  # a part left (HEAD: not the tile's first CTA): owed
+            owed = t
         if stores:
             off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
             _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + 64 * me,
@@ -134,6 +150,9 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
                 gl.store(stamps + 7 + t - t0, _now(t + stores.to(gl.int32)))
             stored = stored | (stores.to(gl.int64) << (t - t0).to(gl.int64))
         acc, acc2 = _zero_accs(x_bufs, x2_bufs)
+    if LATE:
+        if rel_at >= g:
+            _release(_counter(cnt_ptr, owed, me, 2), 1)
     if TIMES:
         gl.store(stamps + 13, _now(t1))
         gl.store(stamps + 16, stored)
@@ -160,7 +179,9 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     MMA_REGS: gl.constexpr, E2M1: gl.constexpr, HAS_GS: gl.constexpr, ROW_SCALES: gl.constexpr,
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
                     W2: gl.constexpr = False, times_ptr=None,
-                    TIMES: gl.constexpr = False, CVT: gl.constexpr = False, HEAD: gl.constexpr = False):
+                    TIMES: gl.constexpr = False, CVT: gl.constexpr = False, HEAD: gl.constexpr = False,
+                    LATE: gl.constexpr = False):
+    gl.static_assert(not (LATE and not HEAD), "LATE announces parts of the HEAD form only")
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -192,10 +213,10 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
     gl.warp_specialize([
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
         (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
                   cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD)),
+                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
         (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
                      num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2,
                      times_ptr, TIMES)),
