@@ -77,7 +77,10 @@ RSW_CVT_MIN_M = 128
 # a shared tile summed by its first CTA (HEAD) up to this many tokens a tile: H200 graphs, W4A16 (session 40), the
 # ticket form -> HEAD, µs: 28672x8192 M=96 / 128 105.0 / 113.4 -> 103.5 / 107.8 (Humming 91.1 / 108.6), 57344x8192
 # 202.1 / 228.9 -> 201.5 / 211.0; at 160 / 192 tokens slower: 141.9 / 155.0 -> 141.2 / 160.4, 285.5 / 295.6 -> 291.0
-# / 309.9
+# / 309.9 (the CTAs' speeds spread more there — ends 97-123 µs at 160 tokens, 82-89 at 128 — and the first CTA, not
+# the last in, waits). With HEAD its other CTAs announce their parts late (LATE), session 40, µs: 28672x8192 M=96 /
+# 128 104.9 / 109.5 -> 99.5 / 108.0 (Humming 93.3 / 110.4), 57344x8192 199.9 / 220.4 -> 188.1 / 203.9 (178.1 / 210.8);
+# a part-leaving segment end 2.3 -> 1.6 µs (rsw_timeline, 28672x8192 M=128)
 RSW_HEAD_MAX_M = 128
 RSW_MAX_STAGES = 8  # H200 graphs, W4A16 M=64 (session 39), 6 -> 8 stages: 28672x8192 81.6 -> 76.9 µs, 4096x14336
 # 28.3 -> 27.8
@@ -96,16 +99,16 @@ def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False) -> int:
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
-                  counters=None, times: torch.Tensor | None = None,
-                  cvt: bool | None = None, head: bool | None = None, late: bool = False) -> torch.Tensor:  # fmt: skip
+                  counters=None, times: torch.Tensor | None = None, cvt: bool | None = None,
+                  head: bool | None = None, late: bool | None = None) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
     >= 4 ctas x 64 x block_m) and zeroed int32 `counters` (>= 2 x the tiles; left zero); `times` (int64, >= ctas x
     40; a diagnostic, `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key;
     `cvt`: y stored 16 bytes a thread (CVT; default from RSW_CVT_MIN_M tokens a tile); `head`: a shared tile summed by
-    its first CTA without a ticket (HEAD; default up to RSW_HEAD_MAX_M tokens a tile); `late` (with head): a part left
-    for another CTA announced under the next segment's wgmma (LATE). GPU-tested sessions 39-40
+    its first CTA without a ticket (HEAD; default up to RSW_HEAD_MAX_M tokens a tile); `late` (with head; default with
+    it): a part left for another CTA announced under the next segment's wgmma (LATE). GPU-tested sessions 39-40
     (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
@@ -120,6 +123,7 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
     cvt = block_m >= RSW_CVT_MIN_M if cvt is None else cvt
     head = block_m <= RSW_HEAD_MAX_M if head is None else head
+    late = head if late is None else late
     if late and not head:
         raise ValueError("late=True announces the parts of the head form: it needs head=True")
     extra = dict(CVT=cvt, HEAD=head, LATE=late) | (dict(times_ptr=times, TIMES=True) if times is not None else {})

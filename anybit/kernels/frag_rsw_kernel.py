@@ -1,5 +1,5 @@
-"""The wide persistent stream-K register-operand kernel (session 38, written after the device time was spent:
-compiled for sm_90a here, not yet run on a GPU, on no route). Why: the register-operand kernels' two MMA warpgroups
+"""The wide persistent stream-K register-operand kernel (written in session 38, GPU-run and routed since session 39:
+`frag_rsp.rsw_tile`). Why: the register-operand kernels' two MMA warpgroups
 split K over the same 64 weight rows, so every 128-K block a CTA reads x's [tokens, 128] slice (32 KB at 128 tokens)
 for 4 KB of weight words, and x crosses L2 once for every 64-row weight tile; the stream-K form (`frag_rsp_kernel`)
 ran 3.39 tiles' blocks a CTA instead of 4 and was no faster — per block it slowed as more SMs ran it (BENCHMARKS.md,
@@ -17,7 +17,8 @@ Per CTA (P persistent CTAs, one an SM), three partitions:
   are exact and no odd-ring guard is needed), two wgmma on the shared x slices, the next block's words loaded while
   they run, the wait, the release. At the end of each segment (a run's piece of a tile) a warpgroup stores its 64
   rows' products, or sums a tile shared with other CTAs through `frag_rsp_kernel._fixup` with a counter and
-  workspace slots of its own (LANES 2).
+  workspace slots of its own (LANES 2): up to 128 tokens a tile the CTA holding the tile's first block sums it, the
+  others announcing their parts under their next segment's wgmma (HEAD, LATE); above, the last CTA in (a ticket).
 
 No 8-bit codes (a block of bytes is 64 K, one x slice), no split K (stream-K is the split).
 """

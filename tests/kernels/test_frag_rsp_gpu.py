@@ -40,16 +40,16 @@ def test_matches_the_exact_product(text, dtype, m, n, k, ctas):
 @pytest.mark.parametrize("ctas", [1, 7, None])
 @pytest.mark.parametrize(
     "options",
-    [{}, {"head": False}, {"head": True, "late": True}, {"cvt": True}, {"cvt": False}],
-    ids=["default", "ticket", "late", "cvt", "nocvt"],
+    [{}, {"head": False}, {"head": True, "late": False}, {"cvt": True}, {"cvt": False}],
+    ids=["default", "ticket", "head", "cvt", "nocvt"],
 )
 def test_wide_matches_the_exact_product(text, dtype, m, n, k, ctas, options):
     """The wide form (`gemm_frag_rsw`, work in progress: 128-row tiles, the warpgroups a panel each sharing x, K
     blocks shared one by one): N = 4160 ends on a lone 64-row panel (the other's words past the weight, zero-filled,
     its rows not stored), K = 128 is one block a tile (7 CTAs: the host caps them at the blocks), bit-equal relaunch
     and CUDA-graph replay (the tile counters re-armed by the kernel); options: a shared tile summed by the last CTA in
-    (ticket) rather than its first (the default up to 128 tokens), the parts announced under the next segment's
-    wgmma (late), y through the 16-byte store or not (cvt)."""
+    (ticket) rather than its first (the default up to 128 tokens, the others announcing their parts under their next
+    segment's wgmma), the parts announced at the segment end (head), y through the 16-byte store or not (cvt)."""
     x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
     bm = 96 if m == 96 else 64 if m == 64 else 128
     b = torch.randn(n, device="cuda").to(dtype)
