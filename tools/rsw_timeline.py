@@ -33,7 +33,8 @@ def timeline(scheme: str, n: int, k: int, m: int, options: dict) -> dict:
     tw = to_triton_layout(quantize(torch.randn(n, k, device=dev) * 0.02, scheme), allow_frag3=True)
     x = torch.randn(m, k, device=dev).bfloat16()
     ctas = torch.cuda.get_device_properties(dev).multi_processor_count
-    times = torch.zeros(ctas * 40, dtype=torch.int64, device=dev)
+    panels = int(options.get("panels", 2))
+    times = torch.zeros(ctas * 20 * panels, dtype=torch.int64, device=dev)
     block_m = rsw_block_m(rs_block_m(m, n) or 128)
     for _ in range(5):
         gemm_frag_rsw(x, tw, block_m=block_m, times=times, **options)
@@ -42,7 +43,7 @@ def timeline(scheme: str, n: int, k: int, m: int, options: dict) -> dict:
     gemm_frag_rsw(x, tw, block_m=block_m, times=times, **options)  # (the stamps read are this launch's)
     finish.record()
     torch.cuda.synchronize()
-    t = times.view(ctas, 2, 20).cpu()
+    t = times.view(ctas, panels, 20).cpu()
     t0 = int(t[:, 0, 17].min())  # the first CTA's entry
     rows = []
     for q in range(ctas):
@@ -114,7 +115,8 @@ def main() -> None:
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.m.split(",")):
             for text in args.variants.split(";"):
-                options = {a: bool(v) for a, v in tile_overrides("" if text == "default" else text).items()}
+                options = {a: v if a == "panels" else bool(v)
+                           for a, v in tile_overrides("" if text == "default" else text).items()}  # fmt: skip
                 r = timeline(args.scheme, n, k, m, options)
                 report(r)
                 out.append(r)

@@ -229,7 +229,7 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
     if tile.pop("wide", 0):  # the wide persistent stream-K form (`frag_rsp.gemm_frag_rsw`), 132 CTAs
         from anybit.kernels.frag_rsp import gemm_frag_rsw
 
-        times = torch.zeros(132 * 40, dtype=torch.int64) if tile.pop("times", 0) else None  # (TIMES)
+        times = torch.zeros(132 * 80, dtype=torch.int64) if tile.pop("times", 0) else None  # (TIMES; 4 panels)
         gemm_frag_rsw(torch.randn(m, k, dtype=dtype), tw, ctas=132, times=times, **tile)
     elif tile.pop("persistent", 0):  # the persistent stream-K form (`frag_rsp`), 132 CTAs
         from anybit.kernels.frag_rsp import gemm_frag_rsp

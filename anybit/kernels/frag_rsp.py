@@ -86,21 +86,22 @@ RSW_MAX_STAGES = 8  # H200 graphs, W4A16 M=64 (session 39), 6 -> 8 stages: 28672
 # 28.3 -> 27.8
 
 
-def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False) -> int:
+def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False, panels: int = 2) -> int:
     """The most stages (up to RSW_MAX_STAGES) of `gemm_frag_rsw` that fit: a stage is two panels' words (4 KB each;
     3-bit codes 8 KB), their scale (and zero-point) rows (at most 1 KB each) and x's two halves (block_m x 128 x 2
     bytes); up to 64 tokens: 8, 96: 6, 128: 5, 192: 3. cvt: less 8 KB, the scratch of both warpgroups' layout
-    conversions (`frag_rsp_kernel._store_tile_cvt`; sm_90a, 128 tokens: 3.9 KB — Triton converts in rounds)."""
+    conversions (`frag_rsp_kernel._store_tile_cvt`; sm_90a, 128 tokens: 3.9 KB — Triton converts in rounds).
+    panels: the tile's 64-row panels (4: four panels' words a stage)."""
     words = 8192 if bits == 3 else 4096
-    spare = 8192 if cvt else 0
-    return min(RSW_MAX_STAGES, (_SMEM - spare) // (2 * (words + 1024) + block_m * 256))
+    spare = 8192 * panels // 2 if cvt else 0
+    return min(RSW_MAX_STAGES, (_SMEM - spare) // (panels * (words + 1024) + block_m * 256))
 
 
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                   block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
                   counters=None, times: torch.Tensor | None = None, cvt: bool | None = None,
-                  head: bool | None = None, late: bool | None = None) -> torch.Tensor:  # fmt: skip
+                  head: bool | None = None, late: bool | None = None, panels: int = 2) -> torch.Tensor:  # fmt: skip
     """`gemm_frag_rsp` with 128-row weight tiles (`frag_rsw_kernel`: the two MMA warpgroups on a 64-row panel each,
     sharing every block's x slices — half the x traffic) and the tiles' K blocks shared one by one among `ctas`
     persistent CTAs (default the SMs); a shared tile's panels summed by the last CTA in through `workspace` (fp32,
@@ -108,26 +109,32 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     40; a diagnostic, `tools/rsw_timeline.py`): each warpgroup's timestamps (TIMES), one buffer per weight and key;
     `cvt`: y stored 16 bytes a thread (CVT; default from RSW_CVT_MIN_M tokens a tile); `head`: a shared tile summed by
     its first CTA without a ticket (HEAD; default up to RSW_HEAD_MAX_M tokens a tile); `late` (with head; default with
-    it): a part left for another CTA announced under the next segment's wgmma (LATE). GPU-tested sessions 39-40
+    it): a part left for another CTA announced under the next segment's wgmma (LATE); `panels` 4: 256-row tiles, four
+    MMA warpgroups a panel each (PANELS; half the x traffic again, twice the warpgroups to hide each one's decode,
+    `mma_regs` then theirs: 104 by default). GPU-tested sessions 39-40
     (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
     if block_m > 192:
         raise ValueError(f"block_m={block_m}: the wide persistent kernel takes up to 192 tokens a tile (at 256 its "
                          "warpgroups spill: sm_90a, session 38); two tiles of 128 hold 256 rows")  # fmt: skip
-    tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 128)
+    if panels not in (2, 4):
+        raise ValueError(f"panels={panels}: the wide kernel's tiles are 2 or 4 panels of 64 weight rows")
+    tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 64 * panels)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * cdiv(tw.k, 128)),)
-    if times is not None and (times.dtype != torch.int64 or times.numel() < 40 * grid[0]):
-        raise ValueError(f"times: an int64 buffer of >= 40 x {grid[0]} CTAs = {40 * grid[0]} stamps, got "
-                         f"{times.dtype} x {times.numel()}")  # fmt: skip
-    workspace, counters = _workspace(x, 4 * grid[0] * 64 * block_m, 2 * tiles, workspace, counters)
+    if times is not None and (times.dtype != torch.int64 or times.numel() < 20 * panels * grid[0]):
+        raise ValueError(f"times: an int64 buffer of >= {20 * panels} x {grid[0]} CTAs = {20 * panels * grid[0]} "
+                         f"stamps, got {times.dtype} x {times.numel()}")  # fmt: skip
+    workspace, counters = _workspace(x, 2 * panels * grid[0] * 64 * block_m, panels * tiles, workspace, counters)
     cvt = block_m >= RSW_CVT_MIN_M if cvt is None else cvt
     head = block_m <= RSW_HEAD_MAX_M if head is None else head
     late = head if late is None else late
     if late and not head:
         raise ValueError("late=True announces the parts of the head form: it needs head=True")
-    extra = dict(CVT=cvt, HEAD=head, LATE=late) | (dict(times_ptr=times, TIMES=True) if times is not None else {})
-    stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt)
+    extra = dict(CVT=cvt, HEAD=head, LATE=late, PANELS=panels)
+    extra |= dict(times_ptr=times, TIMES=True) if times is not None else {}
+    stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt, panels)
+    mma_regs = 104 if panels == 4 and mma_regs == 232 else mma_regs
     return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters,
                    extra)  # fmt: skip
 

@@ -53,20 +53,22 @@ def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x
               PANEL: gl.constexpr, TWO: gl.constexpr, z_desc=None, zq=None, lo_units=0, W3: gl.constexpr = False,
               ZP: gl.constexpr = False, W2: gl.constexpr = False, times_ptr=None, TIMES: gl.constexpr = False):
     """Every block of the CTA's run in order: each panel's words and scales into its word slot, x's halves into
-    x slots 2g, 2g + 1, once both warpgroups released the stage. TIMES: its start and end (`_w_mma`'s slots 19, 18)."""
+    x slots 2g, 2g + 1, once every MMA warpgroup released the stage. TIMES: its start and end (`_w_mma`'s slots 19,
+    18)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
+    P: gl.constexpr = wq.type.shape[0] // STAGES  # the tile's 64-row panels
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
     if TIMES:
-        gl.store(times_ptr + gl.program_id(0) * 40 + 19, _now(t0))
+        gl.store(times_ptr + gl.program_id(0) * 20 * P + 19, _now(t0))
     g = 0
     for t in range(t0, t1 + 1):
-        off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
+        off_m, off_n = _tile_origin(M, N, BM, 64 * P, GROUP_M, t)
         kb_lo, kb_hi = _segment(t, u0, u1, num_blocks, False)
         for kb in range(kb_lo, kb_hi):
             s = g % STAGES
             mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-            for q in gl.static_range(2):
-                _w_fetch(w_desc, s_desc, wq, sq, ready, 2 * s + q, 0, 0, (off_n + 64 * q) // PANEL, nb, off_n + 64 * q,
+            for q in gl.static_range(P):
+                _w_fetch(w_desc, s_desc, wq, sq, ready, P * s + q, 0, 0, (off_n + 64 * q) // PANEL, nb, off_n + 64 * q,
                          kb, num_blocks, GB, SCALE_PER_BLOCK, z_desc, zq, lo_units, W3, ZP, W2)
             # x slot 2g (+ 1), x's K step 2kb (+ 1): the slot counter plus 2 (kb - g)
             _x_issue2(x_desc, x2_desc, x_bufs, x2_bufs, x_ready, off_m, 2 * g, 2 * g + 2, 2 * STAGES, TWO,
@@ -75,7 +77,7 @@ def _w_loader(w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x
                       2 * (kb - g))
             g += 1
     if TIMES:
-        gl.store(times_ptr + gl.program_id(0) * 40 + 18, _now(g))
+        gl.store(times_ptr + gl.program_id(0) * 20 * P + 18, _now(g))
 
 
 @gluon.jit
@@ -100,6 +102,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
     run's end if that comes first: the tile's first CTA, which reads it, gets to it at the end of its own run."""
     BM1: gl.constexpr = x_bufs.type.shape[1]
     BM2: gl.constexpr = x2_bufs.type.shape[1]
+    P: gl.constexpr = wq.type.shape[0] // (x_bufs.type.shape[0] // 2)  # the tile's 64-row panels
     a1_layout: gl.constexpr = _a_layout(BM1)
     a2_layout: gl.constexpr = _a_layout(BM2)
     acc, acc2 = _zero_accs(x_bufs, x2_bufs)
@@ -107,12 +110,12 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
     u0, u1, t0, t1 = _run(tiles, num_blocks, False)
     total = u1 - u0  # the run's blocks
     if TIMES:
-        stamps = times_ptr + (gl.program_id(0) * 2 + me) * 20
+        stamps = times_ptr + (gl.program_id(0) * P + me) * 20
         gl.store(stamps, _now(t0))
         gl.store(stamps + 14, _smid(t0))
         gl.store(stamps + 15, (t1 - t0 + 1).to(gl.int64))
         stored = (t0 * 0).to(gl.int64)
-    # block g's panel me: word slot 2g + me of the 2 STAGES panel slots (phase (2g + me) // (2 STAGES) = g // STAGES)
+    # block g's panel me: word slot Pg + me of the P STAGES panel slots (phase (Pg + me) // (P STAGES) = g // STAGES)
     w, lo, hi = _block_words(wq, sq, ready, empty, me, DTYPE, E2M1, zq, u0 % num_blocks, W3, ZP, W2)
     g = 0
     owed = t0 * 0 - 1  # LATE: the tile whose part this warpgroup left unannounced, announced at block rel_at
@@ -124,11 +127,11 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
             acc, acc2, b0, b1 = _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, g, acc, acc2, TWO, a2_layout)
             if LATE:
                 if g == rel_at:
-                    _release(_counter(cnt_ptr, owed, me, 2), 1)
+                    _release(_counter(cnt_ptr, owed, me, P), 1)
             # the next block's words (the next tile's block 0 past this segment; past the run, this block's again)
             more = (g + 1 < total).to(gl.int32)
             kb_next = gl.where(kb + 1 < kb_hi, kb + 1, 0)
-            w, lo, hi = _block_words(wq, sq, ready, empty, 2 * (g + more) + me, DTYPE, E2M1, zq,
+            w, lo, hi = _block_words(wq, sq, ready, empty, P * (g + more) + me, DTYPE, E2M1, zq,
                                      more * kb_next + (1 - more) * kb, W3, ZP, W2)
             acc, acc2 = _retire(acc, acc2, a0, a1, b0, b1, empty, g, TWO)
             g += 1
@@ -137,13 +140,13 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
                 gl.store(stamps + 1 + t - t0, _now(t + g))
         if LATE:
             if rel_at >= g:  # (not yet announced: this segment was too short) before _fixup may wait
-                _release(_counter(cnt_ptr, owed, me, 2), 1)
-        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, 2, HEAD, LATE)
+                _release(_counter(cnt_ptr, owed, me, P), 1)
+        stores, acc, acc2 = _fixup(acc, acc2, ws_ptr, cnt_ptr, t, num_blocks, tiles, TWO, False, me, P, HEAD, LATE)
         if LATE:
             rel_at = gl.where(stores, -1, g + 1)  # a part left (HEAD: not the tile's first CTA): owed
             owed = t
         if stores:
-            off_m, off_n = _tile_origin(M, N, BM, 128, GROUP_M, t)
+            off_m, off_n = _tile_origin(M, N, BM, 64 * P, GROUP_M, t)
             _store_tiles(acc, acc2, xs_ptr, gs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + 64 * me,
                          ROW_SCALES, HAS_BIAS, E2M1, HAS_GS, TWO, CVT)
         if TIMES:
@@ -153,7 +156,7 @@ def _w_mma(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_
         acc, acc2 = _zero_accs(x_bufs, x2_bufs)
     if LATE:
         if rel_at >= g:
-            _release(_counter(cnt_ptr, owed, me, 2), 1)
+            _release(_counter(cnt_ptr, owed, me, P), 1)
     if TIMES:
         gl.store(stamps + 13, _now(t1))
         gl.store(stamps + 16, stored)
@@ -181,45 +184,67 @@ def frag_rsw_kernel(x_desc, x2_desc, w_desc, s_desc, z_desc, xs_ptr, gs_ptr, bia
                     TWO: gl.constexpr, W8: gl.constexpr = False, W3: gl.constexpr = False, ZP: gl.constexpr = False,
                     W2: gl.constexpr = False, times_ptr=None,
                     TIMES: gl.constexpr = False, CVT: gl.constexpr = False, HEAD: gl.constexpr = False,
-                    LATE: gl.constexpr = False):
+                    LATE: gl.constexpr = False, PANELS: gl.constexpr = 2):
     gl.static_assert(not (LATE and not HEAD), "LATE announces parts of the HEAD form only")
+    gl.static_assert(PANELS == 2 or PANELS == 4, "a tile of two 64-row panels (two MMA warpgroups) or four")
     BM1: gl.constexpr = x_desc.block_type.shape[0]
     BM2: gl.constexpr = x2_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     _checks(x_desc, W8, W3, ZP, W2, E2M1)
     BM: gl.constexpr = _token_tile(BM1, BM2, TWO)
     if TIMES:
-        gl.store(times_ptr + gl.program_id(0) * 40 + 17, _now(M))
-    # x rings of 2 STAGES slots shared by the warpgroups; a word ring of 2 STAGES panel slots (stage s, panel q:
-    # 2s + q) with a barrier each; a stage released by both warpgroups
+        gl.store(times_ptr + gl.program_id(0) * 20 * PANELS + 17, _now(M))
+    # x rings of 2 STAGES slots shared by the warpgroups; a word ring of PANELS x STAGES panel slots (stage s, panel
+    # q: PANELS s + q) with a barrier each; a stage released by every MMA warpgroup
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM1, BK], x_desc.layout)
     if TWO:
         x2_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BM2, BK], x2_desc.layout)
     else:
         x2_bufs = x_bufs
-    wq = gl.allocate_shared_memory(gl.int32, [2 * STAGES, 8 if W3 else 4, 256], w_desc.layout)
-    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
+    wq = gl.allocate_shared_memory(gl.int32, [PANELS * STAGES, 8 if W3 else 4, 256], w_desc.layout)
+    sq = gl.allocate_shared_memory(s_desc.dtype, [PANELS * STAGES, s_desc.block_type.shape[0], 64], s_desc.layout)
     zq = _zero_ring(z_desc, sq, ZP)
-    ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [PANELS * STAGES, 1], mbarrier.MBarrierLayout())
     x_ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * STAGES):
+    for i in gl.static_range(PANELS * STAGES):
         mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(2 * STAGES):
         mbarrier.init(x_ready.index(i), count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=PANELS)
     num_blocks = _rs_blocks(K, BK, False)
-    tiles = gl.cdiv(M, BM) * gl.cdiv(N, 128)
+    tiles = gl.cdiv(M, BM) * gl.cdiv(N, 64 * PANELS)
     lo_units = 2 * gl.cdiv(K, 512)
-    gl.warp_specialize([
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
-                  cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
-        (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
-                  cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
-                  ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
-        (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb, tiles,
-                     num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3, ZP, W2,
-                     times_ptr, TIMES)),
-    ], [4, 1], [MMA_REGS, 48])
+    if PANELS == 4:  # four MMA warpgroups, a panel each, as workers with MMA_REGS registers; the loader the default
+        # partition (its four warps hold the kernel's base registers, so the MMA warpgroups get the rest)
+        gl.warp_specialize([
+            (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb,
+                         tiles, num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3,
+                         ZP, W2, times_ptr, TIMES)),
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 2, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 3, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+        ], [4, 4, 4, 4], [MMA_REGS, MMA_REGS, MMA_REGS, MMA_REGS])
+    else:
+        gl.warp_specialize([
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 0, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+            (_w_mma, (wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, xs_ptr, gs_ptr, bias_ptr, y_ptr, ws_ptr,
+                      cnt_ptr, M, N, stride_ym, tiles, num_blocks, 1, BM, GROUP_M, SIGNED, E2M1, HAS_BIAS, HAS_GS,
+                      ROW_SCALES, TWO, zq, W3, ZP, W2, times_ptr, TIMES, CVT, HEAD, LATE)),
+            (_w_loader, (w_desc, s_desc, x_desc, x2_desc, wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, M, N, nb,
+                         tiles, num_blocks, BM, GROUP_M, SCALE_PER_BLOCK, GB, PANEL, TWO, z_desc, zq, lo_units, W3,
+                         ZP, W2, times_ptr, TIMES)),
+        ], [4, 1], [MMA_REGS, 48])
 # fmt: on

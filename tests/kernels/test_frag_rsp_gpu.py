@@ -63,3 +63,25 @@ def test_wide_matches_the_exact_product(text, dtype, m, n, k, ctas, options):
     graph.replay()
     graph.replay()
     assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("text, dtype", [("w4a16", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                         ("w4a16:int4:g128:fp16", torch.float16), *ONLY_RS[:2], ONLY_RS[4],
+                                         ONLY_RS[7]])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(13, 4160, 1024), (96, 2000, 1408), (64, 128, 128)])
+@pytest.mark.parametrize("ctas", [1, 7, None])
+def test_wide_four_panels_match_the_exact_product(text, dtype, m, n, k, ctas):
+    """The wide form on 256-row tiles (panels=4: four MMA warpgroups, a 64-row panel each): N = 4160 ends on one real
+    panel of four, 2000 on three and a part, 128 on two; bit-equal relaunch and CUDA-graph replay."""
+    x, tw, ref = _only_rs_case(text, m, n, k, dtype, seed=m + n)
+    bm = 96 if m == 96 else 64
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    y = gemm_frag_rsw(x, tw, b, out=out, block_m=bm, ctas=ctas, panels=4)
+    assert rel_err(y, ref + b.double()) < GEMM_REL_ERR[dtype]
+    assert torch.equal(y, gemm_frag_rsw(x, tw, b, block_m=bm, ctas=ctas, panels=4))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = gemm_frag_rsw(x, tw, b, block_m=bm, ctas=ctas, panels=4)
+    graph.replay()
+    assert torch.equal(yg, y)

@@ -111,6 +111,9 @@ def test_host_refuses_eight_bit_codes_and_sizes_its_stages():
     with pytest.raises(ValueError, match="block_m=256"):
         gemm_frag_rsw(torch.randn(4, 256).half(), tw, block_m=256)
     assert [rsw_stages(bm) for bm in (48, 64, 96, 128, 192, 256)] == [8, 8, 6, 5, 3, 3]
+    assert [rsw_stages(bm, panels=4) for bm in (64, 96)] == [6, 5]  # (four panels' words a stage)
+    with pytest.raises(ValueError, match="panels=3"):
+        gemm_frag_rsw(torch.randn(4, 256).half(), tw, panels=3)
     with pytest.raises(
         ValueError, match=r"times: an int64 buffer of >= 40 x 2 CTAs = 80 stamps, got torch.int32 x 160"
     ):
