@@ -98,7 +98,7 @@ def rsw_stages(block_m: int, bits: int = 4, cvt: bool = False, panels: int = 2) 
 
 
 def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int = 232,
+                  block_m: int = 128, stages: int | None = None, group_m: int = 8, mma_regs: int | None = None,
                   x_scales: torch.Tensor | None = None, ctas: int | None = None, workspace=None,
                   counters=None, times: torch.Tensor | None = None, cvt: bool | None = None,
                   head: bool | None = None, late: bool | None = None, panels: int = 2) -> torch.Tensor:  # fmt: skip
@@ -111,7 +111,7 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     its first CTA without a ticket (HEAD; default up to RSW_HEAD_MAX_M tokens a tile); `late` (with head; default with
     it): a part left for another CTA announced under the next segment's wgmma (LATE); `panels` 4: 256-row tiles, four
     MMA warpgroups a panel each (PANELS; half the x traffic again, twice the warpgroups to hide each one's decode,
-    `mma_regs` then theirs: 104 by default). GPU-tested sessions 39-40
+    `mma_regs` default 232 a warpgroup, 104 with four). GPU-tested sessions 39-40
     (`test_frag_rsp_gpu.py`); the route runs it where `rsw_tile` says."""
     if tw.fmt["W_BITS"] == 8:
         raise ValueError("the wide persistent kernel takes 2-, 3- and 4-bit codes and e2m1, not 8-bit ones")
@@ -134,7 +134,7 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     extra = dict(CVT=cvt, HEAD=head, LATE=late, PANELS=panels)
     extra |= dict(times_ptr=times, TIMES=True) if times is not None else {}
     stages = stages or rsw_stages(block_m, tw.fmt["W_BITS"], cvt, panels)
-    mma_regs = 104 if panels == 4 and mma_regs == 232 else mma_regs
+    mma_regs = mma_regs or (104 if panels == 4 else 232)
     return _launch("rsw", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters,
                    extra)  # fmt: skip
 
