@@ -149,21 +149,23 @@ def _decoded(w, lo, hi, DTYPE: gl.constexpr, a_layout: gl.constexpr, SIGNED: gl.
 @gluon.jit
 def _block_mma(a0, a1, x_bufs, x2_bufs, x_ready, b, acc, acc2, TWO: gl.constexpr, a2_layout: gl.constexpr):
     """Block b's wgmma (not waited for) once its x has landed in x slots 2b, 2b + 1 (of 2 STAGES): the halves a0, a1
-    on x's first BM1 tokens, and (TWO) the same registers renamed (b0, b1) on the BM2 after them. Returns acc, acc2,
-    b0, b1 (a0, a1 without TWO) — the wait's deps."""
+    on x's first BM1 tokens, and (TWO) the same registers renamed (b0, b1) on the BM2 after them — issued first: a
+    warpgroup's first wgmma of the other shape waits for the chain before it to drain (ncu, session 41: the first
+    64 x 32 after eight 64 x 128 held the most stall samples of the 160-token wide kernel), and the smaller part
+    drains sooner. Returns acc, acc2, b0, b1 (a0, a1 without TWO) — the wait's deps."""
     STAGES: gl.constexpr = x_bufs.type.shape[0] // 2
     x0 = (2 * b) % (2 * STAGES)
     mbarrier.wait(x_ready.index(x0), (b // STAGES) & 1)
     mbarrier.wait(x_ready.index(x0 + 1), (b // STAGES) & 1)
-    acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
     b0 = a0
     b1 = a1
-    if TWO:  # the same registers as the other N's operand (a renaming)
+    if TWO:  # the same registers as the other N's operand (a renaming); the smaller part first (see the docstring)
         b0 = gl.convert_layout(a0, a2_layout)
         b1 = gl.convert_layout(a1, a2_layout)
         acc2 = warpgroup_mma(b0, x2_bufs.index(x0).permute((1, 0)), acc2, is_async=True)
         acc2 = warpgroup_mma(b1, x2_bufs.index(x0 + 1).permute((1, 0)), acc2, is_async=True)
+    acc = warpgroup_mma(a0, x_bufs.index(x0).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(a1, x_bufs.index(x0 + 1).permute((1, 0)), acc, is_async=True)
     return acc, acc2, b0, b1
 
 
