@@ -213,12 +213,14 @@ def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) 
 
 def _humming_layer_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) -> dict:
     """A whole MoE layer around Humming's two indexed GEMMs, timed like ours (alignment included): anybit's
-    `moe_align` (vLLM's contract) at each GEMM's block rows, torch's silu·mul between them and the top-k
-    weighted sum after (vLLM fuses those two into one kernel each, so this glue is a few launches
-    slower); checked against our layer's output first."""
+    `moe_align` (vLLM's contract) at each GEMM's block rows, silu·mul between them and the top-k weighted sum
+    after, each one pass as vLLM's kernels do (`tools/moe_glue.py`; before session 42 torch ops, whose float
+    casts and separate multiplies added ~0.45 ms to the DeepSeek-V3 layer at M=1024); checked against our
+    layer's output first."""
     from humming.tune import get_heuristics_config
+    from moe_glue import silu_mul, weighted_sum
 
-    e, i, h = moe.num_experts, moe.intermediate, moe.hidden
+    e = moe.num_experts
     m, top_k = routes[0][1].shape
     cc = json.dumps({"gemm_type": "indexed"})
     plans = []
@@ -234,10 +236,9 @@ def _humming_layer_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: 
             (gu, bm_gu, tc_gu), (dn, bm_dn, tc_dn) = plans
             hid = gu(x, sorted_ids=a[bm_gu][0], expert_ids=a[bm_gu][1], num_tokens_padded=a[bm_gu][2], top_k=top_k,
                      compute_config=cc, tuning_config=tc_gu)  # fmt: skip
-            act = (torch.nn.functional.silu(hid[:, :i].float()) * hid[:, i:].float()).to(x.dtype)
-            y = dn(act, sorted_ids=a[bm_dn][0], expert_ids=a[bm_dn][1], num_tokens_padded=a[bm_dn][2], top_k=1,
-                   compute_config=cc, tuning_config=tc_dn)  # fmt: skip
-            return (y.view(m, top_k, h).float() * w[..., None]).sum(dim=1).to(x.dtype)
+            y = dn(silu_mul(hid), sorted_ids=a[bm_dn][0], expert_ids=a[bm_dn][1], num_tokens_padded=a[bm_dn][2],
+                   top_k=1, compute_config=cc, tuning_config=tc_dn)  # fmt: skip
+            return weighted_sum(y, w)
 
         return run
 
@@ -297,6 +298,9 @@ def run(args) -> list[dict]:
                 if bf16 is not None and text == args.schemes.split(",")[0]:
                     parts |= _bf16_parts(bf16, x, routes, tiles)
                 r = m * top_k
+                if args.parts:  # only these parts (and their @variants) timed; the peers' checks still run
+                    keep = args.parts.split(",")
+                    parts = {name: fns for name, fns in parts.items() if name.split("@")[0] in keep}
                 for name, fns in parts.items():
                     row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
                     if name.startswith("humming:") and hum_note:
@@ -346,6 +350,8 @@ def main() -> int:
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
     ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
                     "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip
+    ap.add_argument("--parts", default="", help="time only these parts (with their @variants), e.g. "
+                    "layer,humming:layer (default: all)")  # fmt: skip
     ap.add_argument("--tiles-large", default="", help="tile overrides at M > 64, e.g. block_m=256:num_warps=8")
     ap.add_argument("--ws-tiles", default="", help="where the layer takes moe_ws: also these of its tiles, e.g. "
                     "block_m=256:stages=4,stages=4")  # fmt: skip

@@ -19,7 +19,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import humming_peers, probe_parser, relaunch_check, tile_overrides, time_cells, write_probe  # noqa: E402
+from probe_out import (  # noqa: E402
+    humming_peers,
+    probe_parser,
+    relaunch_err,
+    relaunch_why,
+    tile_overrides,
+    time_cells,
+    write_probe,
+)
 
 from anybit import prepare, quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
@@ -68,7 +76,9 @@ def main() -> int:
             for tile in tiles:
                 name = "ws-a8 " + (":".join(f"{a}={b}" for a, b in tile.items()) or "default")
                 try:
-                    why = relaunch_check(lambda t=tile, x=x, tw=tws[0]: gemm_frag_ws_a8(x, tw, **t), ref)
+                    err, same = relaunch_err(lambda t=tile, x=x, tw=tws[0]: gemm_frag_ws_a8(x, tw, **t), ref)
+                    print(f"{name} {shape} M={m}: rel err {err:.3e} against float64, relaunch equal {same}")
+                    why = relaunch_why(err, same)
                     if why is not None and not tile.get("diag"):  # diag variants time wrong results
                         errors[f"{name} {shape} M={m}"] = why
                         continue

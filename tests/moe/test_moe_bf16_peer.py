@@ -37,3 +37,26 @@ def test_matches_a_per_expert_loop(tokens, experts, top_k, block_m):
             continue
         ref = x[row // top_k].double() @ w[e].double().T
         assert rel_err(y[row], ref) < GEMM_REL_ERR[torch.float16], (row, e)
+
+
+@pytest.mark.parametrize("rows, inter", [(5, 48), (3, 1300)])
+def test_the_peer_glue_silu_mul(rows, inter):
+    """tools/moe_glue.py's silu(gate) * up in one pass (Humming's layer in tools/moe_bench.py): against torch in
+    float64, I off the block (1300 > its 1024 columns)."""
+    from moe_glue import silu_mul
+
+    h = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(rows)).half()
+    ref = torch.nn.functional.silu(h[:, :inter].double()) * h[:, inter:].double()
+    assert rel_err(silu_mul(h), ref) < 1e-3
+
+
+@pytest.mark.parametrize("tokens, top_k, hidden", [(4, 2, 40), (3, 8, 1100)])
+def test_the_peer_glue_weighted_sum(tokens, top_k, hidden):
+    """tools/moe_glue.py's top-k weighted sum in one pass: against torch in float64, H off the block."""
+    from moe_glue import weighted_sum
+
+    g = torch.Generator().manual_seed(hidden)
+    y = torch.randn(tokens * top_k, hidden, generator=g).half()
+    w = torch.rand(tokens, top_k, generator=g)
+    ref = (y.double().view(tokens, top_k, hidden) * w.double()[..., None]).sum(dim=1)
+    assert rel_err(weighted_sum(y, w), ref) < 1e-3
