@@ -309,6 +309,10 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
     assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if kind else 32)
+    # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
+    # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
+    assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
+    assert moe_tiles(256 * 8, 256, True, kind)["block_m"] == 16
     mid = moe_tiles(1024 * 8, 256, True, kind)  # the down GEMM's 64-row blocks of wide experts: 256 weight rows
     assert down_tiles(mid, kind, 2048)["block_n"] == (256 if wide else 128)
     assert down_tiles(mid, kind, 2048)["num_warps"] == (8 if wide else mid["num_warps"])
@@ -363,3 +367,33 @@ def test_moe_sum_skips_rows_the_down_gemm_never_wrote(interpret):
     keep = ((ids >= 0) & (ids < e)).reshape(t * k, 1)
     ref = torch.where(keep, y.double(), 0).view(t, k, h).sum(dim=1)
     assert out.dtype == torch.float16 and rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize("scheme, kind", [("w4a16:int4:g128:fp16", "wide"), ("nvfp4", "wide"), ("w4a8", "a8")])
+def test_sixteen_rows_an_expert_take_32_row_blocks(interpret, scheme, kind):
+    """The frag kinds' decode tile near 16 rows an expert (`SPILL_16_ROWS`): 32-row blocks whose 16-row halves run
+    half-width, as `launch_plan` launches them — experts of 13, 16 (half-width), 17 and 30 rows (full width) against
+    per-slot products (FP8 x: its own quantized values), N = 160 off the 128-row tile, unwritten rows poisoned."""
+    from anybit.moe.layer import grouped_inputs, launch_plan
+    from anybit.quant.activations import dequantize_activation
+
+    g = torch.Generator().manual_seed(16)
+    e, n, kk = 4, 160, 512
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate((13, 16, 17, 30))])
+    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
+    t = len(ids)
+    tiles = moe_tiles(16 * e, e, True, kind)
+    assert tiles["block_m"] == 32
+    plan = launch_plan(tw, e, t, tiles, False, torch.device("cpu"))
+    assert plan["tail_half"] and plan["split_k"] == 1
+    x = torch.randn(t, kk, generator=g).half()
+    xin = grouped_inputs(x, tw)
+    y = torch.full((t, n), float("nan"), dtype=torch.float16)
+    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, 32))[0], expert_ids=a[1], total=a[2], top_k=1, out=y,
+             **xin, **plan)  # fmt: skip
+    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act) if "x_scales" in xin else x
+    w = qw.dequantize().double()
+    ref = torch.stack([xd[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]

@@ -13,9 +13,10 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize(
     "scheme", ["w4a16", "nvfp4", "mxfp4", "w8a16", "w4a8", "w8a8-fp8", "fp8-block", "w4a8-mxfp4", "w4a8-nvfp4"]
 )
-@pytest.mark.parametrize("e, k, t", [(64, 8, 1), (19, 2, 300), (128, 8, 16), (8, 2, 600)])
+@pytest.mark.parametrize("e, k, t", [(64, 8, 1), (19, 2, 300), (128, 8, 16), (8, 2, 600), (64, 8, 120)])
 def test_bf16_grouped_moe(scheme, e, k, t):
-    """(8, 2, 600): 150 rows per expert, the 128-row tiles (w4a16: group scales on the decoded weights)."""
+    """(8, 2, 600): 150 rows per expert, the 128-row tiles (w4a16: group scales on the decoded weights); (64, 8, 120):
+    15 rows per expert, the frag kinds' 32-row decode blocks (`SPILL_16_ROWS`)."""
     g = torch.Generator(device="cuda").manual_seed(e + k + t)
     h, i = 512, 256
     gate_up = torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05
