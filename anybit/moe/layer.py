@@ -261,10 +261,10 @@ def grouped_inputs(x: torch.Tensor, tw, pdl: bool = False) -> dict:
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
 
 
-# Rows an expert above which the frag kinds' decode tile takes 32-row blocks (at 12, ~10 % of the experts hold more
-# than 16 rows). H200 graphs, session 42, Qwen3-30B-A3B M=256 (16.0 rows an expert), gate_up / down µs, 16 -> 32-row
-# blocks: w4a16 85.6 / 56.3 -> 82.9 / 52.0, NVFP4 111.1 / 61.9 -> 93.0 / 50.1, W4A8 75.3 / 47.8 -> 68.1 / 45.6
-# (Humming 82.9 / 48.3, 104.2 / 59.1, 67.4 / 49.0); 64- and 128-row blocks were slower there and at M=1024.
+# Rows an expert above which the "wide" and "a8" kinds' decode tile takes 32-row blocks (at 12, ~10 % of the experts
+# hold more than 16 rows). H200 graphs, session 42, Qwen3-30B-A3B M=256 (16.0 rows an expert), gate_up / down µs,
+# 16 -> 32-row blocks: w4a16 85.6 / 56.3 -> 82.9 / 52.0, NVFP4 111.1 / 61.9 -> 93.0 / 50.1, W4A8 75.3 / 47.8 -> 68.1 /
+# 45.6 (Humming 82.9 / 48.3, 104.2 / 59.1, 67.4 / 49.0); 64- and 128-row blocks were slower there and at M=1024.
 SPILL_16_ROWS = 12
 
 
@@ -291,7 +291,7 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
             return dict(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=3)
         # Near 16 rows an expert, ~40 % of the experts would spill into a second 16-row block, which reads and
         # decodes the expert's weights again: 32-row blocks (their 16-row halves run half-width) read them once.
-        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8", "a8-acc") else 16
+        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8") else 16  # measured; "a8-acc" not yet
         return dict(block_m=rows_m, block_n=128, block_k=128, num_warps=4, num_stages=4)
     if kind.startswith("fp8"):
         if per_expert <= 96:

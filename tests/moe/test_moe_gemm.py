@@ -312,6 +312,7 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
+    assert moe_tiles(256 * 8, 128, True, "a8-acc")["block_m"] == 16  # W4A8-MXFP4 / NVFP4: not measured yet
     assert moe_tiles(256 * 8, 256, True, kind)["block_m"] == 16
     mid = moe_tiles(1024 * 8, 256, True, kind)  # the down GEMM's 64-row blocks of wide experts: 256 weight rows
     assert down_tiles(mid, kind, 2048)["block_n"] == (256 if wide else 128)
