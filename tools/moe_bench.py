@@ -339,6 +339,20 @@ def run(args) -> list[dict]:
     return rows_out
 
 
+def summary(rows: list[dict]) -> str:
+    """The short table a device call ends with: per model, scheme and M, each part's µs against Humming's same part
+    (Humming ÷ anybit; above 1: anybit faster), the parts without a Humming twin alone."""
+    us = {(r["model"], r["scheme"], r["m"], r["part"]): r["us"] for r in rows if r.get("status") == "ok"}
+    lines = ["", f"{'model':14s} {'scheme':8s} {'M':6s} {'part':24s} anybit µs   Humming µs   Humming/anybit"]
+    for (model, scheme, m, part), t in us.items():
+        if part.startswith(("humming:", "bf16:")):
+            continue
+        peer = us.get((model, scheme, m, "humming:" + part.split("@")[0]))
+        ratio = f"{peer:12.1f}   {peer / t:14.2f}" if peer else ""
+        lines.append(f"{model:14s} {scheme:8s} {m:<6d} {part:24s} {t:9.1f}   {ratio}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schemes", default="w4a16,mxfp4")
@@ -388,6 +402,7 @@ def main() -> int:
 
         moe_layer.QUANT_EARLY_MAX_ROWS = args.quant_early_max_rows
     rows = run(args)
+    print(summary(rows), flush=True)
     os.makedirs(args.out, exist_ok=True)
     name, n = "moe_bench.json", 1
     while os.path.exists(os.path.join(args.out, name)):  # several runs in one device call keep every result
