@@ -9,6 +9,7 @@ contribute nothing."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -259,6 +260,26 @@ def grouped_inputs(x: torch.Tensor, tw, pdl: bool = False) -> dict:
     xq, xs, *sums = quantize_act(x.contiguous(), scheme.act, block_sums=tw.takes_sums, pdl=pdl)
     group = scheme.act.group if scheme.act.mode is ActMode.GROUP else 0
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
+
+
+def block_stats(tokens: int, top_k: int, experts: int, block_m: int) -> dict:
+    """What `block_m`-row blocks cost a layer whose tokens pick top_k of `experts` uniformly (each expert's rows
+    ~ Binomial(tokens, top_k / experts)): the mean rows an expert, the blocks an expert (each reads and decodes the
+    expert's weights), the share of experts that spill past one block, and the share of launched rows that are
+    padding — why `moe_tiles` picks the block it does (`anybit explain --moe`)."""
+    p = min(1.0, top_k / experts)
+    mean = tokens * p
+    if p >= 1.0:  # every token picks every expert
+        pmf = {tokens: 1.0}
+    else:
+        lo, hi = math.log(p), math.log1p(-p)
+        head = math.lgamma(tokens + 1)
+        pmf = {n: math.exp(head - math.lgamma(n + 1) - math.lgamma(tokens - n + 1) + n * lo + (tokens - n) * hi)
+               for n in range(tokens + 1)}  # fmt: skip
+    blocks = sum(q * -(-n // block_m) for n, q in pmf.items())
+    spill = sum(q for n, q in pmf.items() if n > block_m)
+    launched = blocks * block_m
+    return dict(mean=mean, blocks=blocks, spill=spill, padding=1.0 - mean / launched if launched else 0.0)
 
 
 # Rows an expert above which the "wide" and "a8" kinds' decode tile takes 32-row blocks (at 12, ~10 % of the experts

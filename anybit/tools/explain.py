@@ -235,7 +235,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
-    from anybit.moe.layer import grouped_why_not, launch_plan, moe_tiles
+    from anybit.moe.layer import block_stats, grouped_why_not, launch_plan, moe_tiles
     from anybit.quant.weights import QuantizedWeight
 
     scheme = Scheme.parse(scheme_text)
@@ -287,5 +287,11 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"epilogue {epilogue}"
         )
     lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
+    st = block_stats(tokens, top_k, experts, tiles["block_m"])
+    lines.append(
+        f"  blocks: rows an expert ~ Binomial({tokens}, {top_k}/{experts}), mean {st['mean']:.1f}; "
+        f"{tiles['block_m']}-row blocks: {st['blocks']:.2f} an expert (each reads its weights), "
+        f"{100 * st['spill']:.0f} % of experts spill past one, {100 * st['padding']:.0f} % of launched rows padding"
+    )
     return lines + [f"  register-operand grouped kernel (moe_rs) not used: {rs_why}",
                     f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]  # fmt: skip

@@ -205,3 +205,23 @@ def test_mxfp4_experts_take_the_fp8_mma_only_when_every_expert_can():
     w[1, 3, :32] *= 2.0**-14  # past 11 binades whatever the groups' own maxima (twelve were not, for some draws)
     tw = stack_experts(anybit.quantize(w, "w4a8-mxfp4"))
     assert tw.codes_a16 and not tw.e2m1_a8 and tw.rowwise is None
+
+
+def test_block_stats_against_counting_every_routing():
+    """`block_stats` (what `anybit explain --moe` says of a block size) against enumerating every way 6 tokens can
+    each pick an expert or not (p = 1/2: top-1 of 2): blocks an expert, experts past one block, padding; and the
+    deterministic case (top-k = E)."""
+    import itertools
+    import math
+
+    from anybit.moe.layer import block_stats
+
+    for block_m in (1, 2, 4, 8):
+        picks = list(itertools.product((0, 1), repeat=6))
+        blocks = sum(-(-sum(p) // block_m) for p in picks) / len(picks)
+        spill = sum(sum(p) > block_m for p in picks) / len(picks)
+        st = block_stats(6, 1, 2, block_m)
+        assert math.isclose(st["blocks"], blocks) and math.isclose(st["spill"], spill, abs_tol=1e-12)
+        assert math.isclose(st["padding"], 1 - 3 / (blocks * block_m), abs_tol=1e-12)
+    st = block_stats(40, 4, 4, 16)
+    assert st == dict(mean=40.0, blocks=3.0, spill=1.0, padding=1 - 40 / 48)
