@@ -101,26 +101,30 @@ def test_grouped_path_with_fp8_activations(interpret, scheme, monkeypatch):
     _fp8_grouped(scheme, monkeypatch)
 
 
-def _fp8_grouped(scheme, monkeypatch):
-    import anybit.moe.layer as layer
+def _reference_inputs(x, tw, pdl=False):
+    """`layer.grouped_inputs` with the reference quantizer (the interpreter's fp32 -> fp8 conversion drops rounding
+    carries; the GPU's quantizer matches the reference bit for bit); the stand-in launches nothing to depend on."""
     from anybit.quant.activations import quantize_activation
 
-    def reference_inputs(x, tw, pdl=False):  # the quantizer stand-in launches nothing to depend on
-        s = tw.scheme
-        if not s.act.quantized:
-            return dict(x=x)
-        # rows of dropped slots are never written (and never read): whatever memory held
-        xq, xs = quantize_activation(torch.nan_to_num(x), s.act)
-        if tw.codes_a16:  # the A16 kernels take the codes in x's dtype
-            return dict(x=xq.to(x.dtype), x_scales=xs)
-        if tw.e2m1_a8:  # e2m1 on the FP8 MMA: no sums
-            return dict(x=xq, x_scales=xs)
-        if not tw.frag:
-            return dict(x=xq, x_scales=xs, x_group=s.act.group if s.act.mode.name == "GROUP" else 0)
-        blocks = torch.nn.functional.pad(xq.float(), (0, -xq.shape[1] % 128)).reshape(xq.shape[0], -1, 128)
-        return dict(x=xq, x_scales=xs, x_sums=blocks.sum(dim=-1).T.contiguous())  # as `quantize_act` sums
+    s = tw.scheme
+    if not s.act.quantized:
+        return dict(x=x)
+    # rows of dropped slots are never written (and never read): whatever memory held
+    xq, xs = quantize_activation(torch.nan_to_num(x), s.act)
+    if tw.codes_a16:  # the A16 kernels take the codes in x's dtype
+        return dict(x=xq.to(x.dtype), x_scales=xs)
+    if tw.e2m1_a8:  # e2m1 on the FP8 MMA: no sums
+        return dict(x=xq, x_scales=xs)
+    if not tw.frag:
+        return dict(x=xq, x_scales=xs, x_group=s.act.group if s.act.mode.name == "GROUP" else 0)
+    blocks = torch.nn.functional.pad(xq.float(), (0, -xq.shape[1] % 128)).reshape(xq.shape[0], -1, 128)
+    return dict(x=xq, x_scales=xs, x_sums=blocks.sum(dim=-1).T.contiguous())  # as `quantize_act` sums
 
-    monkeypatch.setattr(layer, "grouped_inputs", reference_inputs)
+
+def _fp8_grouped(scheme, monkeypatch):
+    import anybit.moe.layer as layer
+
+    monkeypatch.setattr(layer, "grouped_inputs", _reference_inputs)
     fast, exact, x, w, ids = _grouped_and_exact(scheme)
     y = fast(x, w, ids)
     assert fast._stacked is not None
@@ -225,3 +229,32 @@ def test_block_stats_against_counting_every_routing():
         assert math.isclose(st["padding"], 1 - 3 / (blocks * block_m), abs_tol=1e-12)
     st = block_stats(40, 4, 4, 16)
     assert st == dict(mean=40.0, blocks=3.0, spill=1.0, padding=1 - 40 / 48)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "nvfp4", "w4a8"])
+def test_the_layer_on_the_gpu_tile_near_16_rows_an_expert(interpret, monkeypatch, scheme):
+    """QuantMoE as it runs on a Hopper GPU at 15 rows an expert (`moe_tiles(cuda=True)`: 32-row blocks, half-width
+    halves, silu·up fused into gate_up, the top-k weight into down) under the interpreter, against the exact loop."""
+    from anybit.kernels import moe_gemm as kernels
+    from anybit.moe import layer
+
+    gpu_tiles = layer.moe_tiles
+    monkeypatch.setattr(layer, "moe_tiles", lambda rows, experts, cuda, kind="": gpu_tiles(rows, experts, True, kind))
+    monkeypatch.setattr(layer, "grouped_inputs", _reference_inputs)  # FP8 x: see `_reference_inputs`
+    monkeypatch.setattr(kernels, "target_sm", lambda: 90)  # the "wide" kind, as on an H200
+    g = torch.Generator().manual_seed(15)
+    e, k, t, h, i = 8, 2, 60, 256, 128
+    gate_up, down = torch.randn(e, 2 * i, h, generator=g) * 0.1, torch.randn(e, h, i, generator=g) * 0.1
+    fast = QuantMoE.from_float(gate_up, down, scheme, backend="triton")
+    x = torch.randn(t, h, generator=g).half()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g), k)
+    launched = []
+    run = kernels.moe_gemm
+    monkeypatch.setattr(kernels, "moe_gemm", lambda *a, **kw: launched.append(kw["block_m"]) or run(*a, **kw))
+    y = fast(x, w, ids)
+    assert fast._stacked is not None and fast._stacked[2]  # grouped, silu·up fused
+    assert launched == [32, 32]
+    # the fused epilogue's intermediate quantized as the grouped path does (`reference` with `act`; see _fp8_grouped)
+    act = fast.gate_up.scheme.act
+    ref = reference(x, fast.gate_up.dequantize(), fast.down.dequantize(), w, ids, act=act if act.quantized else None)
+    assert rel_err(y, ref) < 4 * GEMM_REL_ERR[torch.float16]
