@@ -9,7 +9,6 @@ contribute nothing."""
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -269,15 +268,13 @@ def block_stats(tokens: int, top_k: int, experts: int, block_m: int) -> dict:
     padding — why `moe_tiles` picks the block it does (`anybit explain --moe`)."""
     p = min(1.0, top_k / experts)
     mean = tokens * p
+    n = torch.arange(tokens + 1, dtype=torch.float64)
     if p >= 1.0:  # every token picks every expert
-        pmf = {tokens: 1.0}
+        pmf = (n == tokens).double()
     else:
-        lo, hi = math.log(p), math.log1p(-p)
-        head = math.lgamma(tokens + 1)
-        pmf = {n: math.exp(head - math.lgamma(n + 1) - math.lgamma(tokens - n + 1) + n * lo + (tokens - n) * hi)
-               for n in range(tokens + 1)}  # fmt: skip
-    blocks = sum(q * -(-n // block_m) for n, q in pmf.items())
-    spill = sum(q for n, q in pmf.items() if n > block_m)
+        pmf = torch.distributions.Binomial(tokens, probs=torch.tensor(p, dtype=torch.float64)).log_prob(n).exp()
+    blocks = float((pmf * torch.ceil(n / block_m)).sum())
+    spill = float(pmf[n > block_m].sum())
     launched = blocks * block_m
     return dict(mean=mean, blocks=blocks, spill=spill, padding=1.0 - mean / launched if launched else 0.0)
 
