@@ -175,6 +175,11 @@ def _humming_layers(moe: QuantMoE, dtype) -> tuple:
     return layers, note
 
 
+# Humming's heuristic tile of the last `_humming_parts` call per part, recorded beside its timings
+PEER_TILE_KEYS = ("block_shape", "warp_shape", "num_stages", "num_ctas_per_sm", "use_warp_spec", "mma_type")
+PEER_TILES: dict[str, dict] = {}
+
+
 def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) -> dict:
     """Humming's indexed GEMMs over the same routings: its own heuristic tile for R = M * top_k rows
     pinned as the only tuning interval, and its own alignment with that tile's block rows (what its
@@ -192,6 +197,8 @@ def _humming_parts(layers: tuple, moe: QuantMoE, x: torch.Tensor, routes: list) 
         cfg = json.loads(json.dumps(get_heuristics_config(layer.humming_config, shape_m=r, gemm_type="indexed"),
                                     default=lambda o: getattr(o, "value", None) or str(o)))  # fmt: skip
         tc = json.dumps([[0, 1 << 30, cfg]])
+        PEER_TILES[name] = {k: cfg.get(k) for k in PEER_TILE_KEYS}
+        print(f"{name} tile at {r} rows: {PEER_TILES[name]}", flush=True)
         bm = int(cfg["block_shape"][0])
         aligned = [generate_moe_tensors(ids.int(), e, "indexed", block_size_config=bm)[2:] for _, ids in routes]
 
@@ -305,6 +312,8 @@ def run(args) -> list[dict]:
                     row = dict(model=model, scheme=text, m=m, rows=r, tile=tiles, touched_experts=touched)
                     if name.startswith("humming:") and hum_note:
                         row["note"] = hum_note
+                    if name in PEER_TILES:
+                        row["peer_tile"] = PEER_TILES[name]
                     try:
                         us = median(time_graph(fns, 20, args.repeats, 20))
                         if args.eager:  # the same 20 calls launched one by one: host time shows

@@ -458,25 +458,26 @@ def frag_range_subs(x_ptr, offs_m, M, stride_xm, w_ptr, s_ptr, offs_n, mask_n, K
 
 
 @triton.jit
-def frag_range_two(x_ptr, offs_m, offs_m2, M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn, stride_s,
-                   kt_lo, kt_hi, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
+def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
+                   stride_s, kt_lo, kt_hi, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr,
                    S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
                    GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BM2: tl.constexpr, NW: tl.constexpr,
                    STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                    SETTLE: tl.constexpr):
-    """`frag_range` for two token tiles at once, tokens offs_m [BM] and offs_m2 [BM2], of 4-bit codes under bf16/fp16
-    x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two): each K block's weight rows decoded
-    once (`frag_decode16`), two MMAs into two accumulators. Natural row order."""
+    """`frag_range` for two token tiles at once, x rows src [BM] and src2 [BM2] (masked rows read 0), of 4-bit codes
+    under bf16/fp16 x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two; the grouped MoE
+    kernel's blocks of such sizes): each K block's weight rows decoded once (`frag_decode16`), two MMAs into two
+    accumulators. Natural row order."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     off = code_offset(dtype, 4, W_SIGNED)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the epilogue's
     G: tl.constexpr = 128 // GROUP_K if GROUP_K < 128 else 1
     offs_k = tl.arange(0, 128)
-    x1 = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
-    x2 = x_ptr + offs_m2[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
-    m1 = (offs_m < M)[None, :]
-    m2 = (offs_m2 < M)[None, :]
+    x1 = x_ptr + src[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    x2 = x_ptr + src2[None, :].to(tl.int64) * stride_xm + offs_k[:, None]
+    m1 = mask_m[None, :]
+    m2 = mask_m2[None, :]
     w_ptrs = w_ptr + frag_row_words(offs_n, stride_wn, PANEL)[:, None] + tl.arange(0, 16)[None, :]
     offs_gn = offs_n // GROUP_N
     n_groups = tl.cdiv(K, GROUP_K)
@@ -570,9 +571,10 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                           GROUP_K, GROUP_N, HAS_GS, HAS_RS, HAS_XS, HAS_BIAS, SPLIT_K)
     elif BM2 > 0:  # a BM + BM2-token tile on one decode (`FRAG_TWO`: 4-bit codes under bf16/fp16 x)
         offs_m2 = pid_m * (BM + BM2) + BM + tl.arange(0, BM2)
-        a1, a2 = frag_range_two(x_ptr, offs_m, offs_m2, M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
-                                stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
-                                ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, BM2, NW, STAGES, PANEL, PTX, FOLD, SETTLE)
+        a1, a2 = frag_range_two(x_ptr, offs_m, offs_m < M, offs_m2, offs_m2 < M, stride_xm, w_ptr, s_ptr, z_ptr,
+                                offs_n, mask_n, K, stride_wn, stride_s, lo, tl.minimum(lo + per, k_blocks), MASK,
+                                W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, BM2, NW,
+                                STAGES, PANEL, PTX, FOLD, SETTLE)
         tile = 2 * (pid_m * tl.num_programs(0) + pid_n)  # a split-K counter for each of the two
         frag_epilogue(a1, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                       stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K, GROUP_N, HAS_GS,

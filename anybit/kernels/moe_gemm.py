@@ -29,10 +29,12 @@ from anybit.kernels.frag import (
     frag_pairs,
     frag_ptx,
     frag_range,
+    frag_range_two,
     frag_scale_w,
     frag_settle,
     pair_stages,
     target_sm,
+    two_parts,
 )
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
@@ -42,10 +44,10 @@ from anybit.kernels.launch import Launcher
 # fmt: off
 @triton.jit
 def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                ROWS: tl.constexpr = 0):
+                ROWS: tl.constexpr = 0, FIRST: tl.constexpr = 0):
     """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads: all
-    BLOCK_M of them, or its first ROWS."""
-    pos = pid_m * BLOCK_M + tl.arange(0, ROWS if ROWS else BLOCK_M)
+    BLOCK_M of them, or ROWS from its row FIRST on."""
+    pos = pid_m * BLOCK_M + FIRST + tl.arange(0, ROWS if ROWS else BLOCK_M)
     rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
     return rows, rows < num_rows, rows // TOP_K
 
@@ -277,22 +279,39 @@ def _moe_frag_kernel(
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
-    PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
     as a programmatic dependent, it waits for the kernel before it ahead of any read. TAIL_HALF: a block
     whose second half is padding (an expert's last, short block) runs its MMA on the first half only
-    (without split-K: the split workspace is laid out by whole blocks). HAS_XS: x's rows carry per-token scales
-    (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each expert's rows' powers of two
-    (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
+    (without split-K: the split workspace is laid out by whole blocks). BM2 > 0 (no split-K; 4-bit codes under
+    bf16/fp16 x): BLOCK_M is a power of two and BM2 (48 = 32 + 16, 96 = 64 + 32), two MMAs on each decoded K block
+    (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's rows carry per-token
+    scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each expert's rows' powers
+    of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
+    BM1: tl.constexpr = BLOCK_M - BM2  # the power-of-two part
     if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
-        mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
-        if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
+        # sorted rows pad each expert's run at its end: a block's first padding row says how many it holds
+        mid = pid_m * BLOCK_M + (BM1 if BM2 else BLOCK_M // 2)
+        short = tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows
+        if BM2 > 0 and not short:
+            _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m, num_rows, n_sorted,
+                          N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, TOP_K, SILU_MUL,
+                          MUL_ROUTED, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS,
+                          BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE)
+        elif BM2 > 0:
+            _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
+                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
+                           SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BM1,
+                           BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
+                           MMA_ACC)
+        elif TAIL_HALF and SPLIT_K == 1 and short:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
@@ -344,6 +363,37 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
     _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
                  mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
                  BLOCK_N)
+
+
+@triton.jit
+def _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m, num_rows, n_sorted, N, K,
+                  stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, TOP_K: tl.constexpr,
+                  SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
+                  S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
+                  GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BM1: tl.constexpr, BM2: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
+                  PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SETTLE: tl.constexpr):
+    """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes under
+    bf16/fp16 x, no split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
+    pid_n = tl.program_id(1)
+    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM1)
+    rows2, mask_m2, src2 = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM2, BM1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    e64 = e.to(tl.int64)
+    se = s_ptr + e64 * stride_se
+    a1, a2 = frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr + e64 * stride_we, se,
+                            z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, 0, tl.cdiv(K, 128), MASK,
+                            W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, BLOCK_N, BM1, BM2, NW,
+                            STAGES, PANEL, PTX, FOLD, SETTLE)
+    if GROUP_K >= 1 << 30:  # one scale over all of K
+        s = load_scale(se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
+        a1 = a1 * s
+        a2 = a2 * s
+    _finish_rows(tl.trans(a1), e, gs_ptr, gs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows, src, mask_m, offs_n, mask_n,
+                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, 1, BM1, BLOCK_N)
+    _finish_rows(tl.trans(a2), e, gs_ptr, gs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows2, src2, mask_m2, offs_n, mask_n,
+                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, 1, BM2, BLOCK_N)
 
 
 @triton.jit
@@ -480,6 +530,23 @@ def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
     return block_k
 
 
+def two_part_why_not(tw, block_m: int, fp8_x: bool, split_k: int = 1, tail_half: bool = False) -> str | None:
+    """None where `moe_gemm` runs blocks of block_m = a power of two + a smaller one (`frag.two_parts`: 48 = 32 + 16,
+    96 = 64 + 32) as two MMAs on each decoded K block (`frag_range_two`): fragment-layout 4-bit codes under bf16/fp16
+    x, without split-K or tail_half (the first part alone runs the blocks whose second part is padding); else why
+    not, for the caller's error."""
+    try:
+        two_parts(block_m)
+    except ValueError as ex:
+        return str(ex)
+    if not tw.frag or tw.fmt["W_BITS"] != 4 or fp8_x:
+        return (f"blocks of two parts take fragment-layout 4-bit experts under bf16/fp16 x, not {tw.scheme} "
+                f"({'FP8' if fp8_x else 'bf16/fp16'} x); use a power of two")  # fmt: skip
+    if split_k > 1 or tail_half:
+        return f"blocks of two parts run without split-K or tail_half, got split_k={split_k}, tail_half={tail_half}"
+    return None
+
+
 # the arguments of `_moe_frag_kernel` a call changes: x, its scales and block sums, y, the alignment (sorted ids,
 # expert ids, total), routed weights, workspace, counters, rows, slots, x's and y's row strides
 _MOE_FRAG_LIVE = (0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 20)
@@ -497,7 +564,8 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
         BLOCK_N=block_n, NW=num_warps, STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL,
         PTX=ptx, FOLD=fold, PDL=pdl, SETTLE=settle,
         SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), num_warps=num_warps,
+        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=two_parts(block_m)[1],
+        num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
     return Launcher(_moe_frag_kernel, consts, _MOE_FRAG_LIVE)
@@ -557,6 +625,10 @@ def moe_gemm(
     n, k = tw.n, tw.k
     if tail_half and split_k > 1:
         raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")
+    if block_m & (block_m - 1):
+        two_why = two_part_why_not(tw, block_m, x_scales is not None, split_k, tail_half)
+        if two_why:
+            raise ValueError(f"block_m={block_m}: {two_why}")
     if silu_mul and (n % 2 or block_n % 2):
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n

@@ -213,13 +213,15 @@ def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: to
     if tw.frag and pdl_launch(device):
         tiles["pdl"] = True
     split = split_k or 1
-    if split_k is None and device.type == "cuda":
+    bm = tiles["block_m"]
+    two = bm & (bm - 1) != 0  # blocks of two parts (`moe_gemm.two_part_why_not`): no split-K, no half-width tails
+    if split_k is None and device.type == "cuda" and not two:
         narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
         tiles["block_n"], split, maxnreg = moe_decode_plan(rows, experts, tw.n, tw.k, tiles, _sm_count(device),
                                                            tw.frag, narrow)  # fmt: skip
         if maxnreg:
             tiles["maxnreg"] = maxnreg
-    if split == 1 and tiles["block_m"] >= 32:
+    if split == 1 and bm >= 32 and not two:
         tiles["tail_half"] = True
     return dict(tiles, num_rows=rows, split_k=split)
 
@@ -309,7 +311,7 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
             return dict(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=3)
         # Near 16 rows an expert, ~40 % of the experts would spill into a second 16-row block, which reads and
         # decodes the expert's weights again: 32-row blocks (their 16-row halves run half-width) read them once.
-        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8") else 16  # measured; "a8-acc" not yet
+        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8", "a8-acc") else 16
         return dict(block_m=rows_m, block_n=128, block_k=128, num_warps=4, num_stages=4)
     if kind.startswith("fp8"):
         if per_expert <= 96:

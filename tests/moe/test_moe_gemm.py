@@ -252,6 +252,50 @@ def test_half_width_tail_blocks(interpret, scheme):
                  workspace=torch.empty(1 << 16), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
 
 
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "w4a16-zp", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("block_m, counts", [(48, (9, 32, 40, 60)), (96, (20, 64, 80, 100))])
+def test_blocks_of_two_parts(interpret, scheme, block_m, counts):
+    """Blocks of a power of two + a smaller one (48 = 32 + 16, 96 = 64 + 32): two MMAs on each decoded K block,
+    or the first part alone where the second is padding — experts with rows in the first part only, exactly
+    filling it, into the second, and past one block (a short second block), top-2 with silu·up fused and the top-k
+    weight, N = 160 off the tile, unwritten rows poisoned; other experts and split-K are a clear error."""
+    from anybit.kernels.moe_gemm import two_part_why_not
+
+    g = torch.Generator().manual_seed(block_m)
+    e, n, kk, k = 4, 160, 384, 2
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    slots = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
+    t = len(slots) // k
+    ids = slots[torch.randperm(len(slots), generator=g)][: t * k].view(t, k).int()
+    ids[:, 1] = torch.where(ids[:, 1] == ids[:, 0], -1, ids[:, 1])  # a token's slots on one expert: drop one
+    x = torch.randn(t, kk, generator=g).half()
+    rw = torch.rand(t * k, generator=g)
+    w = qw.dequantize().double()
+    valid = ids.view(-1) >= 0
+    ref = torch.stack([x[r // k].double() @ w[max(int(ids.view(-1)[r]), 0)].T for r in range(t * k)])
+    y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, out=y,
+             block_n=128, routed_weights=rw)  # fmt: skip
+    assert torch.isnan(y[~valid]).all()
+    assert rel_err(y[valid], (ref * rw[:, None].double())[valid]) < GEMM_REL_ERR[torch.float16]
+    h = torch.full((t * k, n // 2), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, out=h, silu_mul=True,
+             block_n=128)  # fmt: skip
+    gate, up = ref[:, 0::2], ref[:, 1::2]
+    assert rel_err(h[valid], (gate * torch.sigmoid(gate) * up)[valid]) < GEMM_REL_ERR[torch.float16]
+    if block_m == 48:  # the down GEMM's tile of wide experts: 256 weight rows, 8 warps
+        y2 = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+        moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, out=y2,
+                 block_n=256, num_warps=8)  # fmt: skip
+        assert rel_err(y2[valid], ref[valid]) < GEMM_REL_ERR[torch.float16]
+    assert two_part_why_not(stack_experts(anybit.quantize(torch.randn(2, 64, 256), "w8a16")), 48, False)
+    assert "power of two" in two_part_why_not(tw, 40, False)
+    with pytest.raises(ValueError, match="split-K"):
+        moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, split_k=2,
+                 workspace=torch.empty(1 << 20), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
+
+
 def test_grouped_gemm_w4a8_fragment_layout(interpret):
     """W4A8 experts in the FP8 fragment order, per-token x scales."""
     from anybit.kernels.quant_act import quantize_act
@@ -312,7 +356,7 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
-    assert moe_tiles(256 * 8, 128, True, "a8-acc")["block_m"] == 16  # W4A8-MXFP4 / NVFP4: not measured yet
+    assert moe_tiles(256 * 8, 128, True, "a8-acc")["block_m"] == 32  # W4A8-MXFP4 / NVFP4 (session 43)
     assert moe_tiles(256 * 8, 256, True, kind)["block_m"] == 16
     mid = moe_tiles(1024 * 8, 256, True, kind)  # the down GEMM's 64-row blocks of wide experts: 256 weight rows
     assert down_tiles(mid, kind, 2048)["block_n"] == (256 if wide else 128)
@@ -370,7 +414,9 @@ def test_moe_sum_skips_rows_the_down_gemm_never_wrote(interpret):
     assert out.dtype == torch.float16 and rel_err(out, ref) < GEMM_REL_ERR[torch.float16]
 
 
-@pytest.mark.parametrize("scheme, kind", [("w4a16:int4:g128:fp16", "wide"), ("nvfp4", "wide"), ("w4a8", "a8")])
+@pytest.mark.parametrize(
+    "scheme, kind", [("w4a16:int4:g128:fp16", "wide"), ("nvfp4", "wide"), ("w4a8", "a8"), ("w4a8-mxfp4", "a8-acc")]
+)
 def test_sixteen_rows_an_expert_take_32_row_blocks(interpret, scheme, kind):
     """The frag kinds' decode tile near 16 rows an expert (`SPILL_16_ROWS`): 32-row blocks whose 16-row halves run
     half-width, as `launch_plan` launches them — experts of 13, 16 (half-width), 17 and 30 rows (full width) against

@@ -191,3 +191,25 @@ def test_two_blocks_an_iteration_give_the_same_bits_grouped_in_bf16(monkeypatch,
     monkeypatch.setattr(frag, "FRAG_PAIRS", True)
     two = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], **kw)
     assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-zp", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("block_m", [48, 96])
+def test_blocks_of_two_parts_in_bf16(monkeypatch, scheme, block_m):
+    """The layer on blocks of two parts (48 = 32 + 16, 96 = 64 + 32: two MMAs on each decoded K block, or the first
+    part alone) at ~block_m / 1.5 rows an expert, against the exact loop, and bit-stable."""
+    from anybit.moe import layer
+
+    tiles = layer.moe_tiles
+    monkeypatch.setattr(layer, "moe_tiles", lambda *a, **kw: tiles(*a, **kw) | dict(block_m=block_m))
+    g = torch.Generator(device="cuda").manual_seed(block_m)
+    e, k, h, i = 16, 4, 1024, 512
+    t = block_m * e * 2 // (3 * k)
+    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
+                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
+    y1, y2 = moe(x, w, ids), moe(x, w, ids)
+    assert torch.equal(y1, y2)
+    ref = reference(x.cpu(), moe.gate_up.dequantize().cpu(), moe.down.dequantize().cpu(), w.cpu(), ids.cpu())
+    assert rel_err(y1.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]

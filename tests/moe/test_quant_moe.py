@@ -231,7 +231,7 @@ def test_block_stats_against_counting_every_routing():
     assert st == dict(mean=40.0, blocks=3.0, spill=1.0, padding=1 - 40 / 48)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "nvfp4", "w4a8"])
+@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "nvfp4", "w4a8", "w4a8-mxfp4"])
 def test_the_layer_on_the_gpu_tile_near_16_rows_an_expert(interpret, monkeypatch, scheme):
     """QuantMoE as it runs on a Hopper GPU at 15 rows an expert (`moe_tiles(cuda=True)`: 32-row blocks, half-width
     halves, silu·up fused into gate_up, the top-k weight into down) under the interpreter, against the exact loop."""
