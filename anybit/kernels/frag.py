@@ -463,11 +463,12 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
                    S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
                    GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BM2: tl.constexpr, NW: tl.constexpr,
                    STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-                   SETTLE: tl.constexpr):
+                   SETTLE: tl.constexpr, SCALE_W: tl.constexpr = False):
     """`frag_range` for two token tiles at once, x rows src [BM] and src2 [BM2] (masked rows read 0), of 4-bit codes
     under bf16/fp16 x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two; the grouped MoE
     kernel's blocks of such sizes): each K block's weight rows decoded once (`frag_decode16`), two MMAs into two
-    accumulators. Natural row order."""
+    accumulators. SCALE_W (group scales per whole block, `frag_scale_w`): the scales multiply the decoded weights
+    and both MMAs accumulate in place, no fresh product per block. Natural row order."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     off = code_offset(dtype, 4, W_SIGNED)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
@@ -500,14 +501,19 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
         p = rows_to_mma(tl.load(w_ptrs + kt * (16 * PANEL), mask=mask_n[:, None], other=0), BN, NW, 16)
         w = frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD,
                           W_SIGNED, dtype)
-        p1 = tl.dot(w, xt1)
-        p2 = tl.dot(w, xt2)
-        if PER_BLOCK:
-            s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
-            p1 = p1 * s[:, None]
-            p2 = p2 * s[:, None]
-        a1 += p1
-        a2 += p2
+        if SCALE_W and PER_BLOCK:
+            w = times_groups(w, rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype), 1, PTX)
+            a1 = tl.dot(w, xt1, a1)
+            a2 = tl.dot(w, xt2, a2)
+        else:
+            p1 = tl.dot(w, xt1)
+            p2 = tl.dot(w, xt2)
+            if PER_BLOCK:
+                s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+                p1 = p1 * s[:, None]
+                p2 = p2 * s[:, None]
+            a1 += p1
+            a2 += p2
         if SETTLE:  # the block's wgmma finish before the next block's decode writes their register operand
             a1 = settled(a1)
             a2 = settled(a2)

@@ -303,7 +303,7 @@ def _moe_frag_kernel(
             _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m, num_rows, n_sorted,
                           N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, TOP_K, SILU_MUL,
                           MUL_ROUTED, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS,
-                          BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE)
+                          BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE, SCALE_W)
         elif BM2 > 0:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
@@ -372,7 +372,8 @@ def _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr,
                   S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
                   GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BM1: tl.constexpr, BM2: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
-                  PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SETTLE: tl.constexpr):
+                  PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SETTLE: tl.constexpr,
+                  SCALE_W: tl.constexpr):
     """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes under
     bf16/fp16 x, no split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
     pid_n = tl.program_id(1)
@@ -385,7 +386,7 @@ def _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr,
     a1, a2 = frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr + e64 * stride_we, se,
                             z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, 0, tl.cdiv(K, 128), MASK,
                             W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, BLOCK_N, BM1, BM2, NW,
-                            STAGES, PANEL, PTX, FOLD, SETTLE)
+                            STAGES, PANEL, PTX, FOLD, SETTLE, SCALE_W)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         s = load_scale(se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
         a1 = a1 * s
@@ -558,13 +559,16 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
     _, block_m, block_n, split_k, num_warps, num_stages, maxnreg, top_k, silu_mul, no_routed, fp8_x, _, pdl, \
         scale_w, tail_half, ptx, settle, fold, *_ = key  # fmt: skip
     pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
+    bm2 = two_parts(block_m)[1]
     consts = dict(
         SPLIT_K=split_k, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=not no_routed, **frag_constexprs(tw),
         GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, NW=num_warps, STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL,
         PTX=ptx, FOLD=fold, PDL=pdl, SETTLE=settle,
-        SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w, TAIL_HALF=tail_half,
-        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=two_parts(block_m)[1],
+        # blocks of two parts: scales on the decoded weights wherever exact (no second fp32 tile a part and block)
+        SCALE_W=frag_scale_w(tw, x_dtype, block_m if bm2 == 0 else 128) if scale_w is None else scale_w,
+        TAIL_HALF=tail_half,
+        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2,
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
