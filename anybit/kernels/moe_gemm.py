@@ -531,6 +531,13 @@ def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
     return block_k
 
 
+# Blocks of two parts from which group scales multiply the decoded weights wherever exact (`frag_scale_w`): at 80
+# and 96 rows the fresh fp32 product a part and K block spilled (sm_90a, w4a16 96 rows: 248 bytes; H200 Qwen3-30B-A3B
+# M=1024 96-row blocks 240 / 150 µs -> 155 / 92 with it); at 48 rows the multiply costs more than it saves
+# (DeepSeek-V3 M=1024 w4a16 gate_up / down 1776 / 1015 -> 1892 / 1068 µs with it).
+TWO_SCALE_W_ROWS = 80
+
+
 def two_part_why_not(tw, block_m: int, fp8_x: bool, split_k: int = 1, tail_half: bool = False) -> str | None:
     """None where `moe_gemm` runs blocks of block_m = a power of two + a smaller one (`frag.two_parts`: 48 = 32 + 16,
     96 = 64 + 32) as two MMAs on each decoded K block (`frag_range_two`): fragment-layout 4-bit codes under bf16/fp16
@@ -565,8 +572,8 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
         GROUP_K=frag_group_k(tw, num_warps), GROUP_N=tw.group_n, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, NW=num_warps, STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL,
         PTX=ptx, FOLD=fold, PDL=pdl, SETTLE=settle,
-        # blocks of two parts: scales on the decoded weights wherever exact (no second fp32 tile a part and block)
-        SCALE_W=frag_scale_w(tw, x_dtype, block_m if bm2 == 0 else 128) if scale_w is None else scale_w,
+        SCALE_W=frag_scale_w(tw, x_dtype, block_m if bm2 == 0 or block_m < TWO_SCALE_W_ROWS else 128)
+        if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
         HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2,
         num_warps=num_warps,

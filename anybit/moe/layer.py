@@ -288,12 +288,25 @@ def block_stats(tokens: int, top_k: int, experts: int, block_m: int) -> dict:
 SPILL_16_ROWS = 12
 
 
+# "wide" experts' blocks above 16 rows an expert: (most rows an expert, block rows), blocks of two parts (48 = 32 +
+# 16, 80 = 64 + 16, 144 = 128 + 16: `moe_gemm.two_part_why_not`) sized so that most experts fit one block, whose
+# second part runs only where the expert reaches it — instead of power-of-two blocks with ~half the experts spilling
+# into a second block that reads and decodes their weights again. H200 graphs, session 43, gate_up / down µs (power of
+# two -> two parts; Humming in brackets): DeepSeek-V3 M=1024 (32 rows an expert) w4a16 1877 / 1070 -> 1776 / 1015
+# (1635 / 832), NVFP4 2018 / 1176 -> 1993 / 1143 (1981 / 1036); Qwen3-30B-A3B M=1024 (64) w4a16 173 / 111 -> 142 / 90
+# (142 / 83), NVFP4 181 / 114 -> 157 / 95 (154 / 94); DeepSeek-V3 M=4096 (128) w4a16 4842 / 2753 -> 4280 / 2533 (4435
+# / 2261), NVFP4 4955 / 2839 -> 4418 / 2626 (5154 / 2719). At 256 rows an expert (Qwen3-30B-A3B M=4096) 144-row
+# blocks were even (gate_up 3-5 % faster, down 3-4 % slower): 128 stays. The limits between are not measured.
+WIDE_BLOCKS = ((36, 48), (96, 80), (192, 144), (float("inf"), 128))
+
+
 def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     """Grouped-GEMM tile by the average rows per expert: 16-row blocks with deep K tiles when experts
     see a token or two (decode: bandwidth), 32/64/128-row blocks when they see many (prefill: MMA).
     kind (`moe_tile_kind`; H200 numbers, DeepSeek-V3 gate_up / down, tools/moe_bench.py):
-    "wide": 128-row blocks take 256 weight rows per CTA (x read half as often); from 17 rows per
-    expert 64-row blocks (M=1024 w4a16 2175 -> 1977 µs, 1245 -> 1172; half-width tails make them pay).
+    "wide": from 17 rows per expert blocks of two parts by `WIDE_BLOCKS` (48, 80, 144; 64-row blocks before: M=1024
+    w4a16 2175 -> 1977 µs, 1245 -> 1172); blocks of 128 rows and more take 256 weight rows per CTA (x read half as
+    often).
     "a8" (fragment-layout experts under FP8 x): 64-row blocks from 17 rows per expert on (w4a8 M=1024
     1695 -> 1515 µs, 993 -> 881; M=4096 4437 -> 4288, 2977 -> 2569).
     "a8-acc" (e2m1 experts on the FP8 MMA accumulating the whole K): as "a8", and above 96 rows per expert 128-row
@@ -317,13 +330,18 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
         if per_expert <= 96:
             return dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
         return dict(block_m=128 if kind == "fp8" else 64, block_n=256, block_k=128, num_warps=8, num_stages=3)
-    if per_expert <= 48 and kind not in ("wide", "a8", "a8-acc"):
+    if kind == "wide":
+        block_m = next(b for most, b in WIDE_BLOCKS if per_expert <= most)
+        if block_m < 128:
+            return dict(block_m=block_m, block_n=128, block_k=64, num_warps=4, num_stages=4)
+        return dict(block_m=block_m, block_n=256, block_k=64, num_warps=8, num_stages=3)
+    if per_expert <= 48 and kind not in ("a8", "a8-acc"):
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if kind == "a8-acc" and per_expert > 96:
         return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
     if per_expert <= 96 or kind.startswith("a8"):
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
-    return dict(block_m=128, block_n=256 if kind == "wide" else 128, block_k=64, num_warps=8, num_stages=3)
+    return dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
 # The down GEMM's K (the expert's intermediate size) from which its 64-row blocks take 256 weight rows.
@@ -336,7 +354,7 @@ def down_tiles(tiles: dict, kind: str, k: int) -> dict:
     rows an expert, K=2048: down 1117.1 -> 1074.0 µs, Humming 876.2; gate_up, whose silu·up epilogue holds two tiles,
     1906.5 -> 1920.1: keeps 128). Short K keeps 128 (session 32, Qwen3-30B-A3B M=1024, K=768: w4a16 110.9 -> 118.5,
     nvfp4 112.2 -> 128.5: twelve 64-K steps do not cover the 8-warp tile's pipeline fill)."""
-    if kind == "wide" and k >= DOWN_WIDE_MIN_K and tiles["block_m"] == 64 and tiles["block_n"] == 128:
+    if kind == "wide" and k >= DOWN_WIDE_MIN_K and tiles["block_m"] in (48, 64) and tiles["block_n"] == 128:
         return dict(tiles, block_n=256, num_warps=8)
     return tiles
 

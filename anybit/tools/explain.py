@@ -231,6 +231,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     """`anybit explain --moe`: how `QuantMoE` would run one MoE layer here — grouped Triton GEMMs (and
     each projection's tile, split-K, half-width tails, PDL) or the per-expert loop, and why."""
     from anybit.backends.triton_layout import stack_experts
+    from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_layout import frag_block_k
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
     from anybit.kernels.moe_rs import moe_rs_plan
@@ -278,6 +279,10 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         extras = [f"split-K {p['split_k']}"] + [label for key, label in (
             ("tail_half", "half-width tail blocks"), ("pdl", "PDL"), ("maxnreg", f"<= {p.get('maxnreg')} registers"))
             if p.get(key)]  # fmt: skip
+        bm = p["block_m"]
+        if bm & (bm - 1):  # blocks of two parts (`moe_gemm.two_part_why_not`)
+            extras.append("blocks of {} + {} rows (the second part only where an expert reaches it)".format(
+                *two_parts(bm)))  # fmt: skip
         epilogue = "silu(gate)*up" if silu else ("top-k weights" if name == "down" else "separate silu*mul")
         layout = "fragment layout" if tw.frag else ("FP8 as stored" if tw.nk else "bit planes")
         bk = frag_block_k(scheme.weight_bits) if tw.frag else moe_block_k(tw, p["block_k"], scheme.act.quantized)

@@ -352,7 +352,7 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
     assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
-    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == (64 if kind else 32)
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8": 64, "": 32}[kind]
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
@@ -365,6 +365,20 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     big = moe_tiles(4096 * 8, 256, True, kind)
     assert down_tiles(big, kind, 2048) == big
     assert down_tiles(moe_tiles(8, 256, True, kind), kind, 2048)["block_n"] == 128
+
+
+def test_wide_experts_take_blocks_of_two_parts_sized_to_their_rows():
+    """`WIDE_BLOCKS`: 48 = 32 + 16 rows at 32 an expert, 80 = 64 + 16 at 64, 144 = 128 + 16 of 256 weight rows on 8
+    warps at 128, 128 at 256; the launch plan takes no split-K and no half-width tails for them."""
+    from anybit.moe.layer import launch_plan
+
+    got = {pe: moe_tiles(pe * 256, 256, True, "wide") for pe in (32, 64, 128, 256)}
+    assert [got[pe]["block_m"] for pe in (32, 64, 128, 256)] == [48, 80, 144, 128]
+    assert (got[128]["block_n"], got[128]["num_warps"]) == (256, 8) and got[64]["num_warps"] == 4
+    tw = stack_experts(anybit.quantize(torch.randn(4, 64, 256) * 0.05, "w4a16"))
+    plan = launch_plan(tw, 4, 128, got[32], False, torch.device("cpu"))
+    assert plan["split_k"] == 1 and "tail_half" not in plan
+    assert launch_plan(tw, 4, 128, got[256], False, torch.device("cpu"))["tail_half"]
 
 
 def test_e2m1_experts_on_the_fp8_mma_take_128_row_blocks_of_256_weight_rows_from_97_rows_an_expert(monkeypatch):

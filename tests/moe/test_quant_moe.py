@@ -231,10 +231,15 @@ def test_block_stats_against_counting_every_routing():
     assert st == dict(mean=40.0, blocks=3.0, spill=1.0, padding=1 - 40 / 48)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16:int4:g128:fp16", "nvfp4", "w4a8", "w4a8-mxfp4"])
-def test_the_layer_on_the_gpu_tile_near_16_rows_an_expert(interpret, monkeypatch, scheme):
-    """QuantMoE as it runs on a Hopper GPU at 15 rows an expert (`moe_tiles(cuda=True)`: 32-row blocks, half-width
-    halves, silu·up fused into gate_up, the top-k weight into down) under the interpreter, against the exact loop."""
+@pytest.mark.parametrize(
+    "scheme, t, block_m",
+    [("w4a16:int4:g128:fp16", 60, 32), ("nvfp4", 60, 32), ("w4a8", 60, 32), ("w4a8-mxfp4", 60, 32),
+     ("w4a16:int4:g128:fp16", 128, 48), ("mxfp4", 128, 48), ("w4a16:int4:g128:fp16", 256, 80), ("nvfp4", 256, 80)],
+)  # fmt: skip
+def test_the_layer_on_the_gpu_tile(interpret, monkeypatch, scheme, t, block_m):
+    """QuantMoE as it runs on a Hopper GPU (`moe_tiles(cuda=True)`, silu·up fused into gate_up, the top-k weight into
+    down) under the interpreter, against the exact loop: at 15 rows an expert 32-row blocks with half-width halves, at
+    32 and 64 rows (4-bit A16 experts) blocks of two parts, 48 = 32 + 16 and 80 = 64 + 16 (`WIDE_BLOCKS`)."""
     from anybit.kernels import moe_gemm as kernels
     from anybit.moe import layer
 
@@ -243,7 +248,7 @@ def test_the_layer_on_the_gpu_tile_near_16_rows_an_expert(interpret, monkeypatch
     monkeypatch.setattr(layer, "grouped_inputs", _reference_inputs)  # FP8 x: see `_reference_inputs`
     monkeypatch.setattr(kernels, "target_sm", lambda: 90)  # the "wide" kind, as on an H200
     g = torch.Generator().manual_seed(15)
-    e, k, t, h, i = 8, 2, 60, 256, 128
+    e, k, h, i = 8, 2, 256, 128
     gate_up, down = torch.randn(e, 2 * i, h, generator=g) * 0.1, torch.randn(e, h, i, generator=g) * 0.1
     fast = QuantMoE.from_float(gate_up, down, scheme, backend="triton")
     x = torch.randn(t, h, generator=g).half()
@@ -253,7 +258,7 @@ def test_the_layer_on_the_gpu_tile_near_16_rows_an_expert(interpret, monkeypatch
     monkeypatch.setattr(kernels, "moe_gemm", lambda *a, **kw: launched.append(kw["block_m"]) or run(*a, **kw))
     y = fast(x, w, ids)
     assert fast._stacked is not None and fast._stacked[2]  # grouped, silu·up fused
-    assert launched == [32, 32]
+    assert launched == [block_m, block_m]
     # the fused epilogue's intermediate quantized as the grouped path does (`reference` with `act`; see _fp8_grouped)
     act = fast.gate_up.scheme.act
     ref = reference(x, fast.gate_up.dequantize(), fast.down.dequantize(), w, ids, act=act if act.quantized else None)
