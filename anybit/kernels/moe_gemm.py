@@ -631,7 +631,8 @@ def moe_gemm(
     the fragment-layout kernel launches as a programmatic dependent of the kernel before it. scale_w:
     group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
     (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
-    rows)."""
+    rows). block_m: a power of two, or for fragment-layout 4-bit experts under bf16/fp16 x the sum of two (48 =
+    32 + 16, 80 = 64 + 16, 144 = 128 + 16: two MMAs on each decoded K block, `two_part_why_not`)."""
     check_aligned(sorted_ids, expert_ids, block_m)
     n, k = tw.n, tw.k
     if tail_half and split_k > 1:
