@@ -463,12 +463,15 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
                    S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr,
                    GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BM2: tl.constexpr, NW: tl.constexpr,
                    STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-                   SETTLE: tl.constexpr, SCALE_W: tl.constexpr = False):
+                   SETTLE: tl.constexpr, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
+                   xsum_ptr=None, stride_xsum=0):
     """`frag_range` for two token tiles at once, x rows src [BM] and src2 [BM2] (masked rows read 0), of 4-bit codes
-    under bf16/fp16 x (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two; the grouped MoE
-    kernel's blocks of such sizes): each K block's weight rows decoded once (`frag_decode16`), two MMAs into two
-    accumulators. SCALE_W (group scales per whole block, `frag_scale_w`): the scales multiply the decoded weights
-    and both MMAs accumulate in place, no fresh product per block. Natural row order."""
+    (`FRAG_TWO`: 48 = 32 + 16 tokens where Triton's tiles are powers of two; the grouped MoE kernel's blocks of such
+    sizes): each K block's weight rows decoded once, two MMAs into two accumulators. bf16/fp16 x (`frag_decode16`;
+    SCALE_W, group scales per whole block, `frag_scale_w`: the scales multiply the decoded weights and both MMAs
+    accumulate in place, no fresh product per block); e4m3 x on the FP8 MMA as `frag_block_dot` takes it (integer
+    codes less (bias + zero point) times the quantizer's block sums `xsum_ptr`, or each x tile's own; e2m1 by its
+    row-relative table, MMA_ACC accumulating in the MMA, the rows' powers of two the caller's). Natural row order."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     off = code_offset(dtype, 4, W_SIGNED)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
@@ -492,20 +495,50 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
             s_raw = unused
         if ZP != 0:
             z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
-            zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,)).to(dtype)
+            zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
         else:
             zo = None
         k_in = (kt * 128 + offs_k < K)[:, None]
         xt1 = tl.load(x1 + kt * 128, mask=m1 & k_in, other=0.0)
         xt2 = tl.load(x2 + kt * 128, mask=m2 & k_in, other=0.0)
         p = rows_to_mma(tl.load(w_ptrs + kt * (16 * PANEL), mask=mask_n[:, None], other=0), BN, NW, 16)
-        w = frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD,
-                          W_SIGNED, dtype)
-        if SCALE_W and PER_BLOCK:
+        if dtype == tl.float8e4nv and W_FLOAT:  # e2m1 times 2**(r + 6) a group by its table
+            w8 = unpack_e2m1_a8(p, rows_to_mma(s_raw, BN, NW, G), BN, PTX)
+            if MMA_ACC:
+                a1 = tl.dot(w8, xt1, a1)
+                a2 = tl.dot(w8, xt2, a2)
+            else:
+                a1 += tl.dot(w8, xt1)
+                a2 += tl.dot(w8, xt2)
+        elif dtype == tl.float8e4nv:  # sum_k (q_k 2**-9) x_k less (bias + z) * sum_k x_k, as `frag_block_dot`
+            wa8 = unpack_a8(p, BN, MASK)
+            if xsum_ptr is not None:
+                xs1 = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
+                xs2 = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src2, mask_m2, stride_xsum, NW)
+            else:
+                xs1 = tl.sum(xt1.to(tl.float32), axis=0)
+                xs2 = tl.sum(xt2.to(tl.float32), axis=0)
+            if ZP != 0:
+                p1 = tl.dot(wa8, xt1) * 512.0 - zo[:, None] * xs1[None, :]
+                p2 = tl.dot(wa8, xt2) * 512.0 - zo[:, None] * xs2[None, :]
+            else:
+                p1 = tl.dot(wa8, xt1) * 512.0 - off * xs1[None, :]
+                p2 = tl.dot(wa8, xt2) * 512.0 - off * xs2[None, :]
+            if PER_BLOCK:
+                s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+                p1 = p1 * s[:, None]
+                p2 = p2 * s[:, None]
+            a1 += p1
+            a2 += p2
+        elif SCALE_W and PER_BLOCK:
+            w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP,
+                              S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
             w = times_groups(w, rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype), 1, PTX)
             a1 = tl.dot(w, xt1, a1)
             a2 = tl.dot(w, xt2, a2)
         else:
+            w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP,
+                              S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
             p1 = tl.dot(w, xt1)
             p2 = tl.dot(w, xt2)
             if PER_BLOCK:

@@ -300,10 +300,11 @@ def _moe_frag_kernel(
         mid = pid_m * BLOCK_M + (BM1 if BM2 else BLOCK_M // 2)
         short = tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows
         if BM2 > 0 and not short:
-            _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m, num_rows, n_sorted,
-                          N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, TOP_K, SILU_MUL,
-                          MUL_ROUTED, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS,
-                          BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE, SCALE_W)
+            _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, e,
+                          pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
+                          stride_s, MASK, TOP_K, SILU_MUL, MUL_ROUTED, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
+                          GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE,
+                          SCALE_W, HAS_XS, HAS_RS, MMA_ACC)
         elif BM2 > 0:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
@@ -366,16 +367,17 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
 
 
 @triton.jit
-def _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m, num_rows, n_sorted, N, K,
-                  stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK, TOP_K: tl.constexpr,
-                  SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
-                  S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
-                  GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BM1: tl.constexpr, BM2: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
-                  PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SETTLE: tl.constexpr,
-                  SCALE_W: tl.constexpr):
-    """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes under
-    bf16/fp16 x, no split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
+def _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m,
+                  num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
+                  TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
+                  SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
+                  W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BM1: tl.constexpr, BM2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
+                  SETTLE: tl.constexpr, SCALE_W: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr,
+                  MMA_ACC: tl.constexpr):
+    """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes, no
+    split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
     pid_n = tl.program_id(1)
     rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM1)
     rows2, mask_m2, src2 = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM2, BM1)
@@ -386,15 +388,19 @@ def _moe_frag_two(x_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr,
     a1, a2 = frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr + e64 * stride_we, se,
                             z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, 0, tl.cdiv(K, 128), MASK,
                             W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, BLOCK_N, BM1, BM2, NW,
-                            STAGES, PANEL, PTX, FOLD, SETTLE, SCALE_W)
+                            STAGES, PANEL, PTX, FOLD, SETTLE, SCALE_W, MMA_ACC, xsum_ptr, num_rows // TOP_K)
     if GROUP_K >= 1 << 30:  # one scale over all of K
         s = load_scale(se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN)[:, None]
         a1 = a1 * s
         a2 = a2 * s
-    _finish_rows(tl.trans(a1), e, gs_ptr, gs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows, src, mask_m, offs_n, mask_n,
-                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, 1, BM1, BLOCK_N)
-    _finish_rows(tl.trans(a2), e, gs_ptr, gs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows2, src2, mask_m2, offs_n, mask_n,
-                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, False, MUL_ROUTED, SILU_MUL, 1, BM2, BLOCK_N)
+    if HAS_RS:
+        r = tl.load(rs_ptr + e64 * N + offs_n, mask=mask_n, other=0.0)[:, None]
+        a1 = a1 * r
+        a2 = a2 * r
+    _finish_rows(tl.trans(a1), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows, src, mask_m, offs_n, mask_n,
+                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM1, BLOCK_N)
+    _finish_rows(tl.trans(a2), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows2, src2, mask_m2, offs_n, mask_n,
+                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM2, BLOCK_N)
 
 
 @triton.jit
@@ -538,18 +544,17 @@ def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
 TWO_SCALE_W_ROWS = 80
 
 
-def two_part_why_not(tw, block_m: int, fp8_x: bool, split_k: int = 1, tail_half: bool = False) -> str | None:
+def two_part_why_not(tw, block_m: int, split_k: int = 1, tail_half: bool = False) -> str | None:
     """None where `moe_gemm` runs blocks of block_m = a power of two + a smaller one (`frag.two_parts`: 48 = 32 + 16,
-    96 = 64 + 32) as two MMAs on each decoded K block (`frag_range_two`): fragment-layout 4-bit codes under bf16/fp16
-    x, without split-K or tail_half (the first part alone runs the blocks whose second part is padding); else why
-    not, for the caller's error."""
+    80 = 64 + 16) as two MMAs on each decoded K block (`frag_range_two`): fragment-layout 4-bit codes (bf16/fp16 x,
+    or FP8 x on the FP8 MMA or as codes), without split-K or tail_half (the first part alone runs the blocks whose
+    second part is padding); else why not, for the caller's error."""
     try:
         two_parts(block_m)
     except ValueError as ex:
         return str(ex)
-    if not tw.frag or tw.fmt["W_BITS"] != 4 or fp8_x:
-        return (f"blocks of two parts take fragment-layout 4-bit experts under bf16/fp16 x, not {tw.scheme} "
-                f"({'FP8' if fp8_x else 'bf16/fp16'} x); use a power of two")  # fmt: skip
+    if not tw.frag or tw.fmt["W_BITS"] != 4:
+        return f"blocks of two parts take fragment-layout 4-bit experts, not {tw.scheme}; use a power of two"
     if split_k > 1 or tail_half:
         return f"blocks of two parts run without split-K or tail_half, got split_k={split_k}, tail_half={tail_half}"
     return None
@@ -638,7 +643,7 @@ def moe_gemm(
     if tail_half and split_k > 1:
         raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")
     if block_m & (block_m - 1):
-        two_why = two_part_why_not(tw, block_m, x_scales is not None, split_k, tail_half)
+        two_why = two_part_why_not(tw, block_m, split_k, tail_half)
         if two_why:
             raise ValueError(f"block_m={block_m}: {two_why}")
     if silu_mul and (n % 2 or block_n % 2):

@@ -289,11 +289,42 @@ def test_blocks_of_two_parts(interpret, scheme, block_m, counts):
         moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, out=y2,
                  block_n=256, num_warps=8)  # fmt: skip
         assert rel_err(y2[valid], ref[valid]) < GEMM_REL_ERR[torch.float16]
-    assert two_part_why_not(stack_experts(anybit.quantize(torch.randn(2, 64, 256), "w8a16")), 48, False)
-    assert "power of two" in two_part_why_not(tw, 40, False)
+    assert two_part_why_not(stack_experts(anybit.quantize(torch.randn(2, 64, 256), "w8a16")), 48)
+    assert "power of two" in two_part_why_not(tw, 40)
     with pytest.raises(ValueError, match="split-K"):
         moe_gemm(x, tw, *moe_align(ids, e, block_m), block_m=block_m, num_rows=t * k, top_k=k, split_k=2,
                  workspace=torch.empty(1 << 20), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", ["w4a8", "w4a8-mxfp4", "w4a8-nvfp4"])
+@pytest.mark.parametrize("block_m, counts", [(48, (9, 32, 40, 60)), (80, (20, 64, 72, 100))])
+def test_blocks_of_two_parts_with_fp8_activations(interpret, scheme, block_m, counts):
+    """Blocks of two parts under FP8 x: W4A8 on the FP8 MMA (the zero-point term from the quantizer's block sums),
+    W4A8-MXFP4 accumulating in the FP8 MMA (row scales after the loop), W4A8-NVFP4 as codes in fp16 — against per-slot
+    products of the kernel's own quantized x, silu·up fused, unwritten rows poisoned."""
+    from anybit.moe.layer import grouped_inputs
+    from anybit.quant.activations import dequantize_activation
+
+    g = torch.Generator().manual_seed(block_m + 1)
+    e, n, kk = 4, 160, 384
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
+    t = len(ids)
+    xin = grouped_inputs(torch.randn(t, kk, generator=g).half(), tw)
+    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double()
+    w = qw.dequantize().double()
+    ref = torch.stack([xd[r] @ w[int(ids[r, 0])].T for r in range(t)])
+    y = torch.full((t, n), float("nan"), dtype=torch.float16)
+    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, block_m))[0], expert_ids=a[1], total=a[2], block_m=block_m,
+             num_rows=t, top_k=1, out=y, block_n=128, **xin)  # fmt: skip
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+    h = torch.full((t, n // 2), float("nan"), dtype=torch.float16)
+    moe_gemm(tw=tw, sorted_ids=a[0], expert_ids=a[1], total=a[2], block_m=block_m, num_rows=t, top_k=1, out=h,
+             silu_mul=True, block_n=128, **xin)  # fmt: skip
+    gate, up = ref[:, 0::2], ref[:, 1::2]
+    assert rel_err(h, gate * torch.sigmoid(gate) * up) < GEMM_REL_ERR[torch.float16]
 
 
 def test_grouped_gemm_w4a8_fragment_layout(interpret):

@@ -213,3 +213,27 @@ def test_blocks_of_two_parts_in_bf16(monkeypatch, scheme, block_m):
     assert torch.equal(y1, y2)
     ref = reference(x.cpu(), moe.gate_up.dequantize().cpu(), moe.down.dequantize().cpu(), w.cpu(), ids.cpu())
     assert rel_err(y1.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("scheme", ["w4a8", "w4a8-mxfp4", "w4a8-nvfp4"])
+@pytest.mark.parametrize("block_m", [48, 80])
+def test_blocks_of_two_parts_with_fp8_activations(monkeypatch, scheme, block_m):
+    """The layer on blocks of two parts under FP8 x (W4A8 on the FP8 MMA with the quantizer's block sums, W4A8-MXFP4
+    accumulating in it, W4A8-NVFP4 as codes) at ~block_m / 1.5 rows an expert, against the exact per-expert loop on
+    the same quantized activations' scheme, and bit-stable."""
+    from anybit.moe import layer
+
+    tiles = layer.moe_tiles
+    monkeypatch.setattr(layer, "moe_tiles", lambda *a, **kw: tiles(*a, **kw) | dict(block_m=block_m))
+    g = torch.Generator(device="cuda").manual_seed(block_m + 3)
+    e, k, h, i = 16, 4, 1024, 512
+    t = block_m * e * 2 // (3 * k)
+    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
+                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
+    y1, y2 = moe(x, w, ids), moe(x, w, ids)
+    assert torch.equal(y1, y2)
+    exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
+    exact.backend = "torch"
+    assert rel_err(y1, exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.bfloat16]
