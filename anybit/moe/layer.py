@@ -299,6 +299,13 @@ SPILL_16_ROWS = 12
 # blocks were even (gate_up 3-5 % faster, down 3-4 % slower): 128 stays. The limits between are not measured.
 WIDE_BLOCKS = ((36, 48), (96, 80), (192, 144), (float("inf"), 128))
 
+# "a8-acc" experts (e2m1 on the FP8 MMA accumulating the whole K) from this many rows an expert up to 96: 80-row blocks
+# of two parts. H200 graphs, session 43, W4A8-MXFP4 gate_up / down µs, 64 -> 80: Qwen3-30B-A3B M=1024 (64 rows an
+# expert) 127.8 / 86.3 -> 104.4 / 73.0; at 32 rows (DeepSeek-V3 M=1024) 48- and 80-row blocks were even or slower
+# (1403 / 830 -> 1485 / 766 and 1504 / 866), so 64 stays there. W4A8's integer experts ("a8") keep 64: their per-block
+# fp32 product spills at 80 rows (sm_90a 120 bytes) and 48-row blocks ran slower (Qwen3 M=1024 130 / 86 -> 159 / 110).
+A8_ACC_TWO_MIN_ROWS = 36
+
 
 def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     """Grouped-GEMM tile by the average rows per expert: 16-row blocks with deep K tiles when experts
@@ -309,7 +316,8 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     often).
     "a8" (fragment-layout experts under FP8 x): 64-row blocks from 17 rows per expert on (w4a8 M=1024
     1695 -> 1515 µs, 993 -> 881; M=4096 4437 -> 4288, 2977 -> 2569).
-    "a8-acc" (e2m1 experts on the FP8 MMA accumulating the whole K): as "a8", and above 96 rows per expert 128-row
+    "a8-acc" (e2m1 experts on the FP8 MMA accumulating the whole K): as "a8", from `A8_ACC_TWO_MIN_ROWS` to 96 rows
+    an expert 80-row blocks of two parts (Qwen3-30B-A3B M=1024 128 / 86 -> 104 / 73 µs), above 96 128-row
     blocks of 256 weight rows (one accumulator: 8 warps fit; M=4096 gate_up / down 3719 -> 3154 µs, 2366 -> 1923,
     Qwen3-30B-A3B 395 -> 336, 272 -> 236; at 32-64 rows per expert 64-row blocks stay faster, 1388 vs 1564).
     "fp8" / "fp8-block" (FP8 experts read as stored, x per token / per 128 columns): 128-deep K tiles
@@ -339,6 +347,8 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if kind == "a8-acc" and per_expert > 96:
         return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+    if kind == "a8-acc" and per_expert > A8_ACC_TWO_MIN_ROWS:
+        return dict(block_m=80, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if per_expert <= 96 or kind.startswith("a8"):
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
     return dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)

@@ -423,6 +423,7 @@ def test_e2m1_experts_on_the_fp8_mma_take_128_row_blocks_of_256_weight_rows_from
     assert tw.e2m1_a8 and kernels.moe_tile_kind(tw, torch.bfloat16) == "a8-acc"
     big, mid = moe_tiles(4096 * 8, 256, True, "a8-acc"), moe_tiles(1024 * 8, 256, True, "a8-acc")
     assert (big["block_m"], big["block_n"], big["num_warps"]) == (128, 256, 8) and mid["block_m"] == 64
+    assert moe_tiles(2048 * 8, 256, True, "a8-acc")["block_m"] == 80  # 64 rows an expert: blocks of 64 + 16
     monkeypatch.setattr(frag, "A8_MMA_ACC", False)
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == "a8"
 

@@ -234,12 +234,14 @@ def test_block_stats_against_counting_every_routing():
 @pytest.mark.parametrize(
     "scheme, t, block_m",
     [("w4a16:int4:g128:fp16", 60, 32), ("nvfp4", 60, 32), ("w4a8", 60, 32), ("w4a8-mxfp4", 60, 32),
-     ("w4a16:int4:g128:fp16", 128, 48), ("mxfp4", 128, 48), ("w4a16:int4:g128:fp16", 256, 80), ("nvfp4", 256, 80)],
+     ("w4a16:int4:g128:fp16", 128, 48), ("mxfp4", 128, 48), ("w4a16:int4:g128:fp16", 256, 80), ("nvfp4", 256, 80),
+     ("w4a8-mxfp4", 256, 80)],
 )  # fmt: skip
 def test_the_layer_on_the_gpu_tile(interpret, monkeypatch, scheme, t, block_m):
     """QuantMoE as it runs on a Hopper GPU (`moe_tiles(cuda=True)`, silu·up fused into gate_up, the top-k weight into
     down) under the interpreter, against the exact loop: at 15 rows an expert 32-row blocks with half-width halves, at
-    32 and 64 rows (4-bit A16 experts) blocks of two parts, 48 = 32 + 16 and 80 = 64 + 16 (`WIDE_BLOCKS`)."""
+    32 and 64 rows (4-bit A16 experts) blocks of two parts, 48 = 32 + 16 and 80 = 64 + 16 (`WIDE_BLOCKS`), and 80 at
+    64 rows for W4A8-MXFP4 (`A8_ACC_TWO_MIN_ROWS`)."""
     from anybit.kernels import moe_gemm as kernels
     from anybit.moe import layer
 
