@@ -263,11 +263,12 @@ def grouped_inputs(x: torch.Tensor, tw, pdl: bool = False) -> dict:
     return dict(x=xq, x_scales=xs, x_group=group, x_sums=sums[0] if sums else None)
 
 
-def block_stats(tokens: int, top_k: int, experts: int, block_m: int) -> dict:
+def block_stats(tokens: int, top_k: int, experts: int, block_m: int, short: int = 0) -> dict:
     """What `block_m`-row blocks cost a layer whose tokens pick top_k of `experts` uniformly (each expert's rows
     ~ Binomial(tokens, top_k / experts)): the mean rows an expert, the blocks an expert (each reads and decodes the
-    expert's weights), the share of experts that spill past one block, and the share of launched rows that are
-    padding — why `moe_tiles` picks the block it does (`anybit explain --moe`)."""
+    expert's weights), the share of experts that spill past one block, and the share of the MMA's rows that are
+    padding — why `moe_tiles` picks the block it does (`anybit explain --moe`). short: the rows an expert's last
+    block runs when it holds no more (a block of two parts: its first; `tail_half`: half), else whole blocks."""
     p = min(1.0, top_k / experts)
     mean = tokens * p
     n = torch.arange(tokens + 1, dtype=torch.float64)
@@ -275,9 +276,12 @@ def block_stats(tokens: int, top_k: int, experts: int, block_m: int) -> dict:
         pmf = (n == tokens).double()
     else:
         pmf = torch.distributions.Binomial(tokens, probs=torch.tensor(p, dtype=torch.float64)).log_prob(n).exp()
-    blocks = float((pmf * torch.ceil(n / block_m)).sum())
+    full = torch.ceil(n / block_m)
+    blocks = float((pmf * full).sum())
     spill = float(pmf[n > block_m].sum())
-    launched = blocks * block_m
+    last = n - (full - 1) * block_m  # rows of an expert's last block (0 < last <= block_m where it has rows)
+    width = torch.where((last <= short) & (n > 0), short, block_m) if short else torch.full_like(n, block_m)
+    launched = float((pmf * ((full - 1).clamp(min=0) * block_m + torch.where(n > 0, width, 0))).sum())
     return dict(mean=mean, blocks=blocks, spill=spill, padding=1.0 - mean / launched if launched else 0.0)
 
 

@@ -292,11 +292,13 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"epilogue {epilogue}"
         )
     lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
-    st = block_stats(tokens, top_k, experts, tiles["block_m"])
+    bm = tiles["block_m"]
+    short = two_parts(bm)[0] if bm & (bm - 1) else (bm // 2 if p.get("tail_half") else 0)  # the down GEMM's plan
+    st = block_stats(tokens, top_k, experts, bm, short)
     lines.append(
         f"  blocks: rows an expert ~ Binomial({tokens}, {top_k}/{experts}), mean {st['mean']:.1f}; "
         f"{tiles['block_m']}-row blocks: {st['blocks']:.2f} an expert (each reads its weights), "
-        f"{100 * st['spill']:.0f} % of experts spill past one, {100 * st['padding']:.0f} % of launched rows padding"
+        f"{100 * st['spill']:.0f} % of experts spill past one, {100 * st['padding']:.0f} % of the MMA's rows padding"
     )
     return lines + [f"  register-operand grouped kernel (moe_rs) not used: {rs_why}",
                     f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]  # fmt: skip

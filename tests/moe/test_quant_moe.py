@@ -229,6 +229,11 @@ def test_block_stats_against_counting_every_routing():
         assert math.isclose(st["padding"], 1 - 3 / (blocks * block_m), abs_tol=1e-12)
     st = block_stats(40, 4, 4, 16)
     assert st == dict(mean=40.0, blocks=3.0, spill=1.0, padding=1 - 40 / 48)
+    # a short last block runs `short` rows: 40 rows in 16-row blocks end in 8 (a half-width block)
+    assert block_stats(40, 4, 4, 16, short=8)["padding"] == 1 - 40 / 40
+    assert block_stats(33, 4, 4, 48, short=32)["padding"] == 1 - 33 / 48  # 33 rows: both parts of a 48-row block
+    picks = list(itertools.product((0, 1), repeat=6))  # 48 = 32 + 16 on 0-6 rows: always the first part
+    assert math.isclose(block_stats(6, 1, 2, 48, short=32)["padding"], 1 - 3 / (32 * (1 - 1 / len(picks))))
 
 
 @pytest.mark.parametrize(
