@@ -44,7 +44,7 @@ def test_align_matches_the_contract(e, k, t, impl):
     ids[ids == 1] = 3 % e  # expert 1 receives nothing (and 3 twice as much)
     if t > 1:
         ids[0, 0] = -1  # a dropped slot
-    for block_m in (1, 16, 64):
+    for block_m in (1, 16, 48, 64, 80):  # 48, 80: blocks of two parts (`moe_gemm.two_part_why_not`)
         sorted_ids, expert_ids, total = moe_align(ids, e, block_m, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, e, block_m)
         assert int(total) == r_total
@@ -98,7 +98,7 @@ def test_align_many_chunks_and_experts(impl):
     """8000 entries over 256 experts: the Triton kernels' chunk loops run more than once."""
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(-1, 256, (1000, 8), generator=g).int()
-    for block_m in (16, 128):
+    for block_m in (16, 128, 144):
         sorted_ids, expert_ids, total = moe_align(ids, 256, block_m, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, 256, block_m)
         assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
@@ -116,7 +116,7 @@ def test_align_decode_sizes_with_many_experts(impl, t, mapped):
         emap = torch.full((256,), -1, dtype=torch.int32)
         emap[128:] = torch.arange(128, dtype=torch.int32)
     e = 128 if mapped else 256
-    for block_m in (16, 64):
+    for block_m in (16, 48, 64):
         sorted_ids, expert_ids, total = moe_align(ids, e, block_m, expert_map=emap, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, e, block_m, expert_map=emap)
         assert int(total) == r_total and sorted_ids.tolist() == r_ids and expert_ids.tolist() == r_blocks
