@@ -285,11 +285,11 @@ def _moe_frag_kernel(
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
     as a programmatic dependent, it waits for the kernel before it ahead of any read. TAIL_HALF: a block
     whose second half is padding (an expert's last, short block) runs its MMA on the first half only
-    (without split-K: the split workspace is laid out by whole blocks). BM2 > 0 (no split-K; 4-bit codes under
-    bf16/fp16 x): BLOCK_M is a power of two and BM2 (48 = 32 + 16, 96 = 64 + 32), two MMAs on each decoded K block
-    (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's rows carry per-token
-    scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each expert's rows' powers
-    of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
+    (without split-K: the split workspace is laid out by whole blocks). BM2 > 0 (no split-K; 4-bit codes,
+    `two_part_why_not`): BLOCK_M is a power of two and BM2 (48 = 32 + 16, 80 = 64 + 16, 144 = 128 + 16), two MMAs on
+    each decoded K block (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's
+    rows carry per-token scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each
+    expert's rows' powers of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
