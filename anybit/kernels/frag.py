@@ -488,6 +488,9 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
     unused = tl.zeros((BN, G), dtype=tl.int8)
     a1 = tl.zeros((BN, BM), dtype=tl.float32)
     a2 = tl.zeros((BN, BM2), dtype=tl.float32)
+    fp8: tl.constexpr = dtype == tl.float8e4nv
+    # whether each block makes fresh products added in fp32 (else the MMAs accumulate in place)
+    FRESH: tl.constexpr = not ((fp8 and W_FLOAT and MMA_ACC) or (not fp8 and SCALE_W and PER_BLOCK))
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
         if HAS_S:
             s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
@@ -508,8 +511,8 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
                 a1 = tl.dot(w8, xt1, a1)
                 a2 = tl.dot(w8, xt2, a2)
             else:
-                a1 += tl.dot(w8, xt1)
-                a2 += tl.dot(w8, xt2)
+                p1 = tl.dot(w8, xt1)
+                p2 = tl.dot(w8, xt2)
         elif dtype == tl.float8e4nv:  # sum_k (q_k 2**-9) x_k less (bias + z) * sum_k x_k, as `frag_block_dot`
             wa8 = unpack_a8(p, BN, MASK)
             if xsum_ptr is not None:
@@ -518,29 +521,21 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
             else:
                 xs1 = tl.sum(xt1.to(tl.float32), axis=0)
                 xs2 = tl.sum(xt2.to(tl.float32), axis=0)
-            if ZP != 0:
-                p1 = tl.dot(wa8, xt1) * 512.0 - zo[:, None] * xs1[None, :]
-                p2 = tl.dot(wa8, xt2) * 512.0 - zo[:, None] * xs2[None, :]
-            else:
-                p1 = tl.dot(wa8, xt1) * 512.0 - off * xs1[None, :]
-                p2 = tl.dot(wa8, xt2) * 512.0 - off * xs2[None, :]
-            if PER_BLOCK:
-                s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
-                p1 = p1 * s[:, None]
-                p2 = p2 * s[:, None]
-            a1 += p1
-            a2 += p2
-        elif SCALE_W and PER_BLOCK:
-            w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP,
-                              S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
-            w = times_groups(w, rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype), 1, PTX)
-            a1 = tl.dot(w, xt1, a1)
-            a2 = tl.dot(w, xt2, a2)
+            bias = zo[:, None] if ZP != 0 else off
+            p1 = tl.dot(wa8, xt1) * 512.0 - bias * xs1[None, :]
+            p2 = tl.dot(wa8, xt2) * 512.0 - bias * xs2[None, :]
         else:
             w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP,
                               S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
-            p1 = tl.dot(w, xt1)
-            p2 = tl.dot(w, xt2)
+            if SCALE_W and PER_BLOCK:
+                w = times_groups(w, rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype), 1,
+                                 PTX)  # fmt: skip
+                a1 = tl.dot(w, xt1, a1)
+                a2 = tl.dot(w, xt2, a2)
+            else:
+                p1 = tl.dot(w, xt1)
+                p2 = tl.dot(w, xt2)
+        if FRESH:  # the block's own products, its group scales applied (as `frag_block_dot`), added in fp32
             if PER_BLOCK:
                 s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
                 p1 = p1 * s[:, None]

@@ -193,23 +193,29 @@ def test_two_blocks_an_iteration_give_the_same_bits_grouped_in_bf16(monkeypatch,
     assert torch.equal(one, two)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-zp", "nvfp4", "mxfp4"])
-@pytest.mark.parametrize("block_m", [48, 96])
-def test_blocks_of_two_parts_in_bf16(monkeypatch, scheme, block_m):
-    """The layer on blocks of two parts (48 = 32 + 16, 96 = 64 + 32: two MMAs on each decoded K block, or the first
-    part alone) at ~block_m / 1.5 rows an expert, against the exact loop, and bit-stable."""
+def _two_part_layer(monkeypatch, scheme: str, block_m: int, seed: int):
+    """A layer forced onto blocks of block_m rows (`moe_tiles`' other keys kept) at ~block_m / 1.5 rows an expert,
+    run twice: (layer, x, weights, ids, the two outputs)."""
     from anybit.moe import layer
 
     tiles = layer.moe_tiles
     monkeypatch.setattr(layer, "moe_tiles", lambda *a, **kw: tiles(*a, **kw) | dict(block_m=block_m))
-    g = torch.Generator(device="cuda").manual_seed(block_m)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     e, k, h, i = 16, 4, 1024, 512
     t = block_m * e * 2 // (3 * k)
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
                               torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
     w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
-    y1, y2 = moe(x, w, ids), moe(x, w, ids)
+    return moe, x, w, ids, moe(x, w, ids), moe(x, w, ids)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-zp", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("block_m", [48, 96])
+def test_blocks_of_two_parts_in_bf16(monkeypatch, scheme, block_m):
+    """The layer on blocks of two parts (48 = 32 + 16, 96 = 64 + 32: two MMAs on each decoded K block, or the first
+    part alone) at ~block_m / 1.5 rows an expert, against the exact loop, and bit-stable."""
+    moe, x, w, ids, y1, y2 = _two_part_layer(monkeypatch, scheme, block_m, block_m)
     assert torch.equal(y1, y2)
     ref = reference(x.cpu(), moe.gate_up.dequantize().cpu(), moe.down.dequantize().cpu(), w.cpu(), ids.cpu())
     assert rel_err(y1.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]
@@ -221,18 +227,7 @@ def test_blocks_of_two_parts_with_fp8_activations(monkeypatch, scheme, block_m):
     """The layer on blocks of two parts under FP8 x (W4A8 on the FP8 MMA with the quantizer's block sums, W4A8-MXFP4
     accumulating in it, W4A8-NVFP4 as codes) at ~block_m / 1.5 rows an expert, against the exact per-expert loop on
     the same quantized activations' scheme, and bit-stable."""
-    from anybit.moe import layer
-
-    tiles = layer.moe_tiles
-    monkeypatch.setattr(layer, "moe_tiles", lambda *a, **kw: tiles(*a, **kw) | dict(block_m=block_m))
-    g = torch.Generator(device="cuda").manual_seed(block_m + 3)
-    e, k, h, i = 16, 4, 1024, 512
-    t = block_m * e * 2 // (3 * k)
-    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
-                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
-    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
-    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
-    y1, y2 = moe(x, w, ids), moe(x, w, ids)
+    moe, x, w, ids, y1, y2 = _two_part_layer(monkeypatch, scheme, block_m, block_m + 3)
     assert torch.equal(y1, y2)
     exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
     exact.backend = "torch"
