@@ -127,13 +127,27 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     def align(ids):
         return lambda: moe_align(ids, e, tiles["block_m"])
 
-    def layer(w, ids):
-        return lambda: moe(x, w, ids)
+    def layer(w, ids, slot_tokens=None):
+        def run():
+            keep = moe.slot_max_tokens
+            moe.slot_max_tokens = keep if slot_tokens is None else slot_tokens
+            try:
+                return moe(x, w, ids)
+            finally:
+                moe.slot_max_tokens = keep
 
-    return out | {
-        "align": [align(ids) for _, ids in routes],
-        "layer": [layer(w, ids) for w, ids in routes],
-    }
+        return run
+
+    out |= {"align": [align(ids) for _, ids in routes], "layer": [layer(w, ids) for w, ids in routes]}
+    if m <= moe.slot_max_tokens:  # the layer without its one-token form, for comparison
+        out["layer@aligned"] = [layer(w, ids, 0) for w, ids in routes]
+    elif m <= SLOT_TRY_TOKENS:  # the one-token form forced where more tokens share experts
+        out["layer@slots"] = [layer(w, ids, m) for w, ids in routes]
+    return out
+
+
+# Up to how many tokens `layer@slots` times the layer's one-token form (`QuantMoE.slot_max_tokens`) beside its plan.
+SLOT_TRY_TOKENS = 16
 
 
 def _rw(w: torch.Tensor) -> torch.Tensor:
@@ -333,7 +347,7 @@ def run(args) -> list[dict]:
                         row |= cell(name, us, r, 2 * i, h, touched * per_expert["gate_up"], m * h * 2, r * i * 2)
                     elif name.startswith("down") or name == "humming:down":
                         row |= cell(name, us, r, h, i, touched * per_expert["down"], r * i * 2, r * h * 2)
-                    elif name in ("layer", "humming:layer"):
+                    elif name.split("@")[0] in ("layer", "humming:layer"):
                         wb = touched * (per_expert["gate_up"] + per_expert["down"])
                         row |= cell(name, us, r, 3 * i, h, wb, m * h * 2, m * h * 2)
                     else:

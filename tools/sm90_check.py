@@ -171,10 +171,10 @@ def check(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None
 
 def check_moe(
     fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None, maxnreg: int | None = None,
-    pdl: bool = False, tiles: dict | None = None,
+    pdl: bool = False, tiles: dict | None = None, slots: bool = False,
 ) -> str:  # fmt: skip
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert (`tiles`:
-    overrides of it)."""
+    overrides of it); slots: its one-token form (`moe_gemm(sorted_ids=None)`, the down GEMM's top-k sum)."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm, moe_tile_kind
     from anybit.moe.align import moe_align
@@ -195,8 +195,14 @@ def check_moe(
         group = tw.scheme.act.group if tw.scheme.act.mode.name == "GROUP" else 0
         extra = dict(x_scales=xs, x_group=group, out_dtype=torch.bfloat16, x_sums=sums[0] if sums else None)
     _compiled.clear()
-    moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
-             maxnreg=maxnreg, pdl=pdl and tw.frag, **extra)  # fmt: skip
+    if slots:  # x's rows stand in for the down GEMM's slots
+        ws, cnt = torch.empty(t * top_k * tiles["block_m"] * n), torch.zeros(t * n, dtype=torch.int32)
+        moe_gemm(x, tw, None, ids.reshape(-1)[:t], None, num_rows=t, top_k=1, sum_slots=top_k, workspace=ws,
+                 counters=cnt, routed_weights=torch.ones(t), **tiles, maxnreg=maxnreg, pdl=pdl and tw.frag,
+                 **extra)  # fmt: skip
+    else:
+        moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
+                 maxnreg=maxnreg, pdl=pdl and tw.frag, **extra)  # fmt: skip
     bits = tw.fmt["W_BITS"]
     block_k = frag_block_k(bits) if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
     block_n = moe_block_n(tw, tiles["block_n"], tiles["num_warps"])
@@ -329,6 +335,7 @@ def main() -> int:
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
+    ap.add_argument("--slots", action="store_true", help="with --moe: the one-token form (slot blocks, top-k sum)")
     ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs; --moe: moe_rs)")
@@ -360,6 +367,7 @@ def main() -> int:
             maxnreg=args.maxnreg,
             pdl=args.pdl,
             tiles=tiles,
+            slots=args.slots,
         )
         if args.moe
         else functools.partial(check, pdl=args.pdl, tiles=tiles, dtype=dtype)

@@ -19,6 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
+from anybit.errors import AnybitError
 from anybit.kernels import frag as frag_switches
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, next_pow2, plane_args
 from anybit.kernels.frag import (
@@ -44,12 +45,28 @@ from anybit.kernels.launch import Launcher
 # fmt: off
 @triton.jit
 def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                ROWS: tl.constexpr = 0, FIRST: tl.constexpr = 0):
+                ROWS: tl.constexpr = 0, FIRST: tl.constexpr = 0, SLOTS: tl.constexpr = False):
     """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads: all
-    BLOCK_M of them, or ROWS from its row FIRST on."""
-    pos = pid_m * BLOCK_M + FIRST + tl.arange(0, ROWS if ROWS else BLOCK_M)
-    rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
-    return rows, rows < num_rows, rows // TOP_K
+    BLOCK_M of them, or ROWS from its row FIRST on. SLOTS: a block is flat slot pid_m alone, on its first row."""
+    lane = tl.arange(0, ROWS if ROWS else BLOCK_M)
+    if SLOTS:
+        rows = pid_m + lane * 0
+        valid = lane == 0
+    else:
+        pos = pid_m * BLOCK_M + FIRST + lane
+        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
+        valid = rows < num_rows
+    return rows, valid, rows // TOP_K
+
+
+@triton.jit
+def _check_expert(e, E, CHECK: tl.constexpr):
+    """A slot's expert id >= E (`moe_gemm(sorted_ids=None)` reads the top-k ids as given) stops the kernel, and with
+    it the CUDA context, as a device-side assert does: a `trap` (CUDA reports an unspecified launch failure). Not a
+    printed message: a printf call in the kernel cost the K loop 7 % more instructions (sm_90a, w4a16)."""
+    if CHECK:
+        tl.inline_asm_elementwise("{ .reg .pred bad; setp.ge.s64 bad, $1, $2; @bad trap; mov.b32 $0, 0; }", "=r,l,l",
+                                  [e.to(tl.int64), E.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -63,14 +80,19 @@ def _moe_gemm_kernel(
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False, X_GROUP: tl.constexpr = 0,
-    TAIL_HALF: tl.constexpr = False,
+    TAIL_HALF: tl.constexpr = False, E=1, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
+    CHECK_E: tl.constexpr = False,
 ):
     """The grouped GEMM for bit-plane experts (and FP8 experts read as stored, `W_NK`): each block of rows
     against its expert's weight tile, decoded in registers. TAIL_HALF (no split-K): a block whose second
-    half is padding (an expert's last, short block) runs on its first half only."""
+    half is padding (an expert's last, short block) runs on its first half only. SLOTS: no alignment, block
+    pid_m is flat slot pid_m and expert_ptr the top-k ids (E experts; ids >= E stop the kernel with CHECK_E, else
+    are skipped as -1 is);
+    SUM_SLOTS: y's rows are tokens, each the sum of its SUM_SLOTS slots (`_sum_partials`)."""
     pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
-    if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
+    if _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
+                   BLOCK_N, CHECK_E):  # fmt: skip
         mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
         if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
             _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
@@ -85,7 +107,7 @@ def _moe_gemm_kernel(
                             stride_p1, stride_p2, stride_se, stride_s, stride_xs, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED,
                             FP8_X, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN, SCALE_KIND, S_EXP, S_MAN, ZP,
                             GROUP_K, GROUP_N, SCALE_AT, HAS_GS, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, W_NK,
-                            X_GROUP)
+                            X_GROUP, SLOTS, SUM_SLOTS)
 
 
 @triton.jit
@@ -98,12 +120,13 @@ def _moe_plane_rows(
     S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr, X_GROUP: tl.constexpr,
+    SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
 ):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight tile of this
     program's N tile and K split; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS)
+    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     cols_n = offs_n // GROUP_N
@@ -124,7 +147,7 @@ def _moe_plane_rows(
         acc = acc * s[None, :]
     _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
                  pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
-                 ROWS, BLOCK_N)
+                 ROWS, BLOCK_N, SUM_SLOTS)
 
 
 @triton.jit
@@ -238,10 +261,12 @@ def _plane_loop(x_ptr, p0, p1, p2, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, 
 @triton.jit
 def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
                  pid_n, pid_k, N, stride_ym, HAS_GS: tl.constexpr, FP8_X: tl.constexpr, MUL_ROUTED: tl.constexpr,
-                 SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SUM_SLOTS: tl.constexpr = 0):
     """The grouped kernels' epilogue for an fp32 [BLOCK_M, BLOCK_N] tile with weight scales applied:
     global scale, per-token x scales, top-k weights, then store (silu(gate) * up when SILU_MUL), or
-    with SPLIT_K the partial to the workspace and the last split to arrive sums, stores, re-arms."""
+    with SPLIT_K the partial to the workspace and the last split to arrive sums, stores, re-arms;
+    SUM_SLOTS: `_sum_partials`."""
     if HAS_GS:
         acc = acc * tl.load(gs_ptr + e)
     if FP8_X:  # each x row's per-token scale (x rows: tokens for gate_up, flat slots for down)
@@ -249,23 +274,70 @@ def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, s
     if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
         acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
     # every scaling above is linear, so splits may apply it to their partials; silu waits for the sum
-    if SPLIT_K == 1:
+    if SPLIT_K == 1 and SUM_SLOTS == 0:
         _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
     else:
-        grid_rows = tl.num_programs(0) * BLOCK_M
-        local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
-        mask = mask_m[:, None] & mask_n[None, :]
-        tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(1) + pid_n
-        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the last split sums
-            total = tl.zeros_like(acc)
+        _sum_partials(acc, y_ptr, ws_ptr, cnt_ptr, rows, mask_m, offs_n, mask_n, pid_m, pid_n, pid_k, N, stride_ym,
+                      SILU_MUL, SUM_SLOTS, SPLIT_K, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _sum_partials(acc, y_ptr, ws_ptr, cnt_ptr, rows, mask_m, offs_n, mask_n, pid_m, pid_n, pid_k, N, stride_ym,
+                  SILU_MUL: tl.constexpr, SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """The tile's partial (its K split's; SUM_SLOTS: its slot's, slot blocks holding row pid_m on their first row) to
+    the workspace; the last of the output tile's partials to arrive (SPLIT_K, times SUM_SLOTS: every slot of the
+    token) sums them in a fixed order (the same bits every launch), stores y (SUM_SLOTS: the token's row — the top-k
+    sum without a launch of its own) and re-arms the tile's counter for the next launch (graph replay)."""
+    BLOCKS: tl.constexpr = SUM_SLOTS if SUM_SLOTS else 1  # the blocks summed into one output tile
+    grid_rows = tl.num_programs(0) * BLOCK_M
+    local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
+    tl.debug_barrier()
+    owner = pid_m // BLOCKS  # the output tile's (token's) first block is owner * BLOCKS
+    tile = owner * tl.num_programs(1) + pid_n
+    if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == BLOCKS * SPLIT_K - 1:
+        first = ws_tile + (owner * BLOCKS - pid_m) * BLOCK_M * N
+        total = tl.zeros_like(acc)
+        for j in range(BLOCKS):
             for i in range(SPLIT_K):
-                total += tl.load(ws_tile + i * grid_rows * N, mask=mask, other=0.0, cache_modifier=".cg")
-            _store_rows(total, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M,
-                        BLOCK_N)
-            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-armed for the next launch (graph replay)
+                total += tl.load(first + (j * BLOCK_M + i * grid_rows) * N, mask=mask, other=0.0, cache_modifier=".cg")
+        out_rows = rows // SUM_SLOTS if SUM_SLOTS else rows
+        _store_rows(total, y_ptr, out_rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
+        tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+@triton.jit
+def _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS: tl.constexpr,
+                SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CHECK_E: tl.constexpr):
+    """Whether block pid_m (expert e) runs its GEMM: aligned, a block within the padded total of an expert on this
+    rank; a slot block (n_sorted = 0: the kernel's loads of sorted ids are masked off), an expert in [0, E) — one that
+    is not still adds its zeros to its token's sum (SUM_SLOTS)."""
+    if SLOTS:
+        _check_expert(e, E, CHECK_E)
+        if SUM_SLOTS:
+            if (e < 0) | (e >= E):
+                _dropped_slot(y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SUM_SLOTS, SPLIT_K, BLOCK_M, BLOCK_N)
+        live = (e >= 0) & (e < E)
+    else:
+        live = pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0
+    return live
+
+
+@triton.jit
+def _dropped_slot(y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A slot of no expert (id -1, or >= E unchecked) adds zeros to its token's sum (`_sum_partials` counts every
+    slot's partials)."""
+    pid_n = tl.program_id(1)
+    lane = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _sum_partials(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), y_ptr, ws_ptr, cnt_ptr, pid_m + lane * 0, lane == 0,
+                  offs_n, offs_n < N, pid_m, pid_n, tl.program_id(2), N, stride_ym, False, SUM_SLOTS, SPLIT_K, BLOCK_M,
+                  BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["MASK"])
@@ -279,7 +351,8 @@ def _moe_frag_kernel(
     NW: tl.constexpr, STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr = False, SCALE_W: tl.constexpr = False, TAIL_HALF: tl.constexpr = False,
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
-    PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0,
+    PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0, E=1,
+    SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0, CHECK_E: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -289,13 +362,15 @@ def _moe_frag_kernel(
     `two_part_why_not`): BLOCK_M is a power of two and BM2 (48 = 32 + 16, 80 = 64 + 16, 144 = 128 + 16), two MMAs on
     each decoded K block (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's
     rows carry per-token scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each
-    expert's rows' powers of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`)."""
+    expert's rows' powers of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`). SLOTS, SUM_SLOTS,
+    CHECK_E: no alignment, as `_moe_gemm_kernel`'s."""
     if PDL:
         gdc_wait()
     pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
     BM1: tl.constexpr = BLOCK_M - BM2  # the power-of-two part
-    if pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0:
+    if _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
+                   BLOCK_N, CHECK_E):  # fmt: skip
         # sorted rows pad each expert's run at its end: a block's first padding row says how many it holds
         mid = pid_m * BLOCK_M + (BM1 if BM2 else BLOCK_M // 2)
         short = tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows
@@ -325,7 +400,7 @@ def _moe_frag_kernel(
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
-                           MMA_ACC)
+                           MMA_ACC, SLOTS, SUM_SLOTS)
 
 
 @triton.jit
@@ -339,12 +414,12 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
                    SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr,
-                   MMA_ACC: tl.constexpr):
+                   MMA_ACC: tl.constexpr, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS)
+    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     e64 = e.to(tl.int64)
@@ -363,7 +438,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
         acc = acc * tl.load(rs_ptr + e64 * N + offs_n, mask=mask_n, other=0.0)[:, None]
     _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
                  mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
-                 BLOCK_N)
+                 BLOCK_N, SUM_SLOTS)
 
 
 @triton.jit
@@ -560,14 +635,29 @@ def two_part_why_not(tw, block_m: int, split_k: int = 1, tail_half: bool = False
     return None
 
 
+def slot_blocks_why_not(ids, total, num_rows: int, block_m: int, tail_half: bool = False, silu_mul: bool = False,
+                        sum_slots: int = 0) -> str | None:  # fmt: skip
+    """None where `moe_gemm(sorted_ids=None)` runs one block per flat slot (expert_ids = `ids`, the flat top-k ids),
+    else why not, for the caller's error."""
+    if total is not None:
+        return "slot blocks (sorted_ids=None) take no total: pass moe_align's three outputs or the top-k ids alone"
+    if ids.dim() != 1 or ids.numel() != num_rows or ids.dtype not in (torch.int32, torch.int64):
+        return f"slot blocks take the flat top-k ids, int32/int64 [{num_rows}], got {ids.dtype} {tuple(ids.shape)}"
+    if block_m & (block_m - 1) or tail_half:
+        return f"slot blocks take a power-of-two block_m without tail_half, got {block_m=}, {tail_half=}"
+    if sum_slots and (silu_mul or num_rows % sum_slots):
+        return f"sum_slots={sum_slots} sums the down GEMM's slots: no silu_mul, rows ({num_rows}) a multiple of it"
+    return None
+
+
 # the arguments of `_moe_frag_kernel` a call changes: x, its scales and block sums, y, the alignment (sorted ids,
 # expert ids, total), routed weights, workspace, counters, rows, slots, x's and y's row strides
 _MOE_FRAG_LIVE = (0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 20)
 
 
-def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
+def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) -> Launcher:
     """The `Launcher` of `moe_gemm`'s fragment-layout calls with this key (tile, flags, settings), its constexprs
-    worked out once per stacked weight (an eager call's host time)."""
+    worked out once per stacked weight (an eager call's host time); slot_consts: the slot blocks' (`E`, `SLOTS` …)."""
     _, block_m, block_n, split_k, num_warps, num_stages, maxnreg, top_k, silu_mul, no_routed, fp8_x, _, pdl, \
         scale_w, tail_half, ptx, settle, fold, *_ = key  # fmt: skip
     pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
@@ -580,7 +670,7 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> Launcher:
         SCALE_W=frag_scale_w(tw, x_dtype, block_m if bm2 == 0 or block_m < TWO_SCALE_W_ROWS else 128)
         if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
-        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2,
+        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2, **slot_consts,
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
@@ -615,10 +705,20 @@ def moe_gemm(
     pdl: bool = False,
     scale_w: bool | None = None,
     tail_half: bool = False,
+    sum_slots: int = 0,
+    check_ids: bool = True,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
     rows of no valid slot are left as they were).
+
+    Without alignment (decode: `slot_blocks_why_not`): sorted_ids and total None and expert_ids the flat top-k ids
+    [num_rows] (int32/int64; -1 = no expert): each flat slot is a block of its own, on the block's first row — no
+    `moe_align` launch, and a slot's expert weights read once per slot (so once at one token: its top-k experts
+    differ). check_ids: an id >= E stops the kernel (a device-side trap: "unspecified launch failure"; the interpreter
+    raises before the launch), else it is skipped as -1 is.
+    sum_slots = k (no silu_mul): y is [num_rows / k, N], each token's k slots summed in fp32 in the same launch
+    (through `workspace` and `counters` as split-K; dropped slots add nothing) — no `moe_sum` launch.
 
     silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
@@ -638,7 +738,16 @@ def moe_gemm(
     (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
     rows). block_m: a power of two, or for fragment-layout 4-bit experts under bf16/fp16 x the sum of two (48 =
     32 + 16, 80 = 64 + 16, 144 = 128 + 16: two MMAs on each decoded K block, `two_part_why_not`)."""
-    check_aligned(sorted_ids, expert_ids, block_m)
+    slots = sorted_ids is None
+    if slots:
+        why = slot_blocks_why_not(expert_ids, total, num_rows, block_m, tail_half, silu_mul, sum_slots)
+        if why:
+            raise ValueError(why)
+        sorted_ids = total = expert_ids  # (not read: n_sorted = 0 masks every load of sorted_ids)
+    else:
+        check_aligned(sorted_ids, expert_ids, block_m)
+        if sum_slots:
+            raise ValueError(f"sum_slots={sum_slots} takes slot blocks (sorted_ids=None), not moe_align's blocks")
     n, k = tw.n, tw.k
     if tail_half and split_k > 1:
         raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")
@@ -650,14 +759,25 @@ def moe_gemm(
         raise ValueError(f"silu_mul needs an even N and N tile, got N={n}, block_n={block_n}")
     n_out = n // 2 if silu_mul else n
     fp8_x = x_scales is not None
-    y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
+    y_rows = num_rows // sum_slots if sum_slots else num_rows
+    y = out if out is not None else torch.empty((y_rows, n_out), device=x.device, dtype=out_dtype or x.dtype)
+    if sum_slots and tuple(y.shape) != (y_rows, n_out):
+        raise ValueError(f"out must be [{y_rows}, {n_out}] (tokens) with sum_slots={sum_slots}, got {tuple(y.shape)}")
     block_n = moe_block_n(tw, block_n, num_warps)
-    grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)  # blocks that can hold rows
+    # blocks that can hold rows
+    grid_m = num_rows if slots else moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)
+    n_sorted = 0 if slots else sorted_ids.numel()
     tiles = grid_m * cdiv(n, block_n)
-    if split_k > 1:
+    if split_k > 1 or sum_slots:
         need = split_k * grid_m * block_m * n
         if workspace is None or workspace.numel() < need or counters is None or counters.numel() < tiles:
-            raise ValueError(f"split_k={split_k} needs an fp32 workspace >= {need} and >= {tiles} counters")
+            why = f"split_k={split_k}" + (f" with sum_slots={sum_slots}" if sum_slots else "")
+            raise ValueError(f"{why} needs an fp32 workspace >= {need} and >= {tiles} counters")
+    # an id >= E stops a slot launch on the GPU; the interpreter cannot trap, the host checks its CPU ids
+    check_e = slots and check_ids and not settings.triton_interpret()
+    if slots and check_ids and not check_e and bool((expert_ids >= tw.planes[0].shape[0]).any()):
+        raise AnybitError(f"expert id {int(expert_ids.max())} out of range for {tw.planes[0].shape[0]} experts")
+    slot_consts = dict(E=tw.planes[0].shape[0], SLOTS=slots, SUM_SLOTS=sum_slots, CHECK_E=check_e)
     dummy = tw.scales
     if tw.frag:
         if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != tw.mma_a8:
@@ -688,10 +808,12 @@ def moe_gemm(
             frag_fold(tw, x.dtype),
             frag_switches.FRAG_PAIRS,
             frag_switches.A8_MMA_ACC,
+            slots,
+            sum_slots,
         )  # every setting and switch it reads
         launch = tw.launches.get(key)
         if launch is None:
-            launch = tw.launches[key] = _moe_frag_launch(tw, x.dtype, key)
+            launch = tw.launches[key] = _moe_frag_launch(tw, x.dtype, key, slot_consts)
         rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 on the FP8 MMA: its scales are row-relative codes
         # fmt: off
         launch(
@@ -700,8 +822,8 @@ def moe_gemm(
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
             rows if rows is not None else dummy, y,
             sorted_ids, expert_ids, total, routed_weights if routed_weights is not None else dummy,
-            workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n,
-            k, x.stride(0), y.stride(0),
+            workspace if split_k > 1 or sum_slots else dummy, counters if split_k > 1 or sum_slots else dummy,
+            num_rows, n_sorted, n, k, x.stride(0), y.stride(0),
             tw.planes[0].stride(0), tw.planes[0].stride(1), tw.scales.stride(0), tw.scales.stride(1),
             frag_mask(tw.fmt["W_BITS"]),
         )
@@ -722,14 +844,14 @@ def moe_gemm(
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,
         tw.global_scale if tw.global_scale is not None else dummy, y, sorted_ids, expert_ids, total,
         routed_weights if routed_weights is not None else dummy, x_scales if fp8_x else dummy,
-        workspace if split_k > 1 else dummy, counters if split_k > 1 else dummy, num_rows, sorted_ids.numel(), n, k,
-        x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
+        workspace if split_k > 1 or sum_slots else dummy, counters if split_k > 1 or sum_slots else dummy, num_rows,
+        n_sorted, n, k, x.stride(0), y.stride(0), p[0].stride(0), p[1].stride(0), p[2].stride(0),
         tw.scales.stride(0), tw.scales.stride(1), x_scales.stride(0) if fp8_x else 0, SPLIT_K=split_k, TOP_K=top_k,
         SILU_MUL=silu_mul,
         MUL_ROUTED=routed_weights is not None, FP8_X=fp8_x, W0=w[0], W1=w[1], W2=w[2], GROUP_K=tw.group_k,
         GROUP_N=tw.group_n, SCALE_AT=sa, HAS_GS=tw.global_scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PAIRS=pairs, W_NK=tw.nk, X_GROUP=x_group, TAIL_HALF=tail_half, num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, **slot_consts,
         **tw.fmt,
     )
     # fmt: on

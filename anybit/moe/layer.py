@@ -39,7 +39,10 @@ class QuantMoE(nn.Module):
         self.split_k: int | None = None  # None: `moe_decode_plan` decides per call (GPU); 1 on the CPU
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
         self._ws_failed = False  # the warp-specialised kernel failed once here: moe_gemm from then on
-        self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: an async device assert)
+        self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: a device assert; one token: a trap)
+        # calls of up to this many tokens skip the alignment (`_slot_blocks`: a block per token x slot, two launches);
+        # more tokens share experts, whose weights a block per slot would read again
+        self.slot_max_tokens = SLOT_MAX_TOKENS
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -101,6 +104,12 @@ class QuantMoE(nn.Module):
                       self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
             )  # fmt: skip
         block_m, launch_gu, launch_dn, run = self._plans[key]
+        if run is moe_gemm and t <= self.slot_max_tokens:
+            slot_key = (*key, "slots")
+            if slot_key not in self._plans:
+                self._plans[slot_key] = self._slot_plan(x, t * k)
+            if self._plans[slot_key]:
+                return self._slot_blocks(x, topk_weights, topk_ids, *self._plans[slot_key])
         # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
         sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
         # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
@@ -127,6 +136,44 @@ class QuantMoE(nn.Module):
                                                    top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
         return moe_sum(y, topk_ids, self.num_experts)
 
+    def _slot_plan(self, x: torch.Tensor, rows: int) -> tuple[dict, dict] | None:
+        """The two GEMMs' launches without alignment (`moe_gemm(sorted_ids=None)`: a block per flat slot, the down
+        GEMM summing each token's slots), or None where the decode tile's blocks are not a power of two."""
+        from anybit.kernels.moe_gemm import moe_tile_kind
+
+        gu, dn, fused = self._stacked
+        tiles = moe_tiles(rows, self.num_experts, x.is_cuda, moe_tile_kind(gu, x.dtype))
+        if tiles["block_m"] & (tiles["block_m"] - 1):
+            return None
+        dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k)
+        launches = self._launch(x, gu, rows, tiles, fused, True), self._launch(x, dn, rows, dn_tiles, False, True)
+        for launch in launches:
+            launch.pop("tail_half", None)  # (one row a block)
+        return launches
+
+    def _slot_blocks(self, x, topk_weights, topk_ids, launch_gu: dict, launch_dn: dict) -> torch.Tensor:
+        """The layer in two launches (FP8 x: and its two quantizers): gate_up (silu·up fused) and down (top-k weights
+        and the top-k sum fused) on the top-k ids as given, one block per flat slot — no `moe_align`, no `moe_sum`."""
+        from anybit.kernels.moe_gemm import moe_gemm
+
+        gu, dn, fused = self._stacked
+        t, k = topk_ids.shape
+        ids = topk_ids.reshape(-1)
+        ids = ids if ids.is_contiguous() and ids.dtype in (torch.int32, torch.int64) else ids.int().contiguous()
+        xin = grouped_inputs(x, gu, launch_gu.get("pdl", False))
+        act = _fitting(launch_gu, lambda **kw: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids, total=None, top_k=k,
+                                                         silu_mul=fused, out_dtype=x.dtype, check_ids=self.check_ids,
+                                                         **xin, **kw))  # fmt: skip
+        if not fused:
+            act = _silu_mul(act, self.intermediate).to(x.dtype)
+        y = torch.empty((t, self.hidden), device=x.device, dtype=x.dtype)
+        routed = topk_weights.reshape(-1).float().contiguous()
+        ain = grouped_inputs(act, dn, launch_dn.get("pdl", False))
+        _fitting(launch_dn, lambda **kw: moe_gemm(tw=dn, sorted_ids=None, expert_ids=ids, total=None, top_k=1, out=y,
+                                                  routed_weights=routed, sum_slots=k, check_ids=self.check_ids,
+                                                  **ain, **kw))  # fmt: skip
+        return y
+
     def _ws_plan(self, x: torch.Tensor, rows: int) -> dict | None:
         """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`;
         `anybit.kernels.moe_ws.moe_ws_plan` says why)."""
@@ -137,16 +184,16 @@ class QuantMoE(nn.Module):
         gu, dn, _ = self._stacked
         return moe_ws_plan(gu, dn, rows, self.num_experts, x.dtype, x.device)[0]
 
-    def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
-        """`launch_plan` and, where it splits K, the split workspace."""
+    def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool, slots: bool = False) -> dict:
+        """`launch_plan` and, where it splits K or sums slots (slot blocks' down GEMM), the split workspace."""
         from anybit.backends.registry import get_backend
         from anybit.kernels.dequant import cdiv
 
         plan = launch_plan(tw, self.num_experts, rows, tiles, silu, x.device, self.split_k)
         split = plan["split_k"]
-        if split == 1:
+        if split == 1 and not (slots and not silu):
             return plan
-        grid_m = cdiv(rows, plan["block_m"]) + min(self.num_experts, rows)
+        grid_m = max(rows, cdiv(rows, plan["block_m"]) + min(self.num_experts, rows))
         floats = split * grid_m * plan["block_m"] * tw.n
         ws, cnt = get_backend("triton").workspace(x.device, floats, grid_m * cdiv(tw.n, plan["block_n"]))
         return dict(plan, workspace=ws, counters=cnt)
@@ -175,6 +222,11 @@ class QuantMoE(nn.Module):
             y = gemm(_silu_mul(hidden, self.intermediate).to(x.dtype), dn).float()
             out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
         return out.to(x.dtype)
+
+
+# Tokens up to which `QuantMoE` runs its GEMMs on the top-k ids as given (no alignment, the top-k sum in the down
+# GEMM): one token's top-k experts differ, so each expert's weights are read once as with the alignment.
+SLOT_MAX_TOKENS = 1
 
 
 def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -101,6 +101,77 @@ def test_split_k_equals_one_launch(interpret, split, silu):
         assert rel_err(y[valid], one[valid]) < GEMM_REL_ERR[torch.float16]
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "w3a16", "mxfp4", "w8a16", "w8a8-fp8"])
+def test_slot_blocks_without_alignment(interpret, scheme):
+    """`moe_gemm(sorted_ids=None)`: each flat slot a block of its own on the top-k ids as given (int64 here), no
+    `moe_align` — gate_up rows per slot (a dropped slot's row not written), and the down GEMM summing each token's
+    slots times their top-k weights in the launch (`sum_slots`), unsplit and split, counters re-armed and the same
+    bits on a relaunch; two tokens share an expert. Bit-plane, fragment-layout and FP8-as-stored experts."""
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    g = torch.Generator().manual_seed(4)
+    e, k, t, n, kk = 6, 3, 2, 40, 256
+    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
+    tw = stack_experts(qw)
+    ids = torch.tensor([[4, 0, 2], [2, 5, -1]])
+    flat, w = ids.view(-1), qw.dequantize().double()
+    x, a = torch.randn(t, kk, generator=g).half(), torch.randn(t * k, kk, generator=g).half()
+    xin, ain, xd, ad = dict(x=x), dict(x=a), x.double(), a.double()
+    if qw.scheme.act.quantized:  # FP8 x: references from the kernel's own quantized inputs
+        xin, ain = (dict(zip(("x", "x_scales"), quantize_act(v, qw.scheme.act), strict=True)) for v in (x, a))
+        xd, ad = (dequantize_activation(v["x"], v["x_scales"], qw.scheme.act).double() for v in (xin, ain))
+    kw = dict(block_m=16, num_rows=t * k, out_dtype=torch.float16, block_k=64)
+    y = moe_gemm(tw=tw, sorted_ids=None, expert_ids=flat, total=None, top_k=k, **xin, **kw)
+    live = flat >= 0
+    ref = torch.stack([xd[r // k] @ w[int(flat[r])].T for r in range(t * k) if flat[r] >= 0])
+    assert rel_err(y[live], ref) < GEMM_REL_ERR[torch.float16]
+    rw = torch.rand(t * k, generator=g)
+    ref = torch.zeros(t, n, dtype=torch.float64)
+    for r in range(t * k):
+        if flat[r] >= 0:
+            ref[r // k] += rw[r].double() * (ad[r] @ w[int(flat[r])].T)
+    ws, cnt = torch.empty(1 << 16), torch.zeros(256, dtype=torch.int32)
+    outs = []
+    for split in (1, 2, 2):
+        out = torch.full((t, n), float("nan"), dtype=torch.float16)
+        moe_gemm(tw=tw, sorted_ids=None, expert_ids=flat, total=None, top_k=1, out=out, routed_weights=rw, sum_slots=k,
+                 split_k=split, workspace=ws, counters=cnt, **ain, **kw)  # fmt: skip
+        assert rel_err(out, ref) < GEMM_REL_ERR[torch.float16] and not cnt.any()
+        outs.append(out)
+    assert torch.equal(outs[1], outs[2])
+
+
+def test_slot_blocks_errors(interpret):
+    from anybit.errors import AnybitError
+
+    tw = stack_experts(anybit.quantize(torch.randn(4, 32, 128) * 0.05, "w4a16"))
+    x, ids = torch.randn(1, 128).half(), torch.tensor([0, 3])
+    ws, cnt = torch.empty(1 << 14), torch.zeros(64, dtype=torch.int32)
+    kw = dict(block_m=16, num_rows=2, top_k=2)
+    with pytest.raises(ValueError, match="take no total"):
+        moe_gemm(x, tw, None, ids, torch.tensor([16]), **kw)
+    with pytest.raises(ValueError, match=r"int32/int64 \[2\]"):
+        moe_gemm(x, tw, None, ids.float(), None, **kw)
+    with pytest.raises(ValueError, match="power-of-two block_m"):
+        moe_gemm(x, tw, None, ids, None, **dict(kw, block_m=48))
+    with pytest.raises(ValueError, match="no silu_mul"):
+        moe_gemm(x, tw, None, ids, None, silu_mul=True, sum_slots=2, workspace=ws, counters=cnt, **kw)
+    with pytest.raises(ValueError, match="needs an fp32 workspace"):
+        moe_gemm(x.expand(2, -1), tw, None, ids, None, sum_slots=2, **dict(kw, top_k=1))
+    with pytest.raises(ValueError, match="takes slot blocks"):
+        moe_gemm(x, tw, *moe_align(ids[None], 4, 16), sum_slots=2, **kw)
+    with pytest.raises(AnybitError, match="expert id 4 out of range for 4 experts"):
+        moe_gemm(x, tw, None, torch.tensor([0, 4]), None, **kw)
+    # unchecked, an id past the experts is skipped as -1 is
+    y = torch.full((2, 32), float("nan"), dtype=torch.float16)
+    moe_gemm(x, tw, None, torch.tensor([0, 4]), None, out=y, check_ids=False, **kw)
+    assert not torch.isnan(y[0]).any() and torch.isnan(y[1]).all()
+    a, sums = x.expand(2, -1).contiguous(), dict(sum_slots=2, workspace=ws, counters=cnt, **dict(kw, top_k=1))
+    dropped = moe_gemm(a, tw, None, torch.tensor([0, -1]), None, **sums)
+    assert torch.equal(moe_gemm(a, tw, None, torch.tensor([0, 4]), None, check_ids=False, **sums), dropped)
+
+
 @pytest.mark.parametrize("scheme", ["w4a16", "mxfp4", "w4a8-mxfp4"])
 def test_two_blocks_an_iteration_give_the_same_bits_grouped(interpret, monkeypatch, scheme):
     """`frag.FRAG_PAIRS` in the grouped kernel: bit for bit the one-block loop, unsplit and split in two over five K

@@ -51,6 +51,58 @@ def test_grouped_moe_captures_in_a_cuda_graph():
     assert torch.equal(y, eager)
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w3a16", "w4a8", "w4a8-mxfp4", "w8a8-fp8", "fp8-block"])
+def test_one_token_without_alignment(scheme):
+    """One token (decode): the two GEMMs on the top-k ids as given, the top-k sum in the down GEMM (`_slot_blocks`),
+    at Qwen3-30B-A3B's sizes — against the exact loop and the aligned path, the same bits relaunched, and from a CUDA
+    graph replayed with other routings (the ids are read on the device: nothing to re-capture)."""
+    g = torch.Generator(device="cuda").manual_seed(17)
+    e, k, h, i = 128, 8, 2048, 768
+    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
+                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
+    aligned = QuantMoE.from_quantized(moe.gate_up, moe.down)
+    aligned.slot_max_tokens = 0
+    exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
+    exact.backend = "torch"
+    x = torch.randn(1, h, generator=g, device="cuda").bfloat16()
+    routes = [softmax_topk(torch.randn(1, e, generator=g, device="cuda"), k) for _ in range(3)]
+    routes[1][1][0, 2] = -1  # a dropped slot
+    w, ids = (v.clone() for v in routes[0])
+    graph = torch.cuda.CUDAGraph()
+    moe(x, w, ids)
+    with torch.cuda.graph(graph):
+        y = moe(x, w, ids)
+    assert any(key[-1] == "slots" and plan for key, plan in moe._plans.items())
+    for rw, rid in routes:
+        w.copy_(rw), ids.copy_(rid)
+        graph.replay()
+        eager = moe(x, rw, rid)
+        assert torch.equal(y, eager) and torch.equal(moe(x, rw, rid), eager)
+        assert rel_err(eager, exact(x, rw, rid)) < 4 * GEMM_REL_ERR[torch.bfloat16]
+        assert rel_err(eager, aligned(x, rw, rid)) < 2 * GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_an_expert_id_past_the_experts_stops_the_one_token_kernel():
+    """Without the alignment's check, the GEMM itself stops on an id >= E (a trap: the CUDA context is gone, hence a
+    process of its own); the same layer unchecked skips it as a dropped slot."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\nfrom anybit.moe import QuantMoE\n"
+        "moe = QuantMoE.from_float(torch.randn(8, 256, 128, device='cuda'), torch.randn(8, 128, 128, device='cuda'),"
+        " 'w4a16')\n"
+        "x = torch.randn(1, 128, device='cuda').bfloat16()\n"
+        "moe(x, torch.ones(1, 2, device='cuda'), torch.tensor([[1, 9]], device='cuda', dtype=torch.int32))\n"
+        "torch.cuda.synchronize()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "CUDA error" in run.stderr, run.stderr[-2000:]
+    run = subprocess.run([sys.executable, "-c", code.replace("moe(x", "moe.check_ids = False\nmoe(x")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_contiguous_layout_in_a_cuda_graph():
     """Rows grouped by expert with device offsets: alignment + grouped GEMM captured once, replayed
     with other offsets (no host synchronisation on the counts)."""

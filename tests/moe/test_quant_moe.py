@@ -142,6 +142,41 @@ def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypa
     assert fast._stacked[0].frag and fast._stacked[1].frag
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w8a16:e4m3:b128x128:fp32", "w4a8", "w8a8-fp8"])
+@pytest.mark.parametrize("split", [None, 2])
+def test_one_token_runs_without_alignment(interpret, monkeypatch, scheme, split):
+    """A call of one token (`SLOT_MAX_TOKENS`) runs its two GEMMs on the top-k ids as given, the top-k sum in the down
+    GEMM: no `moe_align`, no `moe_sum` (both fail here if called); a dropped slot; split-K forced; FP8 x; gate and
+    up unfused where scales span rows. Forced to three tokens (two sharing an expert) it is right too."""
+    import anybit.kernels.moe_gemm as kernels
+    import anybit.moe.align as align
+    import anybit.moe.layer as layer
+
+    def refused(*a, **kw):
+        raise AssertionError("called")
+
+    monkeypatch.setattr(layer, "grouped_inputs", _reference_inputs)
+    monkeypatch.setattr(align, "moe_align", refused)
+    monkeypatch.setattr(kernels, "moe_sum", refused)
+    g = torch.Generator().manual_seed(5)
+    e, h, i = 6, 128, 128
+    fast = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g) * 0.1, torch.randn(e, h, i, generator=g) * 0.1,
+                               scheme, backend="triton")  # fmt: skip
+    fast.split_k = split
+    act = fast.gate_up.scheme.act if fast.gate_up.scheme.act.quantized else None
+    for t, ids in ((1, [[3, -1, 0]]), (3, [[3, 1, 0], [1, 5, 2], [4, -1, 0]])):
+        fast.slot_max_tokens = t
+        x = torch.randn(t, h, generator=g).half()
+        w = torch.rand(t, 3, generator=g)
+        ids = torch.tensor(ids, dtype=torch.int32)
+        y = fast(x, w, ids)
+        ref = reference(x, fast.gate_up.dequantize(), fast.down.dequantize(), w, ids, act=act)
+        assert y.shape == (t, h) and rel_err(y, ref) < 4 * GEMM_REL_ERR[torch.float16]
+    ids[0, 0] = 6
+    with pytest.raises(AnybitError, match="expert id 6 out of range for 6 experts"):
+        fast(x, w, ids)
+
+
 def test_out_of_range_expert_ids_are_an_error_on_the_grouped_path(interpret):
     fast, _, x, w, ids = _grouped_and_exact("w4a16")
     ids[0, 0] = 6  # 6 experts: ids 0..5
