@@ -97,7 +97,7 @@ def test_an_expert_id_past_the_experts_stops_the_one_token_kernel():
         "torch.cuda.synchronize()\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0 and "CUDA error" in run.stderr, run.stderr[-2000:]
+    assert run.returncode != 0 and "unspecified launch failure" in run.stderr, run.stderr[-2000:]
     run = subprocess.run([sys.executable, "-c", code.replace("moe(x", "moe.check_ids = False\nmoe(x")],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
