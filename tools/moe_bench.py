@@ -139,14 +139,14 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         return run
 
     out |= {"align": [align(ids) for _, ids in routes], "layer": [layer(w, ids) for w, ids in routes]}
-    if m <= moe.slot_max_tokens:  # the layer without its one-token form, for comparison
+    if m <= moe.slot_max_tokens:  # the layer without its slot blocks, for comparison
         out["layer@aligned"] = [layer(w, ids, 0) for w, ids in routes]
-    elif m <= SLOT_TRY_TOKENS:  # the one-token form forced where more tokens share experts
+    elif m <= SLOT_TRY_TOKENS:  # slot blocks forced where more tokens share experts
         out["layer@slots"] = [layer(w, ids, m) for w, ids in routes]
     return out
 
 
-# Up to how many tokens `layer@slots` times the layer's one-token form (`QuantMoE.slot_max_tokens`) beside its plan.
+# Up to how many tokens `layer@slots` times the layer's slot blocks (`QuantMoE.slot_max_tokens`) beside its plan.
 SLOT_TRY_TOKENS = 16
 
 

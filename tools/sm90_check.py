@@ -174,7 +174,7 @@ def check_moe(
     pdl: bool = False, tiles: dict | None = None, slots: bool = False,
 ) -> str:  # fmt: skip
     """The grouped MoE GEMM with the tile `moe_tiles` picks for `per_expert` rows per expert (`tiles`:
-    overrides of it); slots: its one-token form (`moe_gemm(sorted_ids=None)`, the down GEMM's top-k sum)."""
+    overrides of it); slots: its slot-block form (`moe_gemm(sorted_ids=None)`, the down GEMM's top-k sum)."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_gemm import moe_block_k, moe_block_n, moe_gemm, moe_tile_kind
     from anybit.moe.align import moe_align
@@ -335,7 +335,7 @@ def main() -> int:
     ap.add_argument("--sass-dir", default=None, help="write each kernel's SASS and PTX here")
     ap.add_argument("--moe", default=None, help="check the grouped MoE GEMM at these rows per expert, e.g. 1,32,128")
     ap.add_argument("--maxnreg", type=int, default=None, help="with --moe: cap its registers per thread")
-    ap.add_argument("--slots", action="store_true", help="with --moe: the one-token form (slot blocks, top-k sum)")
+    ap.add_argument("--slots", action="store_true", help="with --moe: the slot-block form (few tokens, top-k sum)")
     ap.add_argument("--tiles", default="", help="tile overrides, e.g. block_m=256:num_warps=8 (frag, --moe, --ws)")
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs; --moe: moe_rs)")

@@ -714,7 +714,7 @@ def moe_gemm(
 
     Without alignment (decode: `slot_blocks_why_not`): sorted_ids and total None and expert_ids the flat top-k ids
     [num_rows] (int32/int64; -1 = no expert): each flat slot is a block of its own, on the block's first row — no
-    `moe_align` launch, and a slot's expert weights read once per slot (so once at one token: its top-k experts
+    `moe_align` launch, and an expert's weights read once per slot (so once at one token: its top-k experts
     differ). check_ids: an id >= E stops the kernel (a device-side trap: "unspecified launch failure"; the interpreter
     raises before the launch), else it is skipped as -1 is.
     sum_slots = k (no silu_mul): y is [num_rows / k, N], each token's k slots summed in fp32 in the same launch

@@ -236,7 +236,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
-    from anybit.moe.layer import block_stats, grouped_why_not, launch_plan, moe_tiles
+    from anybit.moe.layer import SLOT_MAX_TOKENS, block_stats, grouped_why_not, launch_plan, moe_tiles
     from anybit.quant.weights import QuantizedWeight
 
     scheme = Scheme.parse(scheme_text)
@@ -270,9 +270,15 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"per 64-K step into shared memory), {ws['block_m']} rows x {ws['block_n']} weight rows x 64 K, "
             f"{ws['stages']} stages; epilogues silu(gate)*up, top-k weights"
         ]
-    lines.append("  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)")
     kind = moe_tile_kind(gate_up, DTYPES[dtype])
     tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
+    slots = tokens <= SLOT_MAX_TOKENS and not tiles["block_m"] & (tiles["block_m"] - 1)  # `QuantMoE._slot_blocks`
+    lines.append(
+        f"  path: grouped Triton GEMMs on the top-k ids as given (<= {SLOT_MAX_TOKENS} tokens: a block per token x "
+        "slot, no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"
+        if slots
+        else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)"
+    )
     fused = scheme.granularity.block_shape(2 * inter, hidden)[0] == 1  # gate/up rows interleave: no scale spans rows
     for name, tw, silu in (("gate_up", gate_up, fused), ("down", down, False)):
         p = launch_plan(tw, experts, rows, tiles, silu, dev)
@@ -284,6 +290,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             extras.append("blocks of {} + {} rows (the second part only where an expert reaches it)".format(
                 *two_parts(bm)))  # fmt: skip
         epilogue = "silu(gate)*up" if silu else ("top-k weights" if name == "down" else "separate silu*mul")
+        epilogue += " and their sum per token" if slots and name == "down" else ""
         layout = "fragment layout" if tw.frag else ("FP8 as stored" if tw.nk else "bit planes")
         bk = frag_block_k(scheme.weight_bits) if tw.frag else moe_block_k(tw, p["block_k"], scheme.act.quantized)
         lines.append(

@@ -145,9 +145,9 @@ def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypa
 @pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w8a16:e4m3:b128x128:fp32", "w4a8", "w8a8-fp8"])
 @pytest.mark.parametrize("split", [None, 2])
 def test_one_token_runs_without_alignment(interpret, monkeypatch, scheme, split):
-    """A call of one token (`SLOT_MAX_TOKENS`) runs its two GEMMs on the top-k ids as given, the top-k sum in the down
-    GEMM: no `moe_align`, no `moe_sum` (both fail here if called); a dropped slot; split-K forced; FP8 x; gate and
-    up unfused where scales span rows. Forced to three tokens (two sharing an expert) it is right too."""
+    """A call of one token (up to `SLOT_MAX_TOKENS`) runs its two GEMMs on the top-k ids as given, the top-k sum in
+    the down GEMM: no `moe_align`, no `moe_sum` (both fail here if called); a dropped slot; split-K forced; FP8 x;
+    gate and up unfused where scales span rows. Three tokens (two sharing an expert) are right too."""
     import anybit.kernels.moe_gemm as kernels
     import anybit.moe.align as align
     import anybit.moe.layer as layer
