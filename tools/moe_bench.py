@@ -127,25 +127,22 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     def align(ids):
         return lambda: moe_align(ids, e, tiles["block_m"])
 
-    def layer(w, ids, **attrs):  # with QuantMoE attributes set for the call (its plans are keyed by them)
+    def layer(w, ids, slot_tokens=None):
         def run():
-            keep = {name: getattr(moe, name) for name in attrs}
-            for name, value in attrs.items():
-                setattr(moe, name, value)
+            keep = moe.slot_max_tokens
+            moe.slot_max_tokens = keep if slot_tokens is None else slot_tokens
             try:
                 return moe(x, w, ids)
             finally:
-                for name, value in keep.items():
-                    setattr(moe, name, value)
+                moe.slot_max_tokens = keep
 
         return run
 
     out |= {"align": [align(ids) for _, ids in routes], "layer": [layer(w, ids) for w, ids in routes]}
     if m <= moe.slot_max_tokens:  # the layer without its slot blocks, for comparison
-        out["layer@aligned"] = [layer(w, ids, slot_max_tokens=0) for w, ids in routes]
+        out["layer@aligned"] = [layer(w, ids, 0) for w, ids in routes]
     elif m <= SLOT_TRY_TOKENS:  # slot blocks forced where more tokens share experts
-        out["layer@slots"] = [layer(w, ids, slot_max_tokens=m) for w, ids in routes]
-    out["layer@serial"] = [layer(w, ids, overlap=False) for w, ids in routes]  # no weight prefetch behind gate_up
+        out["layer@slots"] = [layer(w, ids, m) for w, ids in routes]
     return out
 
 

@@ -199,10 +199,10 @@ def check_moe(
         ws, cnt = torch.empty(t * top_k * tiles["block_m"] * n), torch.zeros(t * n, dtype=torch.int32)
         moe_gemm(x, tw, None, ids.reshape(-1)[:t], None, num_rows=t, top_k=1, sum_slots=top_k, workspace=ws,
                  counters=cnt, routed_weights=torch.ones(t), **tiles, maxnreg=maxnreg, pdl=pdl and tw.frag,
-                 prefetch=pdl, **extra)  # fmt: skip
+                 **extra)  # fmt: skip
     else:
         moe_gemm(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tiles,
-                 maxnreg=maxnreg, pdl=pdl and tw.frag, trigger=pdl, **extra)  # fmt: skip
+                 maxnreg=maxnreg, pdl=pdl and tw.frag, **extra)  # fmt: skip
     bits = tw.fmt["W_BITS"]
     block_k = frag_block_k(bits) if tw.frag else moe_block_k(tw, tiles["block_k"], tw.scheme.act.quantized)
     block_n = moe_block_n(tw, tiles["block_n"], tiles["num_warps"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from anybit import settings
 from anybit.errors import AnybitError
@@ -328,34 +328,6 @@ def _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SL
 
 
 @triton.jit
-def _prefetch_expert(w_ptr, expert_ptr, total_ptr, pid_m, N, K, E, stride_we, stride_wn, SPLIT_K: tl.constexpr,
-                     SLOTS: tl.constexpr, W_BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PANEL: tl.constexpr):
-    """Block pid_m's expert's weight rows of this program's N tile and K split into L2 (one bulk prefetch a panel of
-    PANEL rows: a panel's K blocks lie one after another, `frag_layout.to_panels`), for a kernel launched before the
-    kernel ahead of it ends (PDL): its weights stream while that kernel runs. A hint: nothing waits for it."""
-    e = tl.load(expert_ptr + pid_m)
-    if SLOTS:
-        live = (e >= 0) & (e < E)
-    else:
-        live = (pid_m * BLOCK_M < tl.load(total_ptr)) & (e >= 0)
-    if live:
-        KB: tl.constexpr = 512 // W_BITS  # K per block of 16 words a row
-        k_blocks = tl.cdiv(K, KB)
-        per = tl.cdiv(k_blocks, SPLIT_K)
-        lo = tl.program_id(2) * per
-        hi = tl.minimum(lo + per, k_blocks)
-        panel = tl.program_id(1) * (BLOCK_N // PANEL) + tl.arange(0, BLOCK_N // PANEL)
-        start = w_ptr + e.to(tl.int64) * stride_we + panel.to(tl.int64) * (PANEL * stride_wn) + lo * (16 * PANEL)
-        size = tl.maximum(hi - lo, 0) * (64 * PANEL)  # bytes
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; setp.gt.s32 p, $3, 0; setp.ne.and.s32 q, $2, 0, p; "
-            "@q cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }", "=r,l,r,r",
-            [start.to(tl.int64, bitcast=True), (panel * PANEL < N).to(tl.int32), size], dtype=tl.int32,
-            is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
 def _dropped_slot(y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """A slot of no expert (id -1, or >= E unchecked) adds zeros to its token's sum (`_sum_partials` counts every
@@ -381,7 +353,6 @@ def _moe_frag_kernel(
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
     PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0, E=1,
     SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0, CHECK_E: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -392,17 +363,10 @@ def _moe_frag_kernel(
     each decoded K block (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's
     rows carry per-token scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each
     expert's rows' powers of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`). SLOTS, SUM_SLOTS,
-    CHECK_E: no alignment, as `_moe_gemm_kernel`'s. PREFETCH (PDL): ahead of the wait for the kernel before, this
-    program's weights into L2 (`_prefetch_expert`; the expert ids and total were written before that kernel began).
-    TRIGGER (PDL): past the wait, the next kernel (a PDL dependent: the down GEMM) may launch — it only waits then."""
-    pid_m = tl.program_id(0)
-    if PREFETCH:
-        _prefetch_expert(w_ptr, expert_ptr, total_ptr, pid_m, N, K, E, stride_we, stride_wn, SPLIT_K, SLOTS, W_BITS,
-                         BLOCK_M, BLOCK_N, PANEL)
+    CHECK_E: no alignment, as `_moe_gemm_kernel`'s."""
     if PDL:
         gdc_wait()
-    if TRIGGER:
-        gdc_launch_dependents()
+    pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
     BM1: tl.constexpr = BLOCK_M - BM2  # the power-of-two part
     if _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
@@ -695,7 +659,7 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
     """The `Launcher` of `moe_gemm`'s fragment-layout calls with this key (tile, flags, settings), its constexprs
     worked out once per stacked weight (an eager call's host time); slot_consts: the slot blocks' (`E`, `SLOTS` …)."""
     _, block_m, block_n, split_k, num_warps, num_stages, maxnreg, top_k, silu_mul, no_routed, fp8_x, _, pdl, \
-        scale_w, tail_half, ptx, settle, fold, *_, prefetch, trigger = key  # fmt: skip
+        scale_w, tail_half, ptx, settle, fold, *_ = key  # fmt: skip
     pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
     bm2 = two_parts(block_m)[1]
     consts = dict(
@@ -707,7 +671,6 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
         if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
         HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2, **slot_consts,
-        PREFETCH=prefetch, TRIGGER=trigger,
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
@@ -744,8 +707,6 @@ def moe_gemm(
     tail_half: bool = False,
     sum_slots: int = 0,
     check_ids: bool = True,
-    prefetch: bool = False,
-    trigger: bool = False,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -758,10 +719,6 @@ def moe_gemm(
     raises before the launch), else it is skipped as -1 is.
     sum_slots = k (no silu_mul): y is [num_rows / k, N], each token's k slots summed in fp32 in the same launch
     (through `workspace` and `counters` as split-K; dropped slots add nothing) — no `moe_sum` launch.
-
-    With pdl, fragment-layout experts of 2, 4 or 8 bits: prefetch — before its wait, the launch streams its experts'
-    weights into L2 (the expert ids and total must be written before the kernel ahead of it began: e.g. the down GEMM
-    behind gate_up); trigger — past its wait, the next kernel launched with PDL may start (and prefetch).
 
     silu_mul: W's rows interleave gate and up (`anybit.moe.layer.interleave_gate_up`); y is
     silu(gate) * up, [num_rows, N / 2]. routed_weights: fp32 [num_rows], multiplied into each row.
@@ -853,8 +810,6 @@ def moe_gemm(
             frag_switches.A8_MMA_ACC,
             slots,
             sum_slots,
-            prefetch and pdl and tw.fmt["W_BITS"] != 3,  # (3-bit codes: two units a block, not panels)
-            trigger and pdl,
         )  # every setting and switch it reads
         launch = tw.launches.get(key)
         if launch is None:

@@ -43,7 +43,6 @@ class QuantMoE(nn.Module):
         # calls of up to this many tokens skip the alignment (`_slot_blocks`: a block per token x slot, two launches);
         # more tokens share more experts, whose weights a block per slot reads again
         self.slot_max_tokens = SLOT_MAX_TOKENS
-        self.overlap = True  # the down GEMM's weights stream while gate_up runs (PDL; `_overlap`)
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -94,16 +93,15 @@ class QuantMoE(nn.Module):
             sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
             y = moe_rs_layer(x, gu, dn, sorted_ids, expert_ids, total, topk_weights, block_m, fused)
             return moe_sum(y, topk_ids, self.num_experts)
-        key = (x.device, x.dtype, t * k, self.split_k, self.overlap)
+        key = (x.device, x.dtype, t * k, self.split_k)
         if key not in self._plans:
             ws = self._ws_plan(x, t * k)
             tiles = moe_tiles(t * k, self.num_experts, x.is_cuda, moe_tile_kind(gu, x.dtype))
             self._plans[key] = (
                 (ws["block_m"], dict(ws, num_rows=t * k), dict(ws, num_rows=t * k), moe_gemm_ws)
                 if ws
-                else (tiles["block_m"], *self._overlap(
-                    self._launch(x, gu, t * k, tiles, fused),
-                    self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False)), moe_gemm)
+                else (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
+                      self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
             )  # fmt: skip
         block_m, launch_gu, launch_dn, run = self._plans[key]
         if run is moe_gemm and t <= self.slot_max_tokens:
@@ -151,14 +149,7 @@ class QuantMoE(nn.Module):
         launches = self._launch(x, gu, rows, tiles, fused, True), self._launch(x, dn, rows, dn_tiles, False, True)
         for launch in launches:
             launch.pop("tail_half", None)  # (one row a block)
-        return self._overlap(*launches)
-
-    def _overlap(self, launch_gu: dict, launch_dn: dict) -> tuple[dict, dict]:
-        """With `overlap` and PDL: gate_up lets the down GEMM launch once every gate_up program runs (`trigger`), and
-        the down GEMM streams its experts' weights into L2 while it waits for gate_up's output (`prefetch`)."""
-        if self.overlap and launch_gu.get("pdl") and launch_dn.get("pdl"):
-            return dict(launch_gu, trigger=True), dict(launch_dn, prefetch=True)
-        return launch_gu, launch_dn
+        return launches
 
     def _slot_blocks(self, x, topk_weights, topk_ids, launch_gu: dict, launch_dn: dict) -> torch.Tensor:
         """The layer in two launches (FP8 x: and its two quantizers): gate_up (silu·up fused) and down (top-k weights

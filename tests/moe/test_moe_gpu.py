@@ -159,15 +159,12 @@ def test_w4a8_grouped_moe_on_the_fragment_layout(e, k, t):
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w4a8"])
-@pytest.mark.parametrize("t", [1, 4, 40])
-def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, scheme, t):
+def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, scheme):
     """PDL (the default on sm_90): the frag grouped GEMMs launch as dependents of the kernel before them (and
-    the W4A8 quantizer lets them launch at once; gate_up lets the down GEMM launch early, which prefetches its
-    weights: `overlap`); the same bits as plain launches (ANYBIT_PDL=0, a layer of its own: the launch plan is
-    cached per layer) and as PDL without the overlap, eager and from a CUDA graph; slot blocks (1, 4 tokens) and
-    aligned ones (40)."""
+    the W4A8 quantizer lets them launch at once); the same bits as plain launches (ANYBIT_PDL=0, a layer of
+    its own: the launch plan is cached per layer), eager and from a CUDA graph."""
     g = torch.Generator(device="cuda").manual_seed(7)
-    e, k, h, i = 64, 8, 2048, 1024
+    e, k, t, h, i = 64, 8, 4, 2048, 1024
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
                               torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
@@ -177,13 +174,8 @@ def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monk
     assert not any(plan[1].get("pdl") for plan in moe._plans.values() if isinstance(plan, tuple))
     monkeypatch.setenv("ANYBIT_PDL", "1")
     moe = QuantMoE.from_quantized(moe.gate_up, moe.down)
-    moe.overlap = False
-    assert torch.equal(moe(x, w, ids), plain)
-    moe.overlap = True
     assert torch.equal(moe(x, w, ids), plain)
     assert any(plan[1].get("pdl") for plan in moe._plans.values() if isinstance(plan, tuple))
-    launches = [d for plan in moe._plans.values() if isinstance(plan, tuple) for d in plan if isinstance(d, dict)]
-    assert any(d.get("prefetch") for d in launches) and any(d.get("trigger") for d in launches)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = moe(x, w, ids)
