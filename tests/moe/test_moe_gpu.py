@@ -159,12 +159,14 @@ def test_w4a8_grouped_moe_on_the_fragment_layout(e, k, t):
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w4a8"])
-def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, scheme):
+@pytest.mark.parametrize("t", [4, 40])
+def test_grouped_moe_with_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, scheme, t):
     """PDL (the default on sm_90): the frag grouped GEMMs launch as dependents of the kernel before them (and
     the W4A8 quantizer lets them launch at once); the same bits as plain launches (ANYBIT_PDL=0, a layer of
-    its own: the launch plan is cached per layer), eager and from a CUDA graph."""
+    its own: the launch plan is cached per layer), eager and from a CUDA graph; slot blocks (4 tokens) and
+    aligned ones (40)."""
     g = torch.Generator(device="cuda").manual_seed(7)
-    e, k, t, h, i = 64, 8, 4, 2048, 1024
+    e, k, h, i = 64, 8, 2048, 1024
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
                               torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
