@@ -106,6 +106,20 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
     moe.split_k = None
+    slots = moe._slot_plan(x, m * top_k) if m <= SLOT_TRY_TOKENS else None
+    if slots:  # the GEMMs of the layer's slot blocks (no alignment; the down GEMM sums each token's slots)
+        kgu, kdn = slots
+        y_tok = torch.zeros(m, h, device=x.device, dtype=x.dtype)
+        out["gate_up@slots"] = [
+            (lambda ids=ids: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids.reshape(-1), total=None, top_k=top_k,
+                                      silu_mul=fused, **xin, **kgu))
+            for _, ids in routes
+        ]  # fmt: skip
+        out["down@slots"] = [
+            (lambda w=w, ids=ids: moe_gemm(tw=dn, sorted_ids=None, expert_ids=ids.reshape(-1), total=None, top_k=1,
+                                           out=y_tok, routed_weights=_rw(w), sum_slots=top_k, **ain, **kdn))
+            for w, ids in routes
+        ]  # fmt: skip
     ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
     variants = [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""), tile_overrides(v))
                                 for v in filter(None, ws_tiles.split(","))]  # fmt: skip
