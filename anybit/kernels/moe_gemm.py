@@ -810,7 +810,8 @@ def moe_gemm(
             frag_switches.A8_MMA_ACC,
             slots,
             sum_slots,
-        )  # every setting and switch it reads
+            check_e,
+        )  # every setting and switch it reads (and `slot_consts`, whose E is the weight's)
         launch = tw.launches.get(key)
         if launch is None:
             launch = tw.launches[key] = _moe_frag_launch(tw, x.dtype, key, slot_consts)

@@ -3,6 +3,7 @@ y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) with e = ids[t, j
 
 With the Triton backend usable (bf16/fp16 activations; A16 schemes, or per-token FP8 ones it runs
 exactly) the two projections are one indexed grouped GEMM launch each over `moe_align`'s sorted rows
+(up to `SLOT_MAX_TOKENS` tokens over the top-k ids as given, the top-k sum in the down GEMM: two launches)
 — no host synchronisation, CUDA-graph capturable. Otherwise (backend="torch", static or per-group FP8
 activations) every expert runs through `anybit.gemm` on its rows: the exact reference. Ids of -1
 contribute nothing."""
