@@ -40,35 +40,10 @@ from anybit.kernels.frag import (
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 from anybit.kernels.launch import Launcher
+from anybit.kernels.moe_rows import block_live, block_rows, finish_rows
 
 
 # fmt: off
-@triton.jit
-def _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                ROWS: tl.constexpr = 0, FIRST: tl.constexpr = 0, SLOTS: tl.constexpr = False):
-    """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads: all
-    BLOCK_M of them, or ROWS from its row FIRST on. SLOTS: a block is flat slot pid_m alone, on its first row."""
-    lane = tl.arange(0, ROWS if ROWS else BLOCK_M)
-    if SLOTS:
-        rows = pid_m + lane * 0
-        valid = lane == 0
-    else:
-        pos = pid_m * BLOCK_M + FIRST + lane
-        rows = tl.load(sorted_ptr + pos, mask=pos < n_sorted, other=num_rows)
-        valid = rows < num_rows
-    return rows, valid, rows // TOP_K
-
-
-@triton.jit
-def _check_expert(e, E, CHECK: tl.constexpr):
-    """A slot's expert id >= E (`moe_gemm(sorted_ids=None)` reads the top-k ids as given) stops the kernel, and with
-    it the CUDA context, as a device-side assert does: a `trap` (CUDA reports an unspecified launch failure). Not a
-    printed message: a printf call in the kernel cost the K loop 7 % more instructions (sm_90a, w4a16)."""
-    if CHECK:
-        tl.inline_asm_elementwise("{ .reg .pred bad; setp.ge.s64 bad, $1, $2; @bad trap; mov.b32 $0, 0; }", "=r,l,l",
-                                  [e.to(tl.int64), E.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _moe_gemm_kernel(
     x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr, xs_ptr,
@@ -88,11 +63,11 @@ def _moe_gemm_kernel(
     half is padding (an expert's last, short block) runs on its first half only. SLOTS: no alignment, block
     pid_m is flat slot pid_m and expert_ptr the top-k ids (E experts; ids >= E stop the kernel with CHECK_E, else
     are skipped as -1 is);
-    SUM_SLOTS: y's rows are tokens, each the sum of its SUM_SLOTS slots (`_sum_partials`)."""
+    SUM_SLOTS: y's rows are tokens, each the sum of its SUM_SLOTS slots (`sum_partials`)."""
     pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
-    if _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
-                   BLOCK_N, CHECK_E):  # fmt: skip
+    if block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
+                  BLOCK_N, CHECK_E):  # fmt: skip
         mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
         if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
             _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
@@ -123,10 +98,10 @@ def _moe_plane_rows(
     SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
 ):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight tile of this
-    program's N tile and K split; the epilogue of `_finish_rows`."""
+    program's N tile and K split; the epilogue of `finish_rows`."""
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
+    rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     cols_n = offs_n // GROUP_N
@@ -145,9 +120,9 @@ def _moe_plane_rows(
     if SCALE_AT == 0:
         s, z = scale_zero(se, ze, 0, cols_n, mask_n, stride_s, SCALE_KIND, S_EXP, S_MAN, ZP)
         acc = acc * s[None, :]
-    _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
-                 pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
-                 ROWS, BLOCK_N, SUM_SLOTS)
+    finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
+                pid_n, pid_k, N, stride_ym, HAS_GS, FP8_X and X_GROUP == 0, MUL_ROUTED, SILU_MUL, SPLIT_K,
+                ROWS, BLOCK_N, SUM_SLOTS)
 
 
 @triton.jit
@@ -258,88 +233,6 @@ def _plane_loop(x_ptr, p0, p1, p2, xs_ptr, se, ze, src, mask_m, offs_n, mask_n, 
     return acc
 
 
-@triton.jit
-def _finish_rows(acc, e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n, mask_n, pid_m,
-                 pid_n, pid_k, N, stride_ym, HAS_GS: tl.constexpr, FP8_X: tl.constexpr, MUL_ROUTED: tl.constexpr,
-                 SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SUM_SLOTS: tl.constexpr = 0):
-    """The grouped kernels' epilogue for an fp32 [BLOCK_M, BLOCK_N] tile with weight scales applied:
-    global scale, per-token x scales, top-k weights, then store (silu(gate) * up when SILU_MUL), or
-    with SPLIT_K the partial to the workspace and the last split to arrive sums, stores, re-arms;
-    SUM_SLOTS: `_sum_partials`."""
-    if HAS_GS:
-        acc = acc * tl.load(gs_ptr + e)
-    if FP8_X:  # each x row's per-token scale (x rows: tokens for gate_up, flat slots for down)
-        acc = acc * tl.load(xs_ptr + src, mask=mask_m, other=0.0)[:, None]
-    if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
-        acc = acc * tl.load(rw_ptr + rows, mask=mask_m, other=0.0)[:, None]
-    # every scaling above is linear, so splits may apply it to their partials; silu waits for the sum
-    if SPLIT_K == 1 and SUM_SLOTS == 0:
-        _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
-    else:
-        _sum_partials(acc, y_ptr, ws_ptr, cnt_ptr, rows, mask_m, offs_n, mask_n, pid_m, pid_n, pid_k, N, stride_ym,
-                      SILU_MUL, SUM_SLOTS, SPLIT_K, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _sum_partials(acc, y_ptr, ws_ptr, cnt_ptr, rows, mask_m, offs_n, mask_n, pid_m, pid_n, pid_k, N, stride_ym,
-                  SILU_MUL: tl.constexpr, SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """The tile's partial (its K split's; SUM_SLOTS: its slot's, slot blocks holding row pid_m on their first row) to
-    the workspace; the last of the output tile's partials to arrive (SPLIT_K, times SUM_SLOTS: every slot of the
-    token) sums them in a fixed order (the same bits every launch), stores y (SUM_SLOTS: the token's row — the top-k
-    sum without a launch of its own) and re-arms the tile's counter for the next launch (graph replay)."""
-    BLOCKS: tl.constexpr = SUM_SLOTS if SUM_SLOTS else 1  # the blocks summed into one output tile
-    grid_rows = tl.num_programs(0) * BLOCK_M
-    local = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ws_tile = ws_ptr + local[:, None].to(tl.int64) * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    tl.store(ws_tile + pid_k * grid_rows * N, acc, mask=mask)
-    tl.debug_barrier()
-    owner = pid_m // BLOCKS  # the output tile's (token's) first block is owner * BLOCKS
-    tile = owner * tl.num_programs(1) + pid_n
-    if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == BLOCKS * SPLIT_K - 1:
-        first = ws_tile + (owner * BLOCKS - pid_m) * BLOCK_M * N
-        total = tl.zeros_like(acc)
-        for j in range(BLOCKS):
-            for i in range(SPLIT_K):
-                total += tl.load(first + (j * BLOCK_M + i * grid_rows) * N, mask=mask, other=0.0, cache_modifier=".cg")
-        out_rows = rows // SUM_SLOTS if SUM_SLOTS else rows
-        _store_rows(total, y_ptr, out_rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL, BLOCK_M, BLOCK_N)
-        tl.atomic_xchg(cnt_ptr + tile, 0)
-
-
-@triton.jit
-def _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS: tl.constexpr,
-                SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CHECK_E: tl.constexpr):
-    """Whether block pid_m (expert e) runs its GEMM: aligned, a block within the padded total of an expert on this
-    rank; a slot block (n_sorted = 0: the kernel's loads of sorted ids are masked off), an expert in [0, E) — one that
-    is not still adds its zeros to its token's sum (SUM_SLOTS)."""
-    if SLOTS:
-        _check_expert(e, E, CHECK_E)
-        if SUM_SLOTS:
-            if (e < 0) | (e >= E):
-                _dropped_slot(y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SUM_SLOTS, SPLIT_K, BLOCK_M, BLOCK_N)
-        live = (e >= 0) & (e < E)
-    else:
-        live = pid_m * BLOCK_M < tl.load(total_ptr) and e >= 0
-    return live
-
-
-@triton.jit
-def _dropped_slot(y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SUM_SLOTS: tl.constexpr, SPLIT_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A slot of no expert (id -1, or >= E unchecked) adds zeros to its token's sum (`_sum_partials` counts every
-    slot's partials)."""
-    pid_n = tl.program_id(1)
-    lane = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _sum_partials(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), y_ptr, ws_ptr, cnt_ptr, pid_m + lane * 0, lane == 0,
-                  offs_n, offs_n < N, pid_m, pid_n, tl.program_id(2), N, stride_ym, False, SUM_SLOTS, SPLIT_K, BLOCK_M,
-                  BLOCK_N)
-
-
 @triton.jit(do_not_specialize=["MASK"])
 def _moe_frag_kernel(
     x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, expert_ptr, total_ptr, rw_ptr,
@@ -369,8 +262,8 @@ def _moe_frag_kernel(
     pid_m = tl.program_id(0)
     e = tl.load(expert_ptr + pid_m)
     BM1: tl.constexpr = BLOCK_M - BM2  # the power-of-two part
-    if _block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
-                   BLOCK_N, CHECK_E):  # fmt: skip
+    if block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
+                  BLOCK_N, CHECK_E):  # fmt: skip
         # sorted rows pad each expert's run at its end: a block's first padding row says how many it holds
         mid = pid_m * BLOCK_M + (BM1 if BM2 else BLOCK_M // 2)
         short = tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows
@@ -416,10 +309,10 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr,
                    MMA_ACC: tl.constexpr, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
-    this program's N tile and K split, decoded into the MMA's registers; the epilogue of `_finish_rows`."""
+    this program's N tile and K split, decoded into the MMA's registers; the epilogue of `finish_rows`."""
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
+    rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     e64 = e.to(tl.int64)
@@ -436,9 +329,9 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                                S_EXP, S_MAN)[:, None]
     if HAS_RS:
         acc = acc * tl.load(rs_ptr + e64 * N + offs_n, mask=mask_n, other=0.0)[:, None]
-    _finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
-                 mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
-                 BLOCK_N, SUM_SLOTS)
+    finish_rows(tl.trans(acc), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, ws_ptr, cnt_ptr, rows, src, mask_m, offs_n,
+                mask_n, pid_m, pid_n, pid_k, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, SPLIT_K, ROWS,
+                BLOCK_N, SUM_SLOTS)
 
 
 @triton.jit
@@ -454,8 +347,8 @@ def _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, 
     """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes, no
     split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
     pid_n = tl.program_id(1)
-    rows, mask_m, src = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM1)
-    rows2, mask_m2, src2 = _block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM2, BM1)
+    rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM1)
+    rows2, mask_m2, src2 = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM2, BM1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     e64 = e.to(tl.int64)
@@ -472,26 +365,12 @@ def _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, 
         r = tl.load(rs_ptr + e64 * N + offs_n, mask=mask_n, other=0.0)[:, None]
         a1 = a1 * r
         a2 = a2 * r
-    _finish_rows(tl.trans(a1), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows, src, mask_m, offs_n, mask_n,
-                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM1, BLOCK_N)
-    _finish_rows(tl.trans(a2), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows2, src2, mask_m2, offs_n, mask_n,
-                 pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM2, BLOCK_N)
+    finish_rows(tl.trans(a1), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows, src, mask_m, offs_n, mask_n,
+                pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM1, BLOCK_N)
+    finish_rows(tl.trans(a2), e, gs_ptr, xs_ptr, rw_ptr, y_ptr, y_ptr, y_ptr, rows2, src2, mask_m2, offs_n, mask_n,
+                pid_m, pid_n, 0, N, stride_ym, HAS_GS, HAS_XS, MUL_ROUTED, SILU_MUL, 1, BM2, BLOCK_N)
 
 
-@triton.jit
-def _store_rows(acc, y_ptr, rows, mask_m, offs_n, mask_n, pid_n, N, stride_ym, SILU_MUL: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Write the tile's rows of y (flat slots), or silu(gate) * up of interleaved gate/up columns."""
-    if SILU_MUL:
-        # rows of W interleave gate and up (2j, 2j+1): split the tile's columns into the two halves
-        gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-        h = gate / (1.0 + tl.exp(-gate)) * up
-        offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_h[None, :]
-        tl.store(y_ptrs, h.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_h < N // 2)[None, :])
-    else:
-        y_ptrs = y_ptr + rows[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 # fmt: on
 
 
