@@ -32,7 +32,7 @@ from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
 from anybit.kernels.moe_ws import moe_gemm_ws  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
-from anybit.moe.layer import down_tiles, grouped_inputs, moe_tiles  # noqa: E402
+from anybit.moe.layer import down_tiles, grouped_inputs, moe_tiles, takes_slot_blocks  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
 
 MODELS = {"deepseek-v3": dict(E=256, top_k=8, H=7168, I=2048), "qwen3-30b-a3b": dict(E=128, top_k=8, H=2048, I=768)}
@@ -86,7 +86,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
     xin, ain = grouped_inputs(x, gu), grouped_inputs(act, dn)
-    out = {}
+    out, own = {}, None
     dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k)  # the layer's own down tile; variants' keys over it
     for tag, split, over in variants:
         moe.split_k = split
@@ -95,6 +95,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
         t_dn = dn_tiles | over
         kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_dn, False)
+        own = own or (kgu, kdn)  # the layer's plan: the first variant
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
                                           silu_mul=fused, **xin, **kw))
@@ -106,7 +107,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
     moe.split_k = None
-    slots = moe._slot_plan(x, m * top_k) if m <= SLOT_TRY_TOKENS else None
+    slots = takes_slot_blocks(m, tiles["block_m"], SLOT_TRY_TOKENS) and moe._slot_plan(x, m * top_k, *own)
     if slots:  # the GEMMs of the layer's slot blocks (no alignment; the down GEMM sums each token's slots)
         kgu, kdn = slots
         y_tok = torch.zeros(m, h, device=x.device, dtype=x.dtype)

@@ -653,10 +653,11 @@ def moe_gemm(
             why = f"split_k={split_k}" + (f" with sum_slots={sum_slots}" if sum_slots else "")
             raise ValueError(f"{why} needs an fp32 workspace >= {need} and >= {tiles} counters")
     # an id >= E stops a slot launch on the GPU; the interpreter cannot trap, the host checks its CPU ids
+    experts = tw.planes[0].shape[0]
     check_e = slots and check_ids and not settings.triton_interpret()
-    if slots and check_ids and not check_e and bool((expert_ids >= tw.planes[0].shape[0]).any()):
-        raise AnybitError(f"expert id {int(expert_ids.max())} out of range for {tw.planes[0].shape[0]} experts")
-    slot_consts = dict(E=tw.planes[0].shape[0], SLOTS=slots, SUM_SLOTS=sum_slots, CHECK_E=check_e)
+    if slots and check_ids and not check_e and bool((expert_ids >= experts).any()):
+        raise AnybitError(f"expert id {int(expert_ids.max())} out of range for {experts} experts")
+    slot_consts = dict(E=experts, SLOTS=slots, SUM_SLOTS=sum_slots, CHECK_E=check_e)
     dummy = tw.scales
     if tw.frag:
         if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != tw.mma_a8:

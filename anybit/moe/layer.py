@@ -41,8 +41,8 @@ class QuantMoE(nn.Module):
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
         self._ws_failed = False  # the warp-specialised kernel failed once here: moe_gemm from then on
         self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: a device assert; slot blocks: a trap)
-        # calls of up to this many tokens skip the alignment (`_slot_blocks`: a block per token x slot, two launches);
-        # more tokens share more experts, whose weights a block per slot reads again
+        # calls of up to this many tokens skip the alignment (`takes_slot_blocks`: a block per token x slot, two
+        # launches); more tokens share more experts, whose weights a block per slot reads again
         self.slot_max_tokens = SLOT_MAX_TOKENS
 
     @classmethod
@@ -105,20 +105,26 @@ class QuantMoE(nn.Module):
                       self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
             )  # fmt: skip
         block_m, launch_gu, launch_dn, run = self._plans[key]
-        if run is moe_gemm and t <= self.slot_max_tokens:
+        slots = run is moe_gemm and takes_slot_blocks(t, block_m, self.slot_max_tokens)
+        if slots:  # the top-k ids as given, a block per flat slot (`moe_gemm(sorted_ids=None)`); ids >= E: a trap
             slot_key = (*key, "slots")
             if slot_key not in self._plans:
-                self._plans[slot_key] = self._slot_plan(x, t * k)
-            if self._plans[slot_key]:
-                return self._slot_blocks(x, topk_weights, topk_ids, *self._plans[slot_key])
-        # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
-        sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
-        # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight
+                self._plans[slot_key] = self._slot_plan(x, t * k, launch_gu, launch_dn)
+            launch_gu, launch_dn = self._plans[slot_key]
+            ids = topk_ids.reshape(-1)
+            ids = ids if ids.is_contiguous() and ids.dtype in (torch.int32, torch.int64) else ids.int().contiguous()
+            sorted_ids, expert_ids, total = None, ids, None
+            checked = dict(check_ids=self.check_ids)
+        else:  # ids >= E: an error, not skipped (GPU: a device-side assert; decode checks inside the alignment)
+            sorted_ids, expert_ids, total = moe_align(topk_ids, self.num_experts, block_m, check=self.check_ids)
+            checked = {}
+        # gate_up with silu(gate) * up in its epilogue; down with each row times its top-k weight (slot blocks: and
+        # each token's slots summed)
         xin = grouped_inputs(x, gu, launch_gu.get("pdl", False))
         try:
             act = _fitting(launch_gu, lambda **kw: run(tw=gu, sorted_ids=sorted_ids, expert_ids=expert_ids,
                                                         total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
-                                                        **xin, **kw))  # fmt: skip
+                                                        **checked, **xin, **kw))  # fmt: skip
         except _triton_errors() as e:
             if run is not moe_gemm_ws:
                 raise
@@ -129,51 +135,21 @@ class QuantMoE(nn.Module):
             return self._grouped(x, topk_weights, topk_ids)
         if not fused:
             act = _silu_mul(act, self.intermediate).to(x.dtype)
-        y = torch.empty((t * k, self.hidden), device=x.device, dtype=x.dtype)  # moe_sum skips dropped slots
+        # a row per token (slot blocks), or per flat slot for moe_sum (which skips dropped slots)
+        y = torch.empty((t if slots else t * k, self.hidden), device=x.device, dtype=x.dtype)
         routed = topk_weights.reshape(-1).float().contiguous()
+        sums = dict(checked, sum_slots=k) if slots else {}
         # quantized last, so that the quantizer is the kernel right before the down GEMM (PDL)
         ain = grouped_inputs(act, dn, launch_dn.get("pdl", False))
         _fitting(launch_dn, lambda **kw: run(tw=dn, sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
-                                                   top_k=1, out=y, routed_weights=routed, **ain, **kw))  # fmt: skip
-        return moe_sum(y, topk_ids, self.num_experts)
+                                             top_k=1, out=y, routed_weights=routed, **sums, **ain, **kw))  # fmt: skip
+        return y if slots else moe_sum(y, topk_ids, self.num_experts)
 
-    def _slot_plan(self, x: torch.Tensor, rows: int) -> tuple[dict, dict] | None:
-        """The two GEMMs' launches without alignment (`moe_gemm(sorted_ids=None)`: a block per flat slot, the down
-        GEMM summing each token's slots), or None where the decode tile's blocks are not a power of two."""
-        from anybit.kernels.moe_gemm import moe_tile_kind
-
-        gu, dn, fused = self._stacked
-        tiles = moe_tiles(rows, self.num_experts, x.is_cuda, moe_tile_kind(gu, x.dtype))
-        if tiles["block_m"] & (tiles["block_m"] - 1):
-            return None
-        dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k)
-        launches = self._launch(x, gu, rows, tiles, fused, True), self._launch(x, dn, rows, dn_tiles, False, True)
-        for launch in launches:
-            launch.pop("tail_half", None)  # (one row a block)
-        return launches
-
-    def _slot_blocks(self, x, topk_weights, topk_ids, launch_gu: dict, launch_dn: dict) -> torch.Tensor:
-        """The layer in two launches (FP8 x: and its two quantizers): gate_up (silu·up fused) and down (top-k weights
-        and the top-k sum fused) on the top-k ids as given, one block per flat slot — no `moe_align`, no `moe_sum`."""
-        from anybit.kernels.moe_gemm import moe_gemm
-
-        gu, dn, fused = self._stacked
-        t, k = topk_ids.shape
-        ids = topk_ids.reshape(-1)
-        ids = ids if ids.is_contiguous() and ids.dtype in (torch.int32, torch.int64) else ids.int().contiguous()
-        xin = grouped_inputs(x, gu, launch_gu.get("pdl", False))
-        act = _fitting(launch_gu, lambda **kw: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids, total=None, top_k=k,
-                                                         silu_mul=fused, out_dtype=x.dtype, check_ids=self.check_ids,
-                                                         **xin, **kw))  # fmt: skip
-        if not fused:
-            act = _silu_mul(act, self.intermediate).to(x.dtype)
-        y = torch.empty((t, self.hidden), device=x.device, dtype=x.dtype)
-        routed = topk_weights.reshape(-1).float().contiguous()
-        ain = grouped_inputs(act, dn, launch_dn.get("pdl", False))
-        _fitting(launch_dn, lambda **kw: moe_gemm(tw=dn, sorted_ids=None, expert_ids=ids, total=None, top_k=1, out=y,
-                                                  routed_weights=routed, sum_slots=k, check_ids=self.check_ids,
-                                                  **ain, **kw))  # fmt: skip
-        return y
+    def _slot_plan(self, x: torch.Tensor, rows: int, launch_gu: dict, launch_dn: dict) -> tuple[dict, dict]:
+        """The plan's launches on slot blocks: one row a block (no half-width tails), and the down GEMM's workspace
+        for its top-k sum."""
+        one_row = [{name: v for name, v in launch.items() if name != "tail_half"} for launch in (launch_gu, launch_dn)]
+        return one_row[0], self._workspace(x, self._stacked[1], rows, one_row[1], sums=True)
 
     def _ws_plan(self, x: torch.Tensor, rows: int) -> dict | None:
         """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`;
@@ -185,14 +161,19 @@ class QuantMoE(nn.Module):
         gu, dn, _ = self._stacked
         return moe_ws_plan(gu, dn, rows, self.num_experts, x.dtype, x.device)[0]
 
-    def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool, slots: bool = False) -> dict:
-        """`launch_plan` and, where it splits K or sums slots (slot blocks' down GEMM), the split workspace."""
+    def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
+        """`launch_plan` and, where it splits K, the split workspace."""
+        return self._workspace(x, tw, rows, launch_plan(tw, self.num_experts, rows, tiles, silu, x.device,
+                                                        self.split_k))  # fmt: skip
+
+    def _workspace(self, x: torch.Tensor, tw, rows: int, plan: dict, sums: bool = False) -> dict:
+        """The launch `plan` with the split workspace where it splits K or sums each token's slots (`sums`: slot
+        blocks' down GEMM; its blocks are the rows themselves)."""
         from anybit.backends.registry import get_backend
         from anybit.kernels.dequant import cdiv
 
-        plan = launch_plan(tw, self.num_experts, rows, tiles, silu, x.device, self.split_k)
         split = plan["split_k"]
-        if split == 1 and not (slots and not silu):
+        if split == 1 and not sums:
             return plan
         grid_m = max(rows, cdiv(rows, plan["block_m"]) + min(self.num_experts, rows))
         floats = split * grid_m * plan["block_m"] * tw.n
@@ -233,6 +214,12 @@ class QuantMoE(nn.Module):
 # 110.1, NVFP4 83.5 -> 74.9; M=4 Qwen3 w4a16 42.3 -> 32.6, NVFP4 50.2 -> 39.0, W8A8 55.3 -> 52.2, DeepSeek-V3 w4a16
 # 213.4 -> 199.8, W8A8 321.7 -> 319.6; M=16 slower everywhere (Qwen3 w4a16 86.1 -> 95.4, DeepSeek 690 -> 821).
 SLOT_MAX_TOKENS = 4
+
+
+def takes_slot_blocks(tokens: int, block_m: int, most: int = SLOT_MAX_TOKENS) -> bool:
+    """Whether `QuantMoE`'s grouped GEMMs (`moe_gemm`) run a call of `tokens` on slot blocks: up to `most` tokens,
+    where the plan's blocks are a power of two (blocks of two parts are prefill tiles)."""
+    return tokens <= most and not block_m & (block_m - 1)
 
 
 def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -236,7 +236,14 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
-    from anybit.moe.layer import SLOT_MAX_TOKENS, block_stats, grouped_why_not, launch_plan, moe_tiles
+    from anybit.moe.layer import (
+        SLOT_MAX_TOKENS,
+        block_stats,
+        grouped_why_not,
+        launch_plan,
+        moe_tiles,
+        takes_slot_blocks,
+    )
     from anybit.quant.weights import QuantizedWeight
 
     scheme = Scheme.parse(scheme_text)
@@ -272,7 +279,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         ]
     kind = moe_tile_kind(gate_up, DTYPES[dtype])
     tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
-    slots = tokens <= SLOT_MAX_TOKENS and not tiles["block_m"] & (tiles["block_m"] - 1)  # `QuantMoE._slot_blocks`
+    slots = takes_slot_blocks(tokens, tiles["block_m"])
     lines.append(
         f"  path: grouped Triton GEMMs on the top-k ids as given (<= {SLOT_MAX_TOKENS} tokens: a block per token x "
         "slot, no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"

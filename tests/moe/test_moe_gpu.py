@@ -53,9 +53,10 @@ def test_grouped_moe_captures_in_a_cuda_graph():
 
 @pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w3a16", "w4a8", "w4a8-mxfp4", "w8a8-fp8", "fp8-block"])
 def test_one_token_without_alignment(scheme):
-    """One token (decode): the two GEMMs on the top-k ids as given, the top-k sum in the down GEMM (`_slot_blocks`),
-    at Qwen3-30B-A3B's sizes — against the exact loop and the aligned path, the same bits relaunched, and from a CUDA
-    graph replayed with other routings (the ids are read on the device: nothing to re-capture)."""
+    """One token (decode): the two GEMMs on the top-k ids as given, the top-k sum in the down GEMM
+    (`takes_slot_blocks`), at Qwen3-30B-A3B's sizes — against the exact loop and the aligned path, the same bits
+    relaunched, and from a CUDA graph replayed with other routings (the ids are read on the device: nothing to
+    re-capture)."""
     g = torch.Generator(device="cuda").manual_seed(17)
     e, k, h, i = 128, 8, 2048, 768
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
