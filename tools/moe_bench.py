@@ -86,7 +86,21 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     y = torch.zeros(m * top_k, h, device=x.device, dtype=x.dtype)
     # FP8-activation schemes: the inputs quantized once, outside the timed GEMMs (the layer times it all)
     xin, ain = grouped_inputs(x, gu), grouped_inputs(act, dn)
-    out, own = {}, None
+    y_tok = torch.zeros(m, h, device=x.device, dtype=x.dtype)
+    out = {}
+
+    def layer(w, ids, slot_tokens=None, split=None):
+        def run():
+            keep = moe.slot_max_tokens, moe.split_k
+            moe.slot_max_tokens = keep[0] if slot_tokens is None else slot_tokens
+            moe.split_k = split
+            try:
+                return moe(x, w, ids)
+            finally:
+                moe.slot_max_tokens, moe.split_k = keep
+
+        return run
+
     dn_tiles = down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k)  # the layer's own down tile; variants' keys over it
     for tag, split, over in variants:
         moe.split_k = split
@@ -95,7 +109,6 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
         t_dn = dn_tiles | over
         kgu, kdn = moe._launch(x, gu, m * top_k, t_tiles, fused), moe._launch(x, dn, m * top_k, t_dn, False)
-        own = own or (kgu, kdn)  # the layer's plan: the first variant
         out["gate_up" + tag] = [
             (lambda a=a, kw=kgu: moe_gemm(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
                                           silu_mul=fused, **xin, **kw))
@@ -106,21 +119,22 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
                                                routed_weights=_rw(w), **ain, **kw))
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
+        if takes_slot_blocks(m, bm, SLOT_TRY_TOKENS):  # the same launches on slot blocks (no alignment; the
+            kgu, kdn = moe._slot_plan(x, m * top_k, kgu, kdn)  # down GEMM sums each token's slots)
+            out["gate_up@slots" + tag] = [
+                (lambda ids=ids, kw=kgu: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids.reshape(-1), total=None,
+                                                  top_k=top_k, silu_mul=fused, **xin, **kw))
+                for _, ids in routes
+            ]  # fmt: skip
+            out["down@slots" + tag] = [
+                (lambda w=w, ids=ids, kw=kdn: moe_gemm(tw=dn, sorted_ids=None, expert_ids=ids.reshape(-1), total=None,
+                                                       top_k=1, out=y_tok, routed_weights=_rw(w), sum_slots=top_k,
+                                                       **ain, **kw))
+                for w, ids in routes
+            ]  # fmt: skip
+        if split is not None:  # the whole layer with that split forced
+            out["layer" + tag] = [layer(w, ids, split=split) for w, ids in routes]
     moe.split_k = None
-    slots = takes_slot_blocks(m, tiles["block_m"], SLOT_TRY_TOKENS) and moe._slot_plan(x, m * top_k, *own)
-    if slots:  # the GEMMs of the layer's slot blocks (no alignment; the down GEMM sums each token's slots)
-        kgu, kdn = slots
-        y_tok = torch.zeros(m, h, device=x.device, dtype=x.dtype)
-        out["gate_up@slots"] = [
-            (lambda ids=ids: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids.reshape(-1), total=None, top_k=top_k,
-                                      silu_mul=fused, **xin, **kgu))
-            for _, ids in routes
-        ]  # fmt: skip
-        out["down@slots"] = [
-            (lambda w=w, ids=ids: moe_gemm(tw=dn, sorted_ids=None, expert_ids=ids.reshape(-1), total=None, top_k=1,
-                                           out=y_tok, routed_weights=_rw(w), sum_slots=top_k, **ain, **kdn))
-            for w, ids in routes
-        ]  # fmt: skip
     ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
     variants = [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""), tile_overrides(v))
                                 for v in filter(None, ws_tiles.split(","))]  # fmt: skip
@@ -141,17 +155,6 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
 
     def align(ids):
         return lambda: moe_align(ids, e, tiles["block_m"])
-
-    def layer(w, ids, slot_tokens=None):
-        def run():
-            keep = moe.slot_max_tokens
-            moe.slot_max_tokens = keep if slot_tokens is None else slot_tokens
-            try:
-                return moe(x, w, ids)
-            finally:
-                moe.slot_max_tokens = keep
-
-        return run
 
     out |= {"align": [align(ids) for _, ids in routes], "layer": [layer(w, ids) for w, ids in routes]}
     if m <= moe.slot_max_tokens:  # the layer without its slot blocks, for comparison
