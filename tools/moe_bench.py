@@ -35,7 +35,9 @@ from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 from anybit.moe.layer import down_tiles, grouped_inputs, moe_tiles, takes_slot_blocks  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
 
-MODELS = {"deepseek-v3": dict(E=256, top_k=8, H=7168, I=2048), "qwen3-30b-a3b": dict(E=128, top_k=8, H=2048, I=768)}
+MODELS = {"deepseek-v3": dict(E=256, top_k=8, H=7168, I=2048), "qwen3-30b-a3b": dict(E=128, top_k=8, H=2048, I=768),
+          "mixtral-8x7b": dict(E=8, top_k=2, H=4096, I=14336)}  # fmt: skip
+ISSUE_MODELS = "deepseek-v3,qwen3-30b-a3b"  # the MoE issue's shapes: the default
 HBM = 4.2e12
 
 
@@ -89,15 +91,15 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
     y_tok = torch.zeros(m, h, device=x.device, dtype=x.dtype)
     out = {}
 
-    def layer(w, ids, slot_tokens=None, split=None):
+    def layer(w, ids, slot_rows=None, split=None):
         def run():
-            keep = moe.slot_max_tokens, moe.split_k
-            moe.slot_max_tokens = keep[0] if slot_tokens is None else slot_tokens
+            keep = moe.slot_max_rows, moe.split_k
+            moe.slot_max_rows = keep[0] if slot_rows is None else slot_rows
             moe.split_k = split
             try:
                 return moe(x, w, ids)
             finally:
-                moe.slot_max_tokens, moe.split_k = keep
+                moe.slot_max_rows, moe.split_k = keep
 
         return run
 
@@ -119,8 +121,8 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
                                                routed_weights=_rw(w), **ain, **kw))
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
-        if takes_slot_blocks(m, bm, SLOT_TRY_TOKENS):  # the same launches on slot blocks (no alignment; the
-            kgu, kdn = moe._slot_plan(x, m * top_k, kgu, kdn)  # down GEMM sums each token's slots)
+        if takes_slot_blocks(m * top_k, bm, SLOT_TRY_TOKENS * top_k):  # the same launches on slot blocks (no
+            kgu, kdn = moe._slot_plan(x, m * top_k, kgu, kdn)  # alignment; the down GEMM sums each token's slots)
             out["gate_up@slots" + tag] = [
                 (lambda ids=ids, kw=kgu: moe_gemm(tw=gu, sorted_ids=None, expert_ids=ids.reshape(-1), total=None,
                                                   top_k=top_k, silu_mul=fused, **xin, **kw))
@@ -157,14 +159,14 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         return lambda: moe_align(ids, e, tiles["block_m"])
 
     out |= {"align": [align(ids) for _, ids in routes], "layer": [layer(w, ids) for w, ids in routes]}
-    if m <= moe.slot_max_tokens:  # the layer without its slot blocks, for comparison
+    if m * top_k <= moe.slot_max_rows:  # the layer without its slot blocks, for comparison
         out["layer@aligned"] = [layer(w, ids, 0) for w, ids in routes]
     elif m <= SLOT_TRY_TOKENS:  # slot blocks forced where more tokens share experts
-        out["layer@slots"] = [layer(w, ids, m) for w, ids in routes]
+        out["layer@slots"] = [layer(w, ids, m * top_k) for w, ids in routes]
     return out
 
 
-# Up to how many tokens `layer@slots` times the layer's slot blocks (`QuantMoE.slot_max_tokens`) beside its plan.
+# Up to how many tokens `layer@slots` times the layer's slot blocks (`QuantMoE.slot_max_rows`) beside its plan.
 SLOT_TRY_TOKENS = 16
 
 
@@ -397,7 +399,7 @@ def summary(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schemes", default="w4a16,mxfp4")
-    ap.add_argument("--models", default=",".join(MODELS), help=f"some of {', '.join(MODELS)}")
+    ap.add_argument("--models", default=ISSUE_MODELS, help=f"some of {', '.join(MODELS)}")
     ap.add_argument("--m", default="1,4,16,64,256,1024,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)

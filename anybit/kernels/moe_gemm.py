@@ -422,9 +422,11 @@ def moe_decode_plan(
     num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, frag: bool = False, narrow: bool = False
 ) -> tuple[int, int, int | None]:
     """(block_n, split_k, maxnreg) for a launch that would leave the GPU idle (decode). `narrow` (frag-layout
-    weights, no fused silu): a launch of < 6 CTAs per SM takes 64-row tiles first — H200, one token:
-    DeepSeek-V3 down 26.9 -> 24.4 µs, Qwen3-30B-A3B down 7.5 -> 6.7 (the fused gate_up ran slower
-    so: 45.2 -> 53.9 unsplit). Then K is split until the launch puts ~3 CTAs on each SM, keeping >= 4
+    weights, no fused silu): a launch of < 3 CTAs per SM takes 64-row tiles first — H200, one token: Qwen3-30B-A3B
+    down (1.1 CTAs an SM) 7.2 -> 6.1 µs (the fused gate_up ran slower so: 45.2 -> 53.9 unsplit). Above that the
+    64-row tiles lost (session 45, the threshold was 6): Qwen3 4 tokens (4.1 CTAs an SM) down w4a16 / W4A8 / NVFP4
+    11.3 / 9.4 / 13.0 µs at 128 rows against 12.2 / 10.9 / 13.6 at 64, DeepSeek-V3 one token (3.8) W4A8 19.6 vs
+    23.0, w4a16 23.4 vs 23.6, NVFP4 28.1 vs 27.2. Then K is split until the launch puts ~3 CTAs on each SM, keeping >= 4
     K tiles per split: DeepSeek-V3 gate_up 58.7 -> 44.8 µs split in 2 (45.3 in 4; ncu unsplit: 288
     CTAs, SMs busy 67 % of the time at 2.09 TB/s), while splitting a launch that already holds enough
     CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles).
@@ -434,7 +436,7 @@ def moe_decode_plan(
     11.2/23.2), so they keep the compiler's count."""
     block_m, block_n = tiles["block_m"], tiles["block_n"]
     grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
-    if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 6 * sms:
+    if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 3 * sms:
         block_n = 64
     ctas, k_tiles, split = grid_m * cdiv(n, block_n), cdiv(k, tiles["block_k"]), 1
     while split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:

@@ -3,7 +3,7 @@ y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) with e = ids[t, j
 
 With the Triton backend usable (bf16/fp16 activations; A16 schemes, or per-token FP8 ones it runs
 exactly) the two projections are one indexed grouped GEMM launch each over `moe_align`'s sorted rows
-(up to `SLOT_MAX_TOKENS` tokens over the top-k ids as given, the top-k sum in the down GEMM: two launches)
+(up to `slot_max_rows` token x slot rows over the top-k ids as given, the top-k sum in the down GEMM: two launches)
 — no host synchronisation, CUDA-graph capturable. Otherwise (backend="torch", static or per-group FP8
 activations) every expert runs through `anybit.gemm` on its rows: the exact reference. Ids of -1
 contribute nothing."""
@@ -41,9 +41,9 @@ class QuantMoE(nn.Module):
         self._plans: dict = {}  # (device, dtype, rows) -> grouped-path decisions: no re-deciding per call
         self._ws_failed = False  # the warp-specialised kernel failed once here: moe_gemm from then on
         self.check_ids = True  # expert ids >= E are an error, not skipped (GPU: a device assert; slot blocks: a trap)
-        # calls of up to this many tokens skip the alignment (`takes_slot_blocks`: a block per token x slot, two
-        # launches); more tokens share more experts, whose weights a block per slot reads again
-        self.slot_max_tokens = SLOT_MAX_TOKENS
+        # calls of up to this many token x slot rows skip the alignment (`takes_slot_blocks`: a block per row, two
+        # launches); more rows share more experts, whose weights a block per slot reads again
+        self.slot_max_rows = slot_max_rows(e, (gate_up.nbytes + down.nbytes) / e)
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme: Scheme | str, backend="auto") -> QuantMoE:
@@ -105,7 +105,7 @@ class QuantMoE(nn.Module):
                       self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
             )  # fmt: skip
         block_m, launch_gu, launch_dn, run = self._plans[key]
-        slots = run is moe_gemm and takes_slot_blocks(t, block_m, self.slot_max_tokens)
+        slots = run is moe_gemm and takes_slot_blocks(t * k, block_m, self.slot_max_rows)
         if slots:  # the top-k ids as given, a block per flat slot (`moe_gemm(sorted_ids=None)`); ids >= E: a trap
             slot_key = (*key, "slots")
             if slot_key not in self._plans:
@@ -206,20 +206,34 @@ class QuantMoE(nn.Module):
         return out.to(x.dtype)
 
 
-# Tokens up to which `QuantMoE` runs its GEMMs on the top-k ids as given (slot blocks: no alignment, the top-k sum in
-# the down GEMM; two launches instead of five). One token's top-k experts differ, so each expert's weights are read
-# once as with the alignment; a few tokens share some experts, read again, which the three launches saved outweigh up
-# to 4 tokens. H200 graphs, session 44, layer µs aligned -> slot blocks: M=1 Qwen3-30B-A3B w4a16 22.5 -> 15.1, W4A8
-# 25.8 -> 19.2, W8A8 29.4 -> 23.6, NVFP4 24.1 -> 17.2; DeepSeek-V3 w4a16 71.3 -> 64.1, W4A8 69.3 -> 69.8, W8A8 106.2 ->
-# 110.1, NVFP4 83.5 -> 74.9; M=4 Qwen3 w4a16 42.3 -> 32.6, NVFP4 50.2 -> 39.0, W8A8 55.3 -> 52.2, DeepSeek-V3 w4a16
-# 213.4 -> 199.8, W8A8 321.7 -> 319.6; M=16 slower everywhere (Qwen3 w4a16 86.1 -> 95.4, DeepSeek 690 -> 821).
-SLOT_MAX_TOKENS = 4
+# Token x slot rows up to which `QuantMoE` runs its GEMMs on the top-k ids as given (slot blocks: no alignment, the
+# top-k sum in the down GEMM; two launches instead of five). One token's top-k experts differ, so each expert's weights
+# are read once as with the alignment; a few tokens share some experts, read again, which the three launches saved
+# outweigh while the experts are small or the tokens few. H200 graphs, layer µs aligned -> slot blocks (session 44):
+# M=1 Qwen3-30B-A3B w4a16 22.5 -> 15.1, W4A8 25.8 -> 19.2, W8A8 29.4 -> 23.6, NVFP4 24.1 -> 17.2; DeepSeek-V3 w4a16
+# 71.3 -> 64.1, W4A8 69.3 -> 69.8, W8A8 106.2 -> 110.1, NVFP4 83.5 -> 74.9; M=4 Qwen3 w4a16 42.3 -> 32.6, NVFP4 50.2 ->
+# 39.0, W8A8 55.3 -> 52.2, DeepSeek-V3 w4a16 213.4 -> 199.8, W8A8 321.7 -> 319.6; M=16 slower everywhere (Qwen3 w4a16
+# 86.1 -> 95.4, DeepSeek 690 -> 821). Session 45, 6 / 8 / 10 tokens: Qwen3-30B-A3B (2.4-4.7 MB an expert) faster in
+# all 10 cells up to 8 (w4a16 48.4 / 59.0 -> 46.7 / 52.9, W4A8 60.4 -> 53.7 at 8, NVFP4 64.8 -> 64.5), at 10 in 4 of 5
+# (NVFP4 78.6 -> 80.1); DeepSeek-V3 (22-44 MB) even under FP8 x and 4-7 % slower in the 4-bit A16 formats from 6
+# (w4a16 292.3 -> 304.1, NVFP4 465.6 -> 499.6 at 8). So 32 rows (4 tokens of top-8), 64 for experts up to
+# SLOT_SMALL_EXPERT_BYTES — at most half the experts either way (few experts: most rows would share one; not measured).
+SLOT_MAX_ROWS = 32
+SLOT_MAX_ROWS_SMALL = 64
+SLOT_SMALL_EXPERT_BYTES = 8 << 20
 
 
-def takes_slot_blocks(tokens: int, block_m: int, most: int = SLOT_MAX_TOKENS) -> bool:
-    """Whether `QuantMoE`'s grouped GEMMs (`moe_gemm`) run a call of `tokens` on slot blocks: up to `most` tokens,
-    where the plan's blocks are a power of two (blocks of two parts are prefill tiles)."""
-    return tokens <= most and not block_m & (block_m - 1)
+def slot_max_rows(experts: int, expert_bytes: float) -> int:
+    """Token x slot rows up to which a layer of `experts` experts of `expert_bytes` (gate_up and down weights with
+    their scales) runs on slot blocks (`takes_slot_blocks`)."""
+    most = SLOT_MAX_ROWS_SMALL if expert_bytes <= SLOT_SMALL_EXPERT_BYTES else SLOT_MAX_ROWS
+    return min(most, experts // 2)
+
+
+def takes_slot_blocks(rows: int, block_m: int, most: int) -> bool:
+    """Whether `QuantMoE`'s grouped GEMMs (`moe_gemm`) run a call of `rows` token x slot rows on slot blocks: up to
+    `most` (`slot_max_rows`), where the plan's blocks are a power of two (blocks of two parts are prefill tiles)."""
+    return rows <= most and not block_m & (block_m - 1)
 
 
 def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: torch.dtype) -> str | None:

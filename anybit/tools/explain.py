@@ -237,11 +237,11 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
     from anybit.moe.layer import (
-        SLOT_MAX_TOKENS,
         block_stats,
         grouped_why_not,
         launch_plan,
         moe_tiles,
+        slot_max_rows,
         takes_slot_blocks,
     )
     from anybit.quant.weights import QuantizedWeight
@@ -262,8 +262,8 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     if why is not None:
         return lines + [f"  path: per-expert loop over anybit.gemm (exact) — {why}"]
     # one expert of each projection holds every fact the plan reads (layout, format, N, K)
-    gate_up, down = (stack_experts(QuantizedWeight.empty(scheme, (1, n, k), device=dev))
-                     for n, k in ((2 * inter, hidden), (hidden, inter)))  # fmt: skip
+    one = [QuantizedWeight.empty(scheme, (1, n, k), device=dev) for n, k in ((2 * inter, hidden), (hidden, inter))]
+    gate_up, down = (stack_experts(w) for w in one)
     rs, rs_why = moe_rs_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
     if rs:
         return lines + [
@@ -279,10 +279,11 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         ]
     kind = moe_tile_kind(gate_up, DTYPES[dtype])
     tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
-    slots = takes_slot_blocks(tokens, tiles["block_m"])
+    most = slot_max_rows(experts, sum(w.nbytes for w in one))
+    slots = takes_slot_blocks(rows, tiles["block_m"], most)
     lines.append(
-        f"  path: grouped Triton GEMMs on the top-k ids as given (<= {SLOT_MAX_TOKENS} tokens: a block per token x "
-        "slot, no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"
+        f"  path: grouped Triton GEMMs on the top-k ids as given (<= {most} token x slot rows here: a block per row, "
+        "no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"
         if slots
         else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)"
     )

@@ -419,16 +419,18 @@ def test_grouped_gemm_w4a8_fragment_layout(interpret):
 
 def test_decode_plan_at_the_measured_shapes():
     """The decode launch plan (host arithmetic, H200's 132 SMs), as measured: DeepSeek-V3 gate_up at one
-    token splits K in two; its down (frag layout, no fused silu) and Qwen3's take 64-row tiles
-    unsplit; at 4 tokens the launches are big enough as they are. Frag CTAs that walk >= 2048 K get
-    128 registers (DeepSeek-V3), short ones (Qwen3's split gate_up, its down over 768 K) do not."""
+    token splits K in two; Qwen3's down at one token (frag layout, no fused silu: 1.1 CTAs an SM) takes 64-row
+    tiles unsplit, DeepSeek-V3's (3.8) and Qwen3's at 4 tokens (4.1) keep 128; at 4 tokens the launches are big
+    enough as they are. Frag CTAs that walk >= 2048 K get 128 registers (DeepSeek-V3), short ones (Qwen3's split
+    gate_up, its down over 768 K) do not."""
     tiles = moe_tiles(8, 256, True)
     assert moe_decode_plan(8, 256, 4096, 7168, tiles, 132) == (128, 2, None)
     assert moe_decode_plan(8, 256, 4096, 7168, tiles, 132, frag=True) == (128, 2, 128)
-    assert moe_decode_plan(8, 256, 7168, 2048, tiles, 132, frag=True, narrow=True) == (64, 1, 128)
+    assert moe_decode_plan(8, 256, 7168, 2048, tiles, 132, frag=True, narrow=True) == (128, 1, 128)
     qwen = moe_tiles(8, 128, True)
     assert moe_decode_plan(8, 128, 1536, 2048, qwen, 132, frag=True) == (128, 4, None)
     assert moe_decode_plan(8, 128, 2048, 768, qwen, 132, frag=True, narrow=True) == (64, 1, None)
+    assert moe_decode_plan(32, 128, 2048, 768, moe_tiles(32, 128, True), 132, frag=True, narrow=True) == (128, 1, None)
     assert moe_decode_plan(32, 256, 4096, 7168, moe_tiles(32, 256, True), 132) == (128, 1, None)
     assert moe_decode_plan(128, 256, 7168, 2048, moe_tiles(128, 256, True), 132, narrow=True) == (128, 1, None)
 

@@ -62,7 +62,7 @@ def test_one_token_without_alignment(scheme):
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
                               torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
     aligned = QuantMoE.from_quantized(moe.gate_up, moe.down)
-    aligned.slot_max_tokens = 0
+    aligned.slot_max_rows = 0
     exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
     exact.backend = "torch"
     x = torch.randn(1, h, generator=g, device="cuda").bfloat16()

@@ -142,12 +142,25 @@ def test_grouped_w4a8_on_the_fragment_layout_with_block_sums(interpret, monkeypa
     assert fast._stacked[0].frag and fast._stacked[1].frag
 
 
+def test_slot_blocks_up_to_the_measured_rows():
+    """Slot blocks (no alignment) up to 32 token x slot rows, 64 for experts of <= 8 MB (H200: Qwen3-30B-A3B's 2.4-4.7
+    MB experts faster up to 8 tokens of top-8, DeepSeek-V3's 22-44 MB slower from 6), at most half the experts; the
+    layer's limit from its own weights; blocks of two parts never."""
+    from anybit.moe.layer import slot_max_rows, takes_slot_blocks
+
+    assert slot_max_rows(128, 2.4e6) == 64 and slot_max_rows(256, 22e6) == 32  # Qwen3-30B-A3B, DeepSeek-V3
+    assert slot_max_rows(8, 88e6) == 4 and slot_max_rows(6, 1e3) == 3  # few experts: at most half of them
+    assert takes_slot_blocks(64, 16, 64) and not takes_slot_blocks(65, 16, 64) and not takes_slot_blocks(8, 48, 64)
+    moe = QuantMoE.from_float(torch.randn(128, 2 * 128, 128) * 0.1, torch.randn(128, 128, 128) * 0.1, "w4a16")
+    assert moe.slot_max_rows == 64
+
+
 @pytest.mark.parametrize("scheme", ["w4a16", "nvfp4", "w8a16:e4m3:b128x128:fp32", "w4a8", "w8a8-fp8"])
 @pytest.mark.parametrize("split", [None, 2])
 def test_one_token_runs_without_alignment(interpret, monkeypatch, scheme, split):
-    """A call of one token (up to `SLOT_MAX_TOKENS`) runs its two GEMMs on the top-k ids as given, the top-k sum in
-    the down GEMM: no `moe_align`, no `moe_sum` (both fail here if called); a dropped slot; split-K forced; FP8 x;
-    gate and up unfused where scales span rows. Three tokens (two sharing an expert) are right too."""
+    """A call of one token (up to `slot_max_rows` token x slot rows) runs its two GEMMs on the top-k ids as given,
+    the top-k sum in the down GEMM: no `moe_align`, no `moe_sum` (both fail here if called); a dropped slot; split-K
+    forced; FP8 x; gate and up unfused where scales span rows. Three tokens (two sharing an expert) are right too."""
     import anybit.kernels.moe_gemm as kernels
     import anybit.moe.align as align
     import anybit.moe.layer as layer
@@ -165,7 +178,7 @@ def test_one_token_runs_without_alignment(interpret, monkeypatch, scheme, split)
     fast.split_k = split
     act = fast.gate_up.scheme.act if fast.gate_up.scheme.act.quantized else None
     for t, ids in ((1, [[3, -1, 0]]), (3, [[3, 1, 0], [1, 5, 2], [4, -1, 0]])):
-        fast.slot_max_tokens = t
+        fast.slot_max_rows = t * 3
         x = torch.randn(t, h, generator=g).half()
         w = torch.rand(t, 3, generator=g)
         ids = torch.tensor(ids, dtype=torch.int32)
