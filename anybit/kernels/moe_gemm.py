@@ -419,8 +419,9 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
 
 
 def moe_decode_plan(
-    num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, frag: bool = False, narrow: bool = False
-) -> tuple[int, int, int | None]:
+    num_rows: int, experts: int, n: int, k: int, tiles: dict, sms: int, frag: bool = False, narrow: bool = False,
+    split_ok: bool = True,
+) -> tuple[int, int, int | None]:  # fmt: skip
     """(block_n, split_k, maxnreg) for a launch that would leave the GPU idle (decode). `narrow` (frag-layout
     weights, no fused silu): a launch of < 3 CTAs per SM takes 64-row tiles first — H200, one token: Qwen3-30B-A3B
     down (1.1 CTAs an SM) 7.2 -> 6.1 µs (the fused gate_up ran slower so: 45.2 -> 53.9 unsplit). Above that the
@@ -429,8 +430,11 @@ def moe_decode_plan(
     23.0, w4a16 23.4 vs 23.6, NVFP4 28.1 vs 27.2. Then K is split until the launch puts ~3 CTAs on each SM, keeping >= 4
     K tiles per split: DeepSeek-V3 gate_up 58.7 -> 44.8 µs split in 2 (45.3 in 4; ncu unsplit: 288
     CTAs, SMs busy 67 % of the time at 2.09 TB/s), while splitting a launch that already holds enough
-    CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles).
-    Frag decode tiles whose CTAs each walk >= 2048 K are capped at 128 registers (4 CTAs per SM instead
+    CTAs costs 5–50 % (DeepSeek down 27.1 -> 29.5 in 2; tools/moe_bench.py --splits/--tiles). Not `split_ok`
+    (FP8 experts read as stored under per-token FP8 x, `launch_plan`): unsplit, the layer ran faster (session 45,
+    layer µs planned split -> unsplit: DeepSeek-V3 W8A8 one token 100.0 -> 95.7, 99.5 -> 95.1 in another process;
+    Qwen3-30B-A3B one / two tokens 24.1 / 35.0 -> 22.8 / 32.0) though its GEMMs alone were even (DeepSeek gate_up
+    59.7 -> 59.4). Frag decode tiles whose CTAs each walk >= 2048 K are capped at 128 registers (4 CTAs per SM instead
     of 3, spill-free): DeepSeek-V3 M=1/4 gate_up 44.9/138.1 -> 41.2/133.5 µs, down 26.3 -> 24.0, Qwen3
     gate_up M=16 45.5 -> 43.7; short CTAs lose by it (Qwen3 gate_up M=1/4, 1024 K each: 9.9/18.9 ->
     11.2/23.2), so they keep the compiler's count."""
@@ -439,7 +443,7 @@ def moe_decode_plan(
     if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 3 * sms:
         block_n = 64
     ctas, k_tiles, split = grid_m * cdiv(n, block_n), cdiv(k, tiles["block_k"]), 1
-    while split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:
+    while split_ok and split * 2 * 4 <= k_tiles and split < 16 and ctas * split < 3 * sms:
         split *= 2
     maxnreg = 128 if frag and block_m == 16 and cdiv(k, split) >= 2048 else None
     return block_n, split, maxnreg

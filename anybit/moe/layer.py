@@ -276,8 +276,9 @@ def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: to
     two = bm & (bm - 1) != 0  # blocks of two parts (`moe_gemm.two_part_why_not`): no split-K, no half-width tails
     if split_k is None and device.type == "cuda" and not two:
         narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
+        as_stored = tw.nk and not tw.scheme.act.group  # FP8 experts read as stored, x per token: no split
         tiles["block_n"], split, maxnreg = moe_decode_plan(rows, experts, tw.n, tw.k, tiles, _sm_count(device),
-                                                           tw.frag, narrow)  # fmt: skip
+                                                           tw.frag, narrow, split_ok=not as_stored)  # fmt: skip
         if maxnreg:
             tiles["maxnreg"] = maxnreg
     if split == 1 and bm >= 32 and not two:

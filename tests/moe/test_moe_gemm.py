@@ -421,11 +421,14 @@ def test_decode_plan_at_the_measured_shapes():
     """The decode launch plan (host arithmetic, H200's 132 SMs), as measured: DeepSeek-V3 gate_up at one
     token splits K in two; Qwen3's down at one token (frag layout, no fused silu: 1.1 CTAs an SM) takes 64-row
     tiles unsplit, DeepSeek-V3's (3.8) and Qwen3's at 4 tokens (4.1) keep 128; at 4 tokens the launches are big
-    enough as they are. Frag CTAs that walk >= 2048 K get 128 registers (DeepSeek-V3), short ones (Qwen3's split
-    gate_up, its down over 768 K) do not."""
+    enough as they are; FP8 experts read as stored never split. Frag CTAs that walk >= 2048 K get 128 registers
+    (DeepSeek-V3), short ones (Qwen3's split gate_up, its down over 768 K) do not."""
     tiles = moe_tiles(8, 256, True)
     assert moe_decode_plan(8, 256, 4096, 7168, tiles, 132) == (128, 2, None)
     assert moe_decode_plan(8, 256, 4096, 7168, tiles, 132, frag=True) == (128, 2, 128)
+    fp8 = moe_tiles(8, 256, True, "fp8")  # W8A8 experts read as stored: the layer ran faster unsplit
+    assert moe_decode_plan(8, 256, 4096, 7168, fp8, 132) == (128, 2, None)
+    assert moe_decode_plan(8, 256, 4096, 7168, fp8, 132, split_ok=False) == (128, 1, None)
     assert moe_decode_plan(8, 256, 7168, 2048, tiles, 132, frag=True, narrow=True) == (128, 1, 128)
     qwen = moe_tiles(8, 128, True)
     assert moe_decode_plan(8, 128, 1536, 2048, qwen, 132, frag=True) == (128, 4, None)
