@@ -134,7 +134,7 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
                                                        **ain, **kw))
                 for w, ids in routes
             ]  # fmt: skip
-        if split is not None:  # the whole layer with that split forced
+        if split is not None and not over:  # the whole layer with that split forced (tile overrides: GEMMs only)
             out["layer" + tag] = [layer(w, ids, split=split) for w, ids in routes]
     moe.split_k = None
     ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
