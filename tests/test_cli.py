@@ -51,6 +51,8 @@ def test_explain_moe_says_grouped_or_loop_and_why(capsys, monkeypatch):
     assert main(["explain", "--scheme", "w4a16", "--moe", "16,2", "--shape", "3,512,256", "--device", "cpu"]) == 0
     out = capsys.readouterr().out  # a few tokens: slot blocks, no alignment, the top-k sum in the down GEMM
     assert "on the top-k ids as given" in out and "top-k weights and their sum per token" in out
+    assert main(["explain", "--scheme", "w4a16", "--moe", "8,2", "--shape", "4,512,256", "--device", "cpu"]) == 0
+    assert "8 token x slot rows > 4: blocks a slot" in capsys.readouterr().out  # few experts: at most half of them
     assert main(["explain", "--scheme", "w8a8:e4m3:ch:fp32:e4m3-static", "--moe", "16,2", "--shape", "4,512,256",
                  "--device", "cpu"]) == 0  # fmt: skip
     assert "per-expert loop" in capsys.readouterr().out  # static scales differ per expert

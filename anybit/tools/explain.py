@@ -285,6 +285,9 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         f"  path: grouped Triton GEMMs on the top-k ids as given (<= {most} token x slot rows here: a block per row, "
         "no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"
         if slots
+        else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable; "
+        f"{rows} token x slot rows > {most}: blocks a slot would read shared experts again)"
+        if rows > most and tokens <= 16  # decode sizes: why not slot blocks
         else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)"
     )
     fused = scheme.granularity.block_shape(2 * inter, hidden)[0] == 1  # gate/up rows interleave: no scale spans rows
