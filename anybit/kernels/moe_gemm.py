@@ -504,6 +504,12 @@ def moe_block_k(tw, block_k: int, fp8_x: bool = False) -> int:
 TWO_SCALE_W_ROWS = 80
 
 
+def two_part_block(block_m: int) -> bool:
+    """Whether a grouped-GEMM block of block_m rows is one of two parts (48 = 32 + 16 …: not a power of two), which
+    runs without split-K, tail_half or slot blocks (`two_part_why_not`)."""
+    return block_m & (block_m - 1) != 0
+
+
 def two_part_why_not(tw, block_m: int, split_k: int = 1, tail_half: bool = False) -> str | None:
     """None where `moe_gemm` runs blocks of block_m = a power of two + a smaller one (`frag.two_parts`: 48 = 32 + 16,
     80 = 64 + 16) as two MMAs on each decoded K block (`frag_range_two`): fragment-layout 4-bit codes (bf16/fp16 x,
@@ -528,7 +534,7 @@ def slot_blocks_why_not(ids, total, num_rows: int, block_m: int, tail_half: bool
         return "slot blocks (sorted_ids=None) take no total: pass moe_align's three outputs or the top-k ids alone"
     if ids.dim() != 1 or ids.numel() != num_rows or ids.dtype not in (torch.int32, torch.int64):
         return f"slot blocks take the flat top-k ids, int32/int64 [{num_rows}], got {ids.dtype} {tuple(ids.shape)}"
-    if block_m & (block_m - 1) or tail_half:
+    if two_part_block(block_m) or tail_half:
         return f"slot blocks take a power-of-two block_m without tail_half, got {block_m=}, {tail_half=}"
     if sum_slots and (silu_mul or num_rows % sum_slots):
         return f"sum_slots={sum_slots} sums the down GEMM's slots: no silu_mul, rows ({num_rows}) a multiple of it"
@@ -636,7 +642,7 @@ def moe_gemm(
     n, k = tw.n, tw.k
     if tail_half and split_k > 1:
         raise ValueError(f"tail_half runs without split-K (the split workspace holds whole blocks), got {split_k=}")
-    if block_m & (block_m - 1):
+    if two_part_block(block_m):
         two_why = two_part_why_not(tw, block_m, split_k, tail_half)
         if two_why:
             raise ValueError(f"block_m={block_m}: {two_why}")

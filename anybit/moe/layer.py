@@ -233,7 +233,9 @@ def slot_max_rows(experts: int, expert_bytes: float) -> int:
 def takes_slot_blocks(rows: int, block_m: int, most: int) -> bool:
     """Whether `QuantMoE`'s grouped GEMMs (`moe_gemm`) run a call of `rows` token x slot rows on slot blocks: up to
     `most` (`slot_max_rows`), where the plan's blocks are a power of two (blocks of two parts are prefill tiles)."""
-    return rows <= most and not block_m & (block_m - 1)
+    from anybit.kernels.moe_gemm import two_part_block
+
+    return rows <= most and not two_part_block(block_m)
 
 
 def grouped_why_not(scheme: Scheme, backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -266,14 +268,13 @@ def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: to
     w4a16, 32-128 row blocks, 2-9 % faster, e.g. DeepSeek-V3 M=4096 gate_up 4845 -> 4622 µs, down 2868 ->
     2654; Qwen3 M=1024 191 -> 176; 16-row decode blocks lose 15-19 % by it)."""
     from anybit.backends.triton import _sm_count, pdl_launch
-    from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan
+    from anybit.kernels.moe_gemm import moe_block_n, moe_decode_plan, two_part_block
 
     tiles = dict(tiles, block_n=moe_block_n(tw, tiles["block_n"], tiles["num_warps"]))  # the tile it runs
     if tw.frag and pdl_launch(device):
         tiles["pdl"] = True
     split = split_k or 1
-    bm = tiles["block_m"]
-    two = bm & (bm - 1) != 0  # blocks of two parts (`moe_gemm.two_part_why_not`): no split-K, no half-width tails
+    two = two_part_block(tiles["block_m"])  # blocks of two parts: no split-K, no half-width tails
     if split_k is None and device.type == "cuda" and not two:
         narrow = tw.frag and not silu and tw.fmt["W_BITS"] != 2
         as_stored = tw.nk and not tw.scheme.act.group  # FP8 experts read as stored, x per token: no split
@@ -281,7 +282,7 @@ def launch_plan(tw, experts: int, rows: int, tiles: dict, silu: bool, device: to
                                                            tw.frag, narrow, split_ok=not as_stored)  # fmt: skip
         if maxnreg:
             tiles["maxnreg"] = maxnreg
-    if split == 1 and bm >= 32 and not two:
+    if split == 1 and tiles["block_m"] >= 32 and not two:
         tiles["tail_half"] = True
     return dict(tiles, num_rows=rows, split_k=split)
 

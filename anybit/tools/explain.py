@@ -233,7 +233,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_layout import frag_block_k
-    from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind
+    from anybit.kernels.moe_gemm import moe_block_k, moe_tile_kind, two_part_block
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
     from anybit.moe.layer import (
@@ -281,25 +281,24 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     tiles = moe_tiles(rows, experts, dev.type == "cuda", kind)
     most = slot_max_rows(experts, sum(w.nbytes for w in one))
     slots = takes_slot_blocks(rows, tiles["block_m"], most)
-    lines.append(
-        f"  path: grouped Triton GEMMs on the top-k ids as given (<= {most} token x slot rows here: a block per row, "
-        "no moe_align; the top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)"
-        if slots
-        else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable; "
-        f"{rows} token x slot rows > {most}: blocks a slot would read shared experts again)"
-        if rows > most and tokens <= 16  # decode sizes: why not slot blocks
-        else "  path: grouped Triton GEMMs (moe_align's sorted rows, one launch per projection, graph-capturable)"
-    )
+    if slots:
+        path = (f"on the top-k ids as given (<= {most} token x slot rows here: a block per row, no moe_align; the "
+                "top-k sum in the down GEMM, no moe_sum: two launches, graph-capturable)")  # fmt: skip
+    else:
+        path = "(moe_align's sorted rows, one launch per projection, graph-capturable"
+        if rows > most and tokens <= 16:  # decode sizes: why not slot blocks
+            path += f"; {rows} token x slot rows > {most}: blocks a slot would read shared experts again"
+        path += ")"
+    lines.append(f"  path: grouped Triton GEMMs {path}")
     fused = scheme.granularity.block_shape(2 * inter, hidden)[0] == 1  # gate/up rows interleave: no scale spans rows
     for name, tw, silu in (("gate_up", gate_up, fused), ("down", down, False)):
         p = launch_plan(tw, experts, rows, tiles, silu, dev)
         extras = [f"split-K {p['split_k']}"] + [label for key, label in (
             ("tail_half", "half-width tail blocks"), ("pdl", "PDL"), ("maxnreg", f"<= {p.get('maxnreg')} registers"))
             if p.get(key)]  # fmt: skip
-        bm = p["block_m"]
-        if bm & (bm - 1):  # blocks of two parts (`moe_gemm.two_part_why_not`)
+        if two_part_block(p["block_m"]):  # blocks of two parts (`moe_gemm.two_part_why_not`)
             extras.append("blocks of {} + {} rows (the second part only where an expert reaches it)".format(
-                *two_parts(bm)))  # fmt: skip
+                *two_parts(p["block_m"])))  # fmt: skip
         epilogue = "silu(gate)*up" if silu else ("top-k weights" if name == "down" else "separate silu*mul")
         epilogue += " and their sum per token" if slots and name == "down" else ""
         layout = "fragment layout" if tw.frag else ("FP8 as stored" if tw.nk else "bit planes")
@@ -311,7 +310,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         )
     lines.append(f"  tiles: moe_tiles kind {kind or 'plain'!r} (anybit/moe/layer.py says what each was measured at)")
     bm = tiles["block_m"]
-    short = two_parts(bm)[0] if bm & (bm - 1) else (bm // 2 if p.get("tail_half") else 0)  # the down GEMM's plan
+    short = two_parts(bm)[0] if two_part_block(bm) else (bm // 2 if p.get("tail_half") else 0)  # the down GEMM's plan
     st = block_stats(tokens, top_k, experts, bm, short)
     lines.append(
         f"  blocks: rows an expert ~ Binomial({tokens}, {top_k}/{experts}), mean {st['mean']:.1f}; "
