@@ -40,7 +40,7 @@ from anybit.kernels.frag import (
 from anybit.kernels.frag_layout import FRAG_PANEL, frag_mask
 from anybit.kernels.gemm import group_scaled, scale_at, scale_zero
 from anybit.kernels.launch import Launcher
-from anybit.kernels.moe_rows import block_live, block_rows, finish_rows
+from anybit.kernels.moe_rows import block_ids, block_live, block_rows, finish_rows
 
 
 # fmt: off
@@ -56,29 +56,29 @@ def _moe_gemm_kernel(
     SCALE_AT: tl.constexpr, HAS_GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr = False, X_GROUP: tl.constexpr = 0,
     TAIL_HALF: tl.constexpr = False, E=1, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
-    CHECK_E: tl.constexpr = False,
+    CHECK_E: tl.constexpr = False, N_FIRST: tl.constexpr = False,
 ):
     """The grouped GEMM for bit-plane experts (and FP8 experts read as stored, `W_NK`): each block of rows
     against its expert's weight tile, decoded in registers. TAIL_HALF (no split-K): a block whose second
     half is padding (an expert's last, short block) runs on its first half only. SLOTS: no alignment, block
     pid_m is flat slot pid_m and expert_ptr the top-k ids (E experts; ids >= E stop the kernel with CHECK_E, else
     are skipped as -1 is);
-    SUM_SLOTS: y's rows are tokens, each the sum of its SUM_SLOTS slots (`sum_partials`)."""
-    pid_m = tl.program_id(0)
+    SUM_SLOTS: y's rows are tokens, each the sum of its SUM_SLOTS slots (`sum_partials`); N_FIRST: `block_ids`."""
+    pid_m, pid_n = block_ids(N_FIRST)
     e = tl.load(expert_ptr + pid_m)
     if block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
                   BLOCK_N, CHECK_E):  # fmt: skip
         mid = pid_m * BLOCK_M + BLOCK_M // 2  # sorted rows pad each expert's run at its end
         if TAIL_HALF and SPLIT_K == 1 and tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows:
             _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
-                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
+                            ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
                             stride_p1, stride_p2, stride_se, stride_s, stride_xs, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED,
                             FP8_X, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN, SCALE_KIND, S_EXP, S_MAN, ZP,
                             GROUP_K, GROUP_N, SCALE_AT, HAS_GS, BLOCK_M, BLOCK_M // 2, BLOCK_N, BLOCK_K, PAIRS, W_NK,
                             X_GROUP)
         else:
             _moe_plane_rows(x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr,
-                            ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
+                            ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0,
                             stride_p1, stride_p2, stride_se, stride_s, stride_xs, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED,
                             FP8_X, W_BITS, W0, W1, W2, W_FLOAT, W_SIGNED, W_EXP, W_MAN, SCALE_KIND, S_EXP, S_MAN, ZP,
                             GROUP_K, GROUP_N, SCALE_AT, HAS_GS, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, W_NK,
@@ -88,7 +88,8 @@ def _moe_gemm_kernel(
 @triton.jit
 def _moe_plane_rows(
     x_ptr, p0_ptr, p1_ptr, p2_ptr, s_ptr, z_ptr, gs_ptr, y_ptr, sorted_ptr, rw_ptr, xs_ptr, ws_ptr, cnt_ptr, e, pid_m,
-    num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s, stride_xs,
+    pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_p0, stride_p1, stride_p2, stride_se, stride_s,
+    stride_xs,
     SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, FP8_X: tl.constexpr,
     W_BITS: tl.constexpr, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W_FLOAT: tl.constexpr,
     W_SIGNED: tl.constexpr, W_EXP: tl.constexpr, W_MAN: tl.constexpr, SCALE_KIND: tl.constexpr,
@@ -97,9 +98,8 @@ def _moe_plane_rows(
     BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, W_NK: tl.constexpr, X_GROUP: tl.constexpr,
     SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
 ):
-    """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight tile of this
-    program's N tile and K split; the epilogue of `finish_rows`."""
-    pid_n = tl.program_id(1)
+    """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight tile of N tile
+    pid_n and this program's K split; the epilogue of `finish_rows`."""
     pid_k = tl.program_id(2)
     rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,6 +246,7 @@ def _moe_frag_kernel(
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
     PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0, E=1,
     SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0, CHECK_E: tl.constexpr = False,
+    N_FIRST: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -256,10 +257,10 @@ def _moe_frag_kernel(
     each decoded K block (`frag_range_two`), or the first part alone where the second is all padding. HAS_XS: x's
     rows carry per-token scales (FP8 x as e4m3, or its codes in bf16/fp16 for `codes_a16` experts). HAS_RS: each
     expert's rows' powers of two (fp32 [E, N]: e2m1 experts on the FP8 MMA, `unpack_e2m1_a8`). SLOTS, SUM_SLOTS,
-    CHECK_E: no alignment, as `_moe_gemm_kernel`'s."""
+    CHECK_E: no alignment, and N_FIRST (`block_ids`), as `_moe_gemm_kernel`'s."""
     if PDL:
         gdc_wait()
-    pid_m = tl.program_id(0)
+    pid_m, pid_n = block_ids(N_FIRST)
     e = tl.load(expert_ptr + pid_m)
     BM1: tl.constexpr = BLOCK_M - BM2  # the power-of-two part
     if block_live(e, E, total_ptr, y_ptr, ws_ptr, cnt_ptr, pid_m, N, stride_ym, SLOTS, SUM_SLOTS, SPLIT_K, BLOCK_M,
@@ -269,27 +270,27 @@ def _moe_frag_kernel(
         short = tl.load(sorted_ptr + mid, mask=mid < n_sorted, other=num_rows) >= num_rows
         if BM2 > 0 and not short:
             _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, e,
-                          pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
+                          pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
                           stride_s, MASK, TOP_K, SILU_MUL, MUL_ROUTED, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                           GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BM1, BM2, BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SETTLE,
                           SCALE_W, HAS_XS, HAS_RS, MMA_ACC)
         elif BM2 > 0:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
-                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BM1,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
                            MMA_ACC)
         elif TAIL_HALF and SPLIT_K == 1 and short:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
-                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
                            MMA_ACC)
         else:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
-                           ws_ptr, cnt_ptr, e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
+                           ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
@@ -299,7 +300,7 @@ def _moe_frag_kernel(
 @triton.jit
 def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, ws_ptr,
                    cnt_ptr,
-                   e, pid_m, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
+                   e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se,
                    stride_s, MASK, SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, SILU_MUL: tl.constexpr,
                    MUL_ROUTED: tl.constexpr, W_BITS: tl.constexpr, W_FLOAT: tl.constexpr, SCALE_KIND: tl.constexpr,
                    S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr, W_SIGNED: tl.constexpr,
@@ -309,8 +310,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr,
                    MMA_ACC: tl.constexpr, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
-    this program's N tile and K split, decoded into the MMA's registers; the epilogue of `finish_rows`."""
-    pid_n = tl.program_id(1)
+    N tile pid_n and this program's K split, decoded into the MMA's registers; the epilogue of `finish_rows`."""
     pid_k = tl.program_id(2)
     rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, ROWS, 0, SLOTS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -336,7 +336,8 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
 
 @triton.jit
 def _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr, e, pid_m,
-                  num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s, MASK,
+                  pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we, stride_wn, stride_se, stride_s,
+                  MASK,
                   TOP_K: tl.constexpr, SILU_MUL: tl.constexpr, MUL_ROUTED: tl.constexpr, W_FLOAT: tl.constexpr,
                   SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                   W_SIGNED: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, HAS_GS: tl.constexpr,
@@ -346,7 +347,6 @@ def _moe_frag_two(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, 
                   MMA_ACC: tl.constexpr):
     """Block pid_m's BM1 + BM2 rows against expert e's weight rows of this program's N tile (4-bit codes, no
     split-K): each K block decoded once into two MMAs (`frag_range_two`), each part's epilogue."""
-    pid_n = tl.program_id(1)
     rows, mask_m, src = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM1)
     rows2, mask_m2, src2 = block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K, BLOCK_M, BM2, BM1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -416,6 +416,21 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
     where moe_align leaves room for E * (block_m - 1) padding rows)."""
     experts = (n_sorted - num_rows) // (block_m - 1) if block_m > 1 else 0
     return min(n_blocks, cdiv(num_rows, block_m) + min(experts, num_rows))
+
+
+# The grid's most blocks of rows on its second axis (CUDA's limit for grid y).
+GRID_Y_MAX = 65535
+
+
+def moe_n_first(grid_m: int, split_k: int, slots: bool, sum_slots: int, n_first: bool | None = None) -> bool:
+    """Whether a launch runs N tiles fastest (`moe_rows.block_ids`): the CTAs resident together then cover a few blocks
+    of rows and all their N tiles, so a block's x rows and its expert's weights are read from HBM about once. Blocks
+    fastest (the order before) streamed every block's x rows once per N tile — DeepSeek-V3 down at 4096 tokens: the
+    [32768, 2048] intermediate (134 MB) 28 times. Not for split-K or slot blocks (their partials count tiles by the
+    blocks-first grid). n_first: the caller's choice where allowed (None: always)."""
+    if split_k > 1 or slots or sum_slots or grid_m > GRID_Y_MAX:
+        return False
+    return True if n_first is None else bool(n_first)
 
 
 def moe_decode_plan(
@@ -598,6 +613,7 @@ def moe_gemm(
     tail_half: bool = False,
     sum_slots: int = 0,
     check_ids: bool = True,
+    n_first: bool | None = None,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -628,7 +644,8 @@ def moe_gemm(
     group scales multiply the decoded weights before the MMA (`frag_scale_w`; None: its rule). tail_half
     (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
     rows). block_m: a power of two, or for fragment-layout 4-bit experts under bf16/fp16 x the sum of two (48 =
-    32 + 16, 80 = 64 + 16, 144 = 128 + 16: two MMAs on each decoded K block, `two_part_why_not`)."""
+    32 + 16, 80 = 64 + 16, 144 = 128 + 16: two MMAs on each decoded K block, `two_part_why_not`). n_first: the
+    launch order (`moe_n_first`; None: its rule)."""
     slots = sorted_ids is None
     if slots:
         why = slot_blocks_why_not(expert_ids, total, num_rows, block_m, tail_half, silu_mul, sum_slots)
@@ -669,7 +686,9 @@ def moe_gemm(
     check_e = slots and check_ids and not settings.triton_interpret()
     if slots and check_ids and not check_e and bool((expert_ids >= experts).any()):
         raise AnybitError(f"expert id {int(expert_ids.max())} out of range for {experts} experts")
-    slot_consts = dict(E=experts, SLOTS=slots, SUM_SLOTS=sum_slots, CHECK_E=check_e)
+    order = moe_n_first(grid_m, split_k, slots, sum_slots, n_first)
+    slot_consts = dict(E=experts, SLOTS=slots, SUM_SLOTS=sum_slots, CHECK_E=check_e, N_FIRST=order)
+    grid = (cdiv(n, block_n), grid_m, 1) if order else (grid_m, cdiv(n, block_n), split_k)
     dummy = tw.scales
     if tw.frag:
         if fp8_x != tw.scheme.act.quantized or (x.dtype == torch.float8_e4m3fn) != tw.mma_a8:
@@ -703,6 +722,7 @@ def moe_gemm(
             slots,
             sum_slots,
             check_e,
+            order,
         )  # every setting and switch it reads (and `slot_consts`, whose E is the weight's)
         launch = tw.launches.get(key)
         if launch is None:
@@ -710,7 +730,7 @@ def moe_gemm(
         rows = tw.rowwise[1] if tw.e2m1_a8 else None  # e2m1 on the FP8 MMA: its scales are row-relative codes
         # fmt: off
         launch(
-            (grid_m, cdiv(n, block_n), split_k), x, x_scales if fp8_x else dummy,
+            grid, x, x_scales if fp8_x else dummy,
             x_sums if fp8_x and tw.mma_a8 else None, tw.planes[0], tw.scales,
             tw.zeros if tw.zeros is not None else dummy, tw.global_scale if tw.global_scale is not None else dummy,
             rows if rows is not None else dummy, y,
@@ -731,7 +751,6 @@ def moe_gemm(
     sa = scale_at(tw.group_k, k, block_k)
     pairs = _pairs_format(tw) and sa != 2 and not fp8_x
     p, w = plane_args(tw.planes, tw.plane_bits)
-    grid = (grid_m, cdiv(n, block_n), split_k)
     # fmt: off
     _moe_gemm_kernel[grid](
         x, p[0], p[1], p[2], tw.scales, tw.zeros if tw.zeros is not None else dummy,

@@ -11,6 +11,21 @@ import triton.language as tl
 
 # fmt: off
 @triton.jit
+def block_ids(N_FIRST: tl.constexpr = False):
+    """(pid_m, pid_n): the program's block of rows and N tile. N_FIRST: the grid is (N tiles, blocks, 1), so the CTAs
+    launched together share a block's x rows and its expert's weights (L2), instead of each N tile streaming every
+    block's x rows again (`moe_gemm`'s `n_first`); without split-K or slot blocks (`sum_partials` counts tiles by
+    the (blocks, N tiles, splits) grid)."""
+    if N_FIRST:
+        pid_m = tl.program_id(1)
+        pid_n = tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    return pid_m, pid_n
+
+
+@triton.jit
 def block_rows(sorted_ptr, pid_m, n_sorted, num_rows, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
                ROWS: tl.constexpr = 0, FIRST: tl.constexpr = 0, SLOTS: tl.constexpr = False):
     """Block pid_m's rows of y (flat slots; padding = num_rows, masked) and the x row each reads: all
