@@ -566,3 +566,36 @@ def test_sixteen_rows_an_expert_take_32_row_blocks(interpret, scheme, kind):
     w = qw.dequantize().double()
     ref = torch.stack([xd[r].double() @ w[int(ids[r, 0])].T for r in range(t)])
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
+
+
+@pytest.mark.parametrize(
+    "scheme, block_m", [("w4a16", 16), ("w4a16", 48), ("w8a16", 32), ("w3a16", 16), ("w8a8-fp8", 16), ("w4a8", 16)]
+)
+def test_both_launch_orders_give_the_same_bits(interpret, scheme, block_m):
+    """`moe_n_first`: N tiles fastest (the default where unsplit) or blocks fastest, the same rows in the same bits —
+    fragment-layout experts (blocks of two parts too), bit-plane experts and FP8 experts read as stored; N spans
+    three 16-row tiles so the order matters."""
+    from anybit.moe.layer import grouped_inputs
+
+    g = torch.Generator().manual_seed(block_m)
+    e, k, t, n, kk = 5, 2, 23, 40, 256
+    tw = stack_experts(anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme))
+    xin = grouped_inputs(torch.randn(t, kk, generator=g).half(), tw)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    aligned = moe_align(ids, e, block_m)
+    kw = dict(block_m=block_m, num_rows=t * k, top_k=k, block_n=16, out_dtype=torch.float16, **xin)
+    ys = []
+    for order in (False, True):
+        y = torch.full((t * k, n), float("nan"), dtype=torch.float16)
+        ys.append(moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], out=y,
+                           n_first=order, **kw))  # fmt: skip
+    assert not ys[0].isnan().any() and torch.equal(ys[0], ys[1])
+
+
+def test_n_first_only_where_unsplit_and_aligned():
+    from anybit.kernels.moe_gemm import GRID_Y_MAX, moe_n_first
+
+    assert moe_n_first(100, 1, False, 0) and not moe_n_first(100, 1, False, 0, n_first=False)
+    assert not moe_n_first(100, 2, False, 0, n_first=True)  # split-K partials count tiles blocks first
+    assert not moe_n_first(100, 1, True, 0) and not moe_n_first(100, 1, True, 8)  # slot blocks
+    assert not moe_n_first(GRID_Y_MAX + 1, 1, False, 0)  # more blocks than a grid's second axis holds
