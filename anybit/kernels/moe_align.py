@@ -4,12 +4,14 @@ same outputs, element for element, including the order of tokens within an exper
 index), so it is deterministic and matches the reference.
 
 1. `_hist`: per chunk of CHUNK flat entries, how many go to each expert            hist [C, E]
+   (and how many ids are >= E, for the check), and the chunk's share of sorted_ids filled with the sentinel
 2. `_offsets` (one program): expert totals, padded to block_m, their cumsum → each expert's segment
-   start, the padded total, and the expert of every block
+   start, the padded total, the expert of every block, and the check's verdict
 3. `_bases`: per expert, the exclusive prefix of its counts over chunks + segment start     base [C, E]
 4. `_scatter`: each entry's position = base[chunk, expert] + its rank among the chunk's entries of that
    expert (a CHUNK × CHUNK comparison) → sorted_ids
 
+The ids are read as given (int32 or int64): no cast, fill or check launches of their own.
 Fixed output sizes, no host synchronisation: CUDA-graph capturable.
 """
 
@@ -28,21 +30,31 @@ CHUNK = 128
 # fmt: off
 @triton.jit
 def _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP: tl.constexpr):
-    """Local expert of each flat entry, or E where it has none (-1, not on this rank, out of range)."""
+    """Local expert of each flat entry (int32), or E where it has none (-1, not on this rank, out of range)."""
     e = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
     if HAS_MAP:
         e = tl.where(e >= 0, tl.load(map_ptr + tl.maximum(e, 0), mask=(offs < numel) & (e >= 0), other=-1), e)
-    return tl.where((e >= 0) & (e < E), e, E)
+    return tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
 
 
 @triton.jit
-def _hist(ids_ptr, map_ptr, hist_ptr, numel, E, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr,
-          E_P2: tl.constexpr):
+def _hist(ids_ptr, map_ptr, hist_ptr, bad_ptr, sorted_ptr, numel, E, n_sorted, fill, HAS_MAP: tl.constexpr,
+          CHUNK: tl.constexpr, E_P2: tl.constexpr, CHECK: tl.constexpr, FB: tl.constexpr):
+    """Chunk c's histogram of local experts; CHECK: its count of ids >= E; and sorted_ids[c * fill, (c + 1) * fill)
+    set to the sentinel (numel) — `_scatter`, launched after, writes the real entries over it."""
     c = tl.program_id(0)
-    key = _local_ids(ids_ptr, map_ptr, c * CHUNK + tl.arange(0, CHUNK), numel, E, HAS_MAP)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    if CHECK:
+        raw = tl.load(ids_ptr + offs, mask=offs < numel, other=0)
+        tl.store(bad_ptr + c, tl.sum((raw >= E).to(tl.int32), axis=0))
+    key = _local_ids(ids_ptr, map_ptr, offs, numel, E, HAS_MAP)
     h = tl.histogram(key, E_P2)
     e = tl.arange(0, E_P2)
     tl.store(hist_ptr + c * E + e, h, mask=e < E)
+    hi = tl.minimum(c * fill + fill, n_sorted)
+    for s0 in range(c * fill, hi, FB):
+        s = s0 + tl.arange(0, FB)
+        tl.store(sorted_ptr + s, tl.zeros_like(s) + numel, mask=s < hi)
 
 
 @triton.jit
@@ -109,8 +121,15 @@ def _align_one(ids_ptr, map_ptr, sorted_ptr, expert_ptr, total_ptr, ok_ptr, nume
 
 
 @triton.jit
-def _offsets(hist_ptr, seg_ptr, expert_ptr, total_ptr, C, E, n_blocks, BLOCK_M: tl.constexpr,
-             E_P2: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr):
+def _offsets(hist_ptr, bad_ptr, ok_ptr, seg_ptr, expert_ptr, total_ptr, C, E, n_blocks, BLOCK_M: tl.constexpr,
+             E_P2: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr, CHECK: tl.constexpr):
+    """Every expert's count over the chunks, then `_segments`; CHECK: ok = 1 when no chunk saw an id >= E, else 0."""
+    if CHECK:
+        bad = tl.zeros((CB,), dtype=tl.int32)
+        for c0 in range(0, C, CB):
+            rows = c0 + tl.arange(0, CB)
+            bad += tl.load(bad_ptr + rows, mask=rows < C, other=0)
+        tl.store(ok_ptr, (tl.sum(bad, axis=0) == 0).to(tl.int32))
     e = tl.arange(0, E_P2)
     counts = tl.zeros((E_P2,), dtype=tl.int32)
     for c0 in range(0, C, CB):
@@ -163,7 +182,8 @@ def moe_align_triton(
     >= num_experts are an error (`assert_ids`; the decode launch finds them itself: one assert kernel
     instead of four torch ops)."""
     dev = topk_ids.device
-    flat = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    flat = topk_ids.reshape(-1)  # int32 / int64 read as they are (a cast would be a launch of its own)
+    flat = (flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)).contiguous()
     numel, e = flat.numel(), num_experts
     max_padded = numel + e * (block_m - 1)
     n_blocks = cdiv(max_padded, block_m)
@@ -186,14 +206,18 @@ def moe_align_triton(
         if check:
             assert_ids(ok, why)
         return sorted_ids, expert_ids, total
-    if check:
-        assert_ids((flat < e).all(), why)
     seg = torch.empty(e, dtype=torch.int32, device=dev)
     hist = torch.empty((chunks, e), dtype=torch.int32, device=dev)
     base = torch.empty((chunks, e), dtype=torch.int32, device=dev)
-    sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=dev)
-    _hist[(chunks,)](flat, emap, hist, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2)
-    _offsets[(1,)](hist, seg, expert_ids, total, chunks, e, n_blocks, BLOCK_M=block_m, E_P2=e_p2, CB=8, BB=64)
+    bad = torch.empty(chunks if check else 1, dtype=torch.int32, device=dev)
+    ok = torch.empty(1, dtype=torch.int32, device=dev) if check else total
+    sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)  # (the sentinel: `_hist`)
+    _hist[(chunks,)](flat, emap, hist, bad, sorted_ids, numel, e, max_padded, cdiv(max_padded, chunks),
+                     HAS_MAP=has_map, CHUNK=CHUNK, E_P2=e_p2, CHECK=check, FB=1024)  # fmt: skip
+    _offsets[(1,)](hist, bad, ok, seg, expert_ids, total, chunks, e, n_blocks, BLOCK_M=block_m, E_P2=e_p2, CB=8,
+                   BB=64, CHECK=check)  # fmt: skip
+    if check:
+        assert_ids(ok, why)
     eb = min(64, next_pow2(e))
     _bases[(cdiv(e, eb),)](hist, seg, base, chunks, e, EB=eb, CB=32)
     _scatter[(chunks,)](flat, emap, base, sorted_ids, numel, e, HAS_MAP=has_map, CHUNK=CHUNK, num_warps=8)

@@ -9,9 +9,11 @@ from tests.moe.test_routing_align import align_reference
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("t, e", [(300, 64), (1, 256), (16, 256)])  # chunked; decode's one launch
-def test_align_captures_and_replays(t, e):
-    ids = torch.randint(0, e, (t, 8), device="cuda", dtype=torch.int32)
+@pytest.mark.parametrize(
+    "t, e, dtype", [(300, 64, torch.int32), (1, 256, torch.int32), (16, 256, torch.int32), (4096, 256, torch.int64)]
+)  # chunked; decode's one launch; torch.topk's int64 ids read as they are
+def test_align_captures_and_replays(t, e, dtype):
+    ids = torch.randint(0, e, (t, 8), device="cuda", dtype=dtype)
     moe_align(ids, e, 16, check=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -94,10 +94,11 @@ def test_grouped_topk_deepseek_v3():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_align_many_chunks_and_experts(impl):
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])  # (the Triton kernels read both as given)
+def test_align_many_chunks_and_experts(impl, dtype):
     """8000 entries over 256 experts: the Triton kernels' chunk loops run more than once."""
     g = torch.Generator().manual_seed(5)
-    ids = torch.randint(-1, 256, (1000, 8), generator=g).int()
+    ids = torch.randint(-1, 256, (1000, 8), generator=g).to(dtype)
     for block_m in (16, 128, 144):
         sorted_ids, expert_ids, total = moe_align(ids, 256, block_m, impl=impl)
         r_ids, r_blocks, r_total = align_reference(ids, 256, block_m)
@@ -131,8 +132,9 @@ def test_align_ids_past_the_expert_map_are_an_error(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("t", [2, 40])  # 16 entries: the decode launch checks them itself; 320: chunked
-def test_align_check_makes_ids_past_the_experts_an_error(impl, t):
-    ids = torch.randint(0, 8, (t, 8), generator=torch.Generator().manual_seed(t)).int()
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_align_check_makes_ids_past_the_experts_an_error(impl, t, dtype):
+    ids = torch.randint(0, 8, (t, 8), generator=torch.Generator().manual_seed(t)).to(dtype)
     ids[0, 0] = -1  # dropped slots are fine
     r_ids, _, _ = align_reference(ids, 8, 16)
     assert moe_align(ids, 8, 16, impl=impl, check=True)[0].tolist() == r_ids

@@ -1,0 +1,82 @@
+"""`moe_align`'s cost at prefill sizes on the GPU: CUDA-graph µs a call (20 calls a graph, median of 7 replays) and
+each kernel's time (torch.profiler), for the library's version and, where tools/_old_moe_align.py exists, an older
+one side by side (its file copied there for the A/B).
+
+    python tools/probe_align.py [--tokens 256,1024,4096] [--experts 128,256] [--dtype int64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from anybit.kernels.moe_align import moe_align_triton  # noqa: E402
+from anybit.moe.layer import moe_tiles  # noqa: E402
+
+
+def graph_us(fn, calls: int = 20, reps: int = 7) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def kernel_us(fn, calls: int = 20) -> dict:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            out[ev.name[:40]] += ev.device_time / calls
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="256,1024,4096")
+    ap.add_argument("--experts", default="128,256")
+    ap.add_argument("--dtype", default="int64")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    impls = {"now": moe_align_triton}
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "_old_moe_align.py")):
+        impls["old"] = importlib.import_module("_old_moe_align").moe_align_triton
+    rows = []
+    for e in map(int, args.experts.split(",")):
+        for t in map(int, args.tokens.split(",")):
+            ids = torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]).to(getattr(torch, args.dtype))
+            bm = moe_tiles(t * 8, e, True, "wide")["block_m"]
+            for name, fn in impls.items():
+                call = lambda fn=fn, ids=ids, e=e, bm=bm: fn(ids, e, bm, None, True)  # noqa: E731 (checked ids)
+                us, ks = graph_us(call), kernel_us(call)
+                rows.append(dict(impl=name, experts=e, tokens=t, block_m=bm, graph_us=round(us, 2), kernels=ks))
+                print(f"{name:4s} E={e:<4d} T={t:<5d} bm={bm:<4d} graph {us:7.2f} µs  kernels {sum(ks.values()):6.2f}: "
+                      + ", ".join(f"{k} {v}" for k, v in ks.items()), flush=True)  # fmt: skip
+    with open(os.path.join(args.out, "probe_align.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
