@@ -219,6 +219,8 @@ def moe_align_triton(
     _offsets[(1,)](counts, bad, ok, seg, end, total, chunks, e, BLOCK_M=block_m, E_P2=e_p2, CB=1024, CHECK=check)
     if check:
         assert_ids(ok, why)
-    _scatter[(chunks,)](flat, emap, base, seg, end, sorted_ids, expert_ids, numel, e, n_blocks, cdiv(n_blocks, chunks),
-                        HAS_MAP=has_map, CHUNK=CHUNK, BLOCK_M=block_m, E_P2=e_p2, BB=64, num_warps=8)  # fmt: skip
+    per = cdiv(n_blocks, chunks)  # blocks a scatter program labels (2 at 4096 tokens x 8: 16 lanes, not 64)
+    bb = min(64, max(16, next_pow2(per)))
+    _scatter[(chunks,)](flat, emap, base, seg, end, sorted_ids, expert_ids, numel, e, n_blocks, per, HAS_MAP=has_map,
+                        CHUNK=CHUNK, BLOCK_M=block_m, E_P2=e_p2, BB=bb, num_warps=8)  # fmt: skip
     return sorted_ids, expert_ids, total
