@@ -47,10 +47,12 @@ def test_explain_moe_says_grouped_or_loop_and_why(capsys, monkeypatch):
     assert "E=16 top-2, 64 tokens (128 rows, 8.0 per expert)" in out and "grouped Triton GEMMs" in out
     assert "gate_up N=512 K=512: FP8 as stored" in out and "down    N=512 K=256" in out
     assert "separate silu*mul" in out and "kind 'fp8-block'" in out  # 128x128 scale blocks span gate/up rows
+    assert out.count("N tiles first") == 2  # unsplit aligned launches (`moe_n_first`)
     assert "blocks: rows an expert ~ Binomial(64, 2/16), mean 8.0; 16-row blocks:" in out
     assert main(["explain", "--scheme", "w4a16", "--moe", "16,2", "--shape", "3,512,256", "--device", "cpu"]) == 0
     out = capsys.readouterr().out  # a few tokens: slot blocks, no alignment, the top-k sum in the down GEMM
     assert "on the top-k ids as given" in out and "top-k weights and their sum per token" in out
+    assert "N tiles first" not in out  # slot blocks keep blocks first
     assert main(["explain", "--scheme", "w4a16", "--moe", "8,2", "--shape", "4,512,256", "--device", "cpu"]) == 0
     assert "8 token x slot rows > 4: blocks a slot" in capsys.readouterr().out  # few experts: at most half of them
     assert main(["explain", "--scheme", "w8a8:e4m3:ch:fp32:e4m3-static", "--moe", "16,2", "--shape", "4,512,256",
