@@ -4,7 +4,7 @@ gate_up (silu-and-mul fused), down (top-k weights fused), moe_align, and the who
 
     python tools/moe_bench.py [--schemes w4a16,mxfp4] [--models deepseek-v3] [--m 1,4,16,64,256,1024,4096]
                               [--budget 200] [--out DIR] [--peers humming,bf16] [--splits 1,2,4,8] [--eager]
-                              [--tiles num_stages=6,block_n=64:split_k=2] [--tiles-large block_m=256]
+                              [--tiles num_stages=6,block_n=64:split_k=2] [--tiles-large block_m=256] [--kernels]
 
 Weights are random codes and scales in the scheme's layout (quantizing 7.5 G DeepSeek weights from
 floats would cost minutes and says nothing about speed). Each timed graph holds 20 calls rotating over
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import tile_overrides  # noqa: E402
+from probe_out import kernel_us, tile_overrides  # noqa: E402
 
 from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats import FloatType  # noqa: E402
@@ -372,6 +372,9 @@ def run(args) -> list[dict]:
                         row |= cell(name, us, r, 3 * i, h, wb, m * h * 2, m * h * 2)
                     else:
                         row |= dict(part=name, us=round(us, 2))
+                    if args.kernels and name.split("@")[0] in ("layer", "humming:layer"):
+                        row["kernels_us"] = kernel_us(fns)  # eager, one call per routing
+                        print(f"  {name} kernels: " + ", ".join(f"{k} {v}" for k, v in row["kernels_us"].items()))
                     rows_out.append(row | {"status": "ok"})
                     eager = f"  eager {row['eager_us']:9.1f}" if "eager_us" in row else ""
                     print(f"{model:14s} {text:8s} M={m:<5d} {name:16s} {us:9.1f} µs  {row.get('pct_floor', '')}{eager}",
@@ -404,6 +407,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=240)
     ap.add_argument("--eager", action="store_true", help="also time each part eagerly (CUDA events, no graph)")
+    ap.add_argument("--kernels", action="store_true", help="the layers' kernels one by one (torch.profiler, µs a call)")
     ap.add_argument("--splits", default="", help="also time the GEMMs with these forced split-K values at M <= 64")
     ap.add_argument("--tiles", default="", help="and with these tile overrides at M <= 64, e.g. "
                     "num_stages=6,block_n=64:split_k=2 (comma between variants, colon inside one)")  # fmt: skip

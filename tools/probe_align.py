@@ -8,7 +8,6 @@ one side by side (its file copied there for the A/B).
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib
 import json
 import os
@@ -18,6 +17,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from probe_out import kernel_us  # noqa: E402
 
 from anybit.kernels.moe_align import moe_align_triton  # noqa: E402
 from anybit.moe.layer import moe_tiles  # noqa: E402
@@ -41,18 +42,6 @@ def graph_us(fn, calls: int = 20, reps: int = 7) -> float:
     return statistics.median(times)
 
 
-def kernel_us(fn, calls: int = 20) -> dict:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            out[ev.name[:40]] += ev.device_time / calls
-    return {k: round(v, 2) for k, v in out.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="256,1024,4096")
@@ -70,7 +59,7 @@ def main() -> None:
             bm = moe_tiles(t * 8, e, True, "wide")["block_m"]
             for name, fn in impls.items():
                 call = lambda fn=fn, ids=ids, e=e, bm=bm: fn(ids, e, bm, None, True)  # noqa: E731 (checked ids)
-                us, ks = graph_us(call), kernel_us(call)
+                us, ks = graph_us(call), kernel_us([call] * 20)
                 rows.append(dict(impl=name, experts=e, tokens=t, block_m=bm, graph_us=round(us, 2), kernels=ks))
                 print(f"{name:4s} E={e:<4d} T={t:<5d} bm={bm:<4d} graph {us:7.2f} µs  kernels {sum(ks.values()):6.2f}: "
                       + ", ".join(f"{k} {v}" for k, v in ks.items()), flush=True)  # fmt: skip

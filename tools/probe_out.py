@@ -117,3 +117,20 @@ def host_us(fn, calls: int, rounds: int = 5) -> float:
         out.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(out)
+
+
+def kernel_us(fns: list) -> dict:
+    """Each GPU kernel's device time (torch.profiler), µs a call, over one eager pass of `fns` (callables, e.g. one per
+    routing): where a layer's time goes, kernel by kernel (names cut to 40 characters)."""
+    for fn in fns:  # (compiled and warm before the profile)
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            out[ev.name[:40]] = out.get(ev.name[:40], 0.0) + ev.device_time / len(fns)
+    return {name: round(us, 2) for name, us in out.items()}
