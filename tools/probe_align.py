@@ -9,37 +9,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from probe_out import kernel_us  # noqa: E402
+from probe_out import kernel_us, write_probe  # noqa: E402
 
+from anybit.bench.timing import median, time_graph  # noqa: E402
 from anybit.kernels.moe_align import moe_align_triton  # noqa: E402
 from anybit.moe.layer import moe_tiles  # noqa: E402
-
-
-def graph_us(fn, calls: int = 20, reps: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,12 +40,11 @@ def main() -> None:
             bm = moe_tiles(t * 8, e, True, "wide")["block_m"]
             for name, fn in impls.items():
                 call = lambda fn=fn, ids=ids, e=e, bm=bm: fn(ids, e, bm, None, True)  # noqa: E731 (checked ids)
-                us, ks = graph_us(call), kernel_us([call] * 20)
+                us, ks = median(time_graph([call], 20, 7, 20)), kernel_us([call] * 20)
                 rows.append(dict(impl=name, experts=e, tokens=t, block_m=bm, graph_us=round(us, 2), kernels=ks))
                 print(f"{name:4s} E={e:<4d} T={t:<5d} bm={bm:<4d} graph {us:7.2f} µs  kernels {sum(ks.values()):6.2f}: "
                       + ", ".join(f"{k} {v}" for k, v in ks.items()), flush=True)  # fmt: skip
-    with open(os.path.join(args.out, "probe_align.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_probe(args.out, "probe_align", rows)
 
 
 if __name__ == "__main__":

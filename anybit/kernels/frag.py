@@ -1043,7 +1043,7 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
         STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL, PTX=ptx, FOLD=fold,
         PDL=pdl, SETTLE=settle, SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w,
         HAS_XS=not no_xs, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs, num_warps=num_warps,
-        DEFER=frag_defer_sums(tw) and bm2 == 0 and subs == 1,
+        DEFER=frag_defer_sums(tw),
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )  # fmt: skip
     zeros, gs = (t if t is not None else dummy for t in (tw.zeros, tw.global_scale))

@@ -420,6 +420,12 @@ def moe_grid_m(num_rows: int, n_sorted: int, n_blocks: int, block_m: int) -> int
     return min(n_blocks, cdiv(num_rows, block_m) + min(experts, num_rows))
 
 
+def moe_plan_grid_m(num_rows: int, experts: int, block_m: int) -> int:
+    """`moe_grid_m` of a call of num_rows token x slot rows over `experts` experts before it is aligned (a plan's
+    view: `moe_align`'s sorted length leaves each expert block_m - 1 rows of padding)."""
+    return moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
+
+
 # The grid's most blocks of rows on its second axis (CUDA's limit for grid y).
 GRID_Y_MAX = 65535
 
@@ -456,7 +462,7 @@ def moe_decode_plan(
     gate_up M=16 45.5 -> 43.7; short CTAs lose by it (Qwen3 gate_up M=1/4, 1024 K each: 9.9/18.9 ->
     11.2/23.2), so they keep the compiler's count."""
     block_m, block_n = tiles["block_m"], tiles["block_n"]
-    grid_m = moe_grid_m(num_rows, num_rows + experts * (block_m - 1), 1 << 30, block_m)
+    grid_m = moe_plan_grid_m(num_rows, experts, block_m)
     if narrow and block_n > 64 and grid_m * cdiv(n, block_n) < 3 * sms:
         block_n = 64
     ctas, k_tiles, split = grid_m * cdiv(n, block_n), cdiv(k, tiles["block_k"]), 1
@@ -579,7 +585,7 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
         if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
         HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2, **slot_consts,
-        DEFER=defer,
+        DEFER=frag_defer_sums(tw, defer),
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
@@ -728,7 +734,7 @@ def moe_gemm(
             sum_slots,
             check_e,
             order,
-            frag_defer_sums(tw, defer_sums),  # (last: `_moe_frag_launch` reads it there)
+            frag_switches.A8_DEFER_SUMS if defer_sums is None else bool(defer_sums),  # (last: `_moe_frag_launch`)
         )  # every setting and switch it reads (and `slot_consts`, whose E is the weight's)
         launch = tw.launches.get(key)
         if launch is None:

@@ -233,7 +233,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_layout import frag_block_k
-    from anybit.kernels.moe_gemm import moe_block_k, moe_grid_m, moe_n_first, moe_tile_kind, two_part_block
+    from anybit.kernels.moe_gemm import moe_block_k, moe_n_first, moe_plan_grid_m, moe_tile_kind, two_part_block
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
     from anybit.moe.layer import (
@@ -296,7 +296,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         extras = [f"split-K {p['split_k']}"] + [label for key, label in (
             ("tail_half", "half-width tail blocks"), ("pdl", "PDL"), ("maxnreg", f"<= {p.get('maxnreg')} registers"))
             if p.get(key)]  # fmt: skip
-        grid_m = rows if slots else moe_grid_m(rows, rows + experts * (p["block_m"] - 1), 1 << 30, p["block_m"])
+        grid_m = rows if slots else moe_plan_grid_m(rows, experts, p["block_m"])
         if moe_n_first(grid_m, p["split_k"], slots, 0):
             extras.append("N tiles first (a block's x rows and expert weights read once into L2)")
         if two_part_block(p["block_m"]):  # blocks of two parts (`moe_gemm.two_part_why_not`)
