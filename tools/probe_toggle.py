@@ -15,8 +15,6 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   rowwise     MXFP4 under FP8 x: e4m3 W and cuBLAS row-wise above ROWWISE_MIN_M(_A8) rows (off: never; on: always)
   pairs       the dense frag kernel's decode tiles take two 128-K blocks an iteration (`frag.FRAG_PAIRS`)
   pairs3      3-bit codes two blocks an iteration by `frag.FRAG3_PAIRS`'s rule (off: one block; FRAG_PAIRS off)
-  defer-sums  W4A8 (int codes, the quantizer's x sums): the sums' term after the K loop on the tensor cores
-              (`frag.A8_DEFER_SUMS`; off: a second FFMA an element in every block)
   a8-acc      e2m1 under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; off: a product per block
               added in fp32)
   subs        e2m1 under FP8 x at 129-192 rows: three 64-token tiles on one decode (`frag.FRAG_SUBS`; off: a 256-token
@@ -114,10 +112,6 @@ def _a8_acc(on: bool) -> None:
     frag.A8_MMA_ACC = on  # read per call
 
 
-def _defer_sums(on: bool) -> None:
-    frag.A8_DEFER_SUMS = on  # read per call
-
-
 def _subs(on: bool) -> None:
     frag.FRAG_SUBS = on  # read when a call's tile is picked (once per prepared weight and M)
 
@@ -143,7 +137,6 @@ PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts", "rs-w2", "rs-wide
 
 SWITCHES = {
     "a8-acc": _a8_acc,
-    "defer-sums": _defer_sums,
     "subs": _subs,
     "rs": _rs,
     "rs-parts": _rs_parts,

@@ -166,7 +166,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                    PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
                    acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False, words=None,
-                   W3: tl.constexpr = False, DEFER: tl.constexpr = False):
+                   W3: tl.constexpr = False):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -179,9 +179,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     the MMA and no fp32 multiply-add per block (large-M tiles). MMA_ACC (e2m1 under FP8 x, `frag_mma_acc`): the
     block's FP8 MMA accumulates into acc itself — no fresh tile added in fp32 — as the whole K needs no scale
     between blocks. words: the block's words already loaded (else read at w_ptrs); W3: 3-bit codes rebuilt as 4-bit
-    words (`frag3_words`), whose signed ones take the unpacked decode (the packed one's offset is the 4-bit bias).
-    DEFER (integer codes under FP8 x, `frag_defer_sums`): the block adds its product times 512 x its scale, one FFMA an
-    element, and leaves the codes' offset times the x sums to the caller (`deferred_sums`, once after the K loop)."""
+    words (`frag3_words`), whose signed ones take the unpacked decode (the packed one's offset is the 4-bit bias)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     if words is None:
@@ -196,12 +194,6 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             acc = tl.dot(w8, xt, acc)
         else:
             part = tl.dot(w8, xt)
-    elif dtype == tl.float8e4nv and DEFER:  # (PER_BLOCK, or one scale over K: the caller's)
-        if PER_BLOCK:
-            s512 = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN, 9), BN, NW, 1), (BN,))
-            acc = acc + tl.dot(unpack_a8(p, BN, MASK), xt) * s512[:, None]
-        else:
-            acc = acc + tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
     elif dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
         part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
@@ -217,7 +209,7 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     if SCALE_W:
         s = rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1).to(dtype)
         acc = tl.dot(times_groups(w, s, 1, PTX), xt, acc)
-    elif not MMA_ACC and not (DEFER and dtype == tl.float8e4nv):
+    elif not MMA_ACC:
         if dtype != tl.float8e4nv:
             part = tl.dot(w, xt)
         if PER_BLOCK:
@@ -348,7 +340,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NW: tl.constexpr,
                STAGES: tl.constexpr, PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr = False,
                xsum_ptr=None, stride_xsum=0, SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False,
-               PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, DEFER: tl.constexpr = False):
+               PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False):
     """sum over the K blocks [kt_lo, kt_hi) of W[offs_n] . x[src]^T, fp32 [BN, BM] in natural row order,
     group scales applied (per-channel/tensor scales are the caller's: PER_BLOCK only when groups are
     shorter than K; SCALE_W: to the decoded 4-bit weights, `frag_block_dot`).
@@ -357,10 +349,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given.
     PAIRS (4-bit, no zero points or sums, `frag_pairs`): two blocks an iteration, the second's x masked past
     kt_hi (it adds zero there), in the same order of accumulation. MMA_ACC: e2m1 blocks under FP8 x accumulate
-    in the MMA (`frag_mma_acc`). DEFER (`frag_defer_sums`, with the quantizer's sums): integer codes under FP8 x
-    subtract their offset times the x sums once after the loop (`deferred_sums`) instead of in every block."""
+    in the MMA (`frag_mma_acc`)."""
     off = code_offset(x_ptr.dtype.element_ty, W_BITS, W_SIGNED)
-    DEF: tl.constexpr = DEFER and xsum_ptr is not None  # (without the quantizer's sums: each block its own)
     KB: tl.constexpr = 128 if W_BITS == 3 else 512 // W_BITS  # K per block: 16 words per row (3 bits: 12)
     PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
     HAS_S: tl.constexpr = GROUP_K < 1 << 30  # else one scale over all of K: the caller's epilogue
@@ -393,7 +383,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                                      SCALE_KIND, S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX)
         else:
             x_mask = mask_m[None, :] & (kt * 128 + offs_k < K)[:, None]
-            if xsum_ptr is not None and not DEF:
+            if xsum_ptr is not None:
                 xsum = block_sums(xsum_ptr, kt, tl.cdiv(K, 128), src, mask_m, stride_xsum, NW)
             else:
                 xsum = None
@@ -405,7 +395,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 words = None
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
-                                 SCALE_W and PER_BLOCK, MMA_ACC, words, W_BITS == 3, DEF)
+                                 SCALE_W and PER_BLOCK, MMA_ACC, words, W_BITS == 3)
             if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
                 if SETTLE:
                     acc = settled(acc)
@@ -427,34 +417,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             acc = settled(acc)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
-    if DEF:
-        acc = deferred_sums(acc, s_ptr, xsum_ptr, offs_gn, mask_n, src, mask_m, stride_s, stride_xsum, kt_lo, kt_hi,
-                            -off, SCALE_KIND, S_EXP, S_MAN, GROUP_K, PER_BLOCK, BN, NW, KB)
     return rows_from_mma(acc, BN, NW, BM)
-
-
-@triton.jit
-def deferred_sums(acc, s_ptr, xsum_ptr, offs_gn, mask_n, src, mask_m, stride_s, stride_xsum, kt_lo, kt_hi, c,
-                  SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, GROUP_K: tl.constexpr,
-                  PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr, KB: tl.constexpr):
-    """acc [BN, BM] (MMA row order) plus c times the sum over the K blocks [kt_lo, kt_hi) of each block's scale [BN]
-    times the quantizer's x sums of the block [BM] (PER_BLOCK; else the sums alone: one scale over K, the caller's):
-    [BN, blocks] x [blocks, BM] products on the tensor cores in 3xTF32 (fp32-accurate) accumulating into acc itself —
-    in fp32 FMAs it would cost as many as the per-block subtraction it replaces."""
-    GC: tl.constexpr = 16  # blocks a product
-    for b0 in range(kt_lo, kt_hi, GC):
-        blk = b0 + tl.arange(0, GC)
-        inside = blk < kt_hi
-        xs = tl.load(xsum_ptr + blk[:, None] * stride_xsum + src[None, :], mask=inside[:, None] & mask_m[None, :],
-                     other=0.0)
-        if PER_BLOCK:
-            raw = tl.load(s_ptr + ((blk * KB) // GROUP_K)[None, :] * stride_s + offs_gn[:, None],
-                          mask=mask_n[:, None] & inside[None, :], other=0)
-            s = tl.where(inside[None, :], decode_scale(raw, SCALE_KIND, S_EXP, S_MAN) * c, 0.0)
-        else:
-            s = tl.where(inside[None, :] & mask_n[:, None], c, 0.0)
-        acc = tl.dot(rows_to_mma(s, BN, NW, GC), xs, acc, input_precision="tf32x3")
-    return acc
 
 
 @triton.jit
@@ -616,7 +579,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
                       PTX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False,
                       SCALE_W: tl.constexpr = False, SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False,
                       HAS_RS: tl.constexpr = False, PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False,
-                      SUBS: tl.constexpr = 1, BM2: tl.constexpr = 0, DEFER: tl.constexpr = False):
+                      SUBS: tl.constexpr = 1, BM2: tl.constexpr = 0):
     if PDL:  # launched while the quantizer may still write x: nothing is read before it has finished
         gdc_wait()
     pid_n = tl.program_id(0)
@@ -657,7 +620,7 @@ def _frag_gemm_kernel(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_p
         acc = frag_range(x_ptr, offs_m, offs_m < M, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, K, stride_wn,
                          stride_s, lo, tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
                          ZP, W_SIGNED, GROUP_K, GROUP_N, BN, BM, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr, M, SCALE_W,
-                         SETTLE, PAIRS, MMA_ACC, DEFER)  # sums: [blocks, M]
+                         SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, M]
         tile = pid_m * tl.num_programs(0) + pid_n
         frag_epilogue(acc, offs_m, offs_n, mask_n, M, N, s_ptr, gs_ptr, rs_ptr, xs_ptr, bias_ptr, y_ptr, ws_ptr,
                       cnt_ptr, stride_s, stride_xs, stride_ym, tile, pid_k, SCALE_KIND, S_EXP, S_MAN, GROUP_K, GROUP_N,
@@ -765,23 +728,6 @@ FRAG_SUBS = True
 # (`frag_range_two`) instead of a 64-token tile a quarter or more padding: the MMA is what grows from 32 to 64 tokens
 # (H200 graphs, W4A16 28672x8192 M=32 / 48 / 64: 51.0 / 68.1 / 73.0 µs, session 23's bench)
 FRAG_TWO = True
-
-
-# Integer codes under FP8 x with the quantizer's block sums (`takes_sums`: W4A8): each 128-K block adds its product
-# times 512 x its scale (one FFMA an element) and the codes' offset times the sums comes off once after the K loop, a
-# [BN, blocks] x [blocks, BM] 3xTF32 product (`deferred_sums`), instead of a second FFMA an element in every block
-# (sm_90a, the grouped MoE kernel at 128 rows an expert: 128 of the loop's 369 instructions a block are FFMA, for 256
-# cycles of FP8 MMA). Off until measured on the GPU.
-A8_DEFER_SUMS = False
-
-
-def frag_defer_sums(tw, want: bool | None = None) -> bool:
-    """Whether the frag kernels defer the x sums' term of these integer codes under FP8 x (`want`, None:
-    `A8_DEFER_SUMS`): 4-bit codes without zero points, scales per 128-K block or longer groups (or one over K)."""
-    fmt = tw.fmt
-    plain = fmt["W_BITS"] == 4 and not fmt["W_FLOAT"] and fmt["ZP"] == 0
-    on = A8_DEFER_SUMS if want is None else bool(want)
-    return on and tw.mma_a8 and tw.takes_sums and plain and tw.group_k >= 128
 
 
 def frag_mma_acc(tw) -> bool:
@@ -983,7 +929,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
            scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS, FRAG3_PAIRS,
-           A8_MMA_ACC, A8_DEFER_SUMS)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
+           A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)
@@ -1043,7 +989,6 @@ def _frag_launch(tw, x_dtype: torch.dtype, key: tuple) -> tuple:
         STAGES=pair_stages(num_stages) if pairs else num_stages, PANEL=FRAG_PANEL, PTX=ptx, FOLD=fold,
         PDL=pdl, SETTLE=settle, SCALE_W=frag_scale_w(tw, x_dtype, block_m) if scale_w is None else scale_w,
         HAS_XS=not no_xs, HAS_RS=rows is not None, PAIRS=pairs, MMA_ACC=mma_acc, SUBS=subs, num_warps=num_warps,
-        DEFER=frag_defer_sums(tw),
         launch_pdl=pdl, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )  # fmt: skip
     zeros, gs = (t if t is not None else dummy for t in (tw.zeros, tw.global_scale))

@@ -24,7 +24,6 @@ from anybit.kernels import frag as frag_switches
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, next_pow2, plane_args
 from anybit.kernels.frag import (
     frag_constexprs,
-    frag_defer_sums,
     frag_fold,
     frag_group_k,
     frag_mma_acc,
@@ -247,7 +246,7 @@ def _moe_frag_kernel(
     SETTLE: tl.constexpr = False, HAS_XS: tl.constexpr = False, HAS_RS: tl.constexpr = False,
     PAIRS: tl.constexpr = False, MMA_ACC: tl.constexpr = False, BM2: tl.constexpr = 0, E=1,
     SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0, CHECK_E: tl.constexpr = False,
-    N_FIRST: tl.constexpr = False, DEFER: tl.constexpr = False,
+    N_FIRST: tl.constexpr = False,
 ):
     """The grouped GEMM for fragment-layout experts (`anybit.kernels.frag`): each block of rows is
     computed transposed, its expert's weight rows decoded straight into the MMA's registers. PDL: launched
@@ -281,21 +280,21 @@ def _moe_frag_kernel(
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BM1,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
-                           MMA_ACC, DEFER=DEFER)
+                           MMA_ACC)
         elif TAIL_HALF and SPLIT_K == 1 and short:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M // 2,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
-                           MMA_ACC, DEFER=DEFER)
+                           MMA_ACC)
         else:
             _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr, y_ptr, sorted_ptr, rw_ptr,
                            ws_ptr, cnt_ptr, e, pid_m, pid_n, num_rows, n_sorted, N, K, stride_xm, stride_ym, stride_we,
                            stride_wn, stride_se, stride_s, MASK, SPLIT_K, TOP_K, SILU_MUL, MUL_ROUTED, W_BITS, W_FLOAT,
                            SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED, GROUP_K, GROUP_N, HAS_GS, BLOCK_M, BLOCK_M,
                            BLOCK_N, NW, STAGES, PANEL, PTX, FOLD, SCALE_W, SETTLE, HAS_XS, HAS_RS, PAIRS,
-                           MMA_ACC, SLOTS, SUM_SLOTS, DEFER)
+                           MMA_ACC, SLOTS, SUM_SLOTS)
 
 
 @triton.jit
@@ -309,8 +308,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NW: tl.constexpr, STAGES: tl.constexpr,
                    PANEL: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr, SCALE_W: tl.constexpr,
                    SETTLE: tl.constexpr, HAS_XS: tl.constexpr, HAS_RS: tl.constexpr, PAIRS: tl.constexpr,
-                   MMA_ACC: tl.constexpr, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0,
-                   DEFER: tl.constexpr = False):
+                   MMA_ACC: tl.constexpr, SLOTS: tl.constexpr = False, SUM_SLOTS: tl.constexpr = 0):
     """The first ROWS rows of block pid_m (blocks BLOCK_M rows apart) against expert e's weight rows of
     N tile pid_n and this program's K split, decoded into the MMA's registers; the epilogue of `finish_rows`."""
     pid_k = tl.program_id(2)
@@ -325,7 +323,7 @@ def _moe_frag_rows(x_ptr, xs_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, rs_ptr,
                      z_ptr + e64 * stride_se, offs_n, mask_n, K, stride_wn, stride_s, lo,
                      tl.minimum(lo + per, k_blocks), MASK, W_BITS, W_FLOAT, SCALE_KIND, S_EXP, S_MAN, ZP, W_SIGNED,
                      GROUP_K, GROUP_N, BLOCK_N, ROWS, NW, STAGES, PANEL, PTX, FOLD, xsum_ptr,
-                     num_rows // TOP_K, SCALE_W, SETTLE, PAIRS, MMA_ACC, DEFER)  # sums: [blocks, rows of x]
+                     num_rows // TOP_K, SCALE_W, SETTLE, PAIRS, MMA_ACC)  # sums: [blocks, rows of x]
     if GROUP_K >= 1 << 30:  # one scale over all of K
         acc = acc * load_scale(s_ptr + e64 * stride_se, 0, offs_n // GROUP_N, mask_n, stride_s, SCALE_KIND,
                                S_EXP, S_MAN)[:, None]
@@ -573,7 +571,7 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
     """The `Launcher` of `moe_gemm`'s fragment-layout calls with this key (tile, flags, settings), its constexprs
     worked out once per stacked weight (an eager call's host time); slot_consts: the slot blocks' (`E`, `SLOTS` …)."""
     _, block_m, block_n, split_k, num_warps, num_stages, maxnreg, top_k, silu_mul, no_routed, fp8_x, _, pdl, \
-        scale_w, tail_half, ptx, settle, fold, *_, defer = key  # fmt: skip
+        scale_w, tail_half, ptx, settle, fold, *_ = key  # fmt: skip
     pairs = frag_pairs(tw, block_m, maxnreg)  # two K blocks an iteration (`frag.FRAG_PAIRS`)
     bm2 = two_parts(block_m)[1]
     consts = dict(
@@ -585,7 +583,6 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
         if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
         HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2, **slot_consts,
-        DEFER=frag_defer_sums(tw, defer),
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
@@ -623,7 +620,6 @@ def moe_gemm(
     sum_slots: int = 0,
     check_ids: bool = True,
     n_first: bool | None = None,
-    defer_sums: bool | None = None,
 ):
     """x [T or T*k, K]; tw: `anybit.backends.triton_layout.stack_experts` result; sorted_ids,
     expert_ids, total: `anybit.moe.moe_align(..., block_m)`. Returns y [num_rows, N] (row = flat slot;
@@ -655,8 +651,7 @@ def moe_gemm(
     (no split-K): blocks whose second half is padding run half-width (`QuantMoE`'s plan for blocks of >= 32
     rows). block_m: a power of two, or for fragment-layout 4-bit experts under bf16/fp16 x the sum of two (48 =
     32 + 16, 80 = 64 + 16, 144 = 128 + 16: two MMAs on each decoded K block, `two_part_why_not`). n_first: the
-    launch order (`moe_n_first`; None: its rule). defer_sums: W4A8's x-sum term after the K loop (`frag_defer_sums`;
-    None: `frag.A8_DEFER_SUMS`)."""
+    launch order (`moe_n_first`; None: its rule)."""
     slots = sorted_ids is None
     if slots:
         why = slot_blocks_why_not(expert_ids, total, num_rows, block_m, tail_half, silu_mul, sum_slots)
@@ -734,7 +729,6 @@ def moe_gemm(
             sum_slots,
             check_e,
             order,
-            frag_switches.A8_DEFER_SUMS if defer_sums is None else bool(defer_sums),  # (last: `_moe_frag_launch`)
         )  # every setting and switch it reads (and `slot_consts`, whose E is the weight's)
         launch = tw.launches.get(key)
         if launch is None:

@@ -397,35 +397,6 @@ def test_w4a8_fragment_layout(interpret, text, m):
         gemm_frag(x, tw, block_m=16, block_n=64)
 
 
-@pytest.mark.parametrize("text", ["w4a8", "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token"])
-@pytest.mark.parametrize("split", [1, 2])
-def test_w4a8_sums_deferred_past_the_k_loop(interpret, monkeypatch, text, split):
-    """`frag.A8_DEFER_SUMS`: the codes' offset times the quantizer's x sums taken once after the K loop (a 3xTF32
-    product over the blocks, two of them past 32 blocks) agrees with the per-block subtraction and the exact product;
-    without the sums the kernel keeps its per-block path."""
-    from anybit.kernels import frag
-    from anybit.kernels.quant_act import quantize_act
-    from anybit.quant.activations import dequantize_activation
-
-    m, n, k = 13, 64, 34 * 128  # (34 blocks: two 32-block products; 17 groups of 256)
-    _, qw, _ = _problem(text, m, n, k, seed=split)
-    tw = to_triton_layout(qw)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).half()
-    xq, xs, sums = quantize_act(x, qw.scheme.act, block_sums=True)
-    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
-    ws, cnt = torch.empty(split * m * n), torch.zeros(64, dtype=torch.int32)
-    kw = dict(block_m=16, block_n=64, split_k=split, num_stages=1, workspace=ws, counters=cnt, x_scales=xs,
-              out_dtype=torch.float16)  # fmt: skip
-    ys = {}
-    for defer in (False, True):
-        monkeypatch.setattr(frag, "A8_DEFER_SUMS", defer)
-        assert frag.frag_defer_sums(tw) == defer
-        ys[defer] = gemm_frag(xq, tw, x_sums=sums, **kw)
-        assert rel_err(ys[defer], ref) < GEMM_REL_ERR[torch.float16]
-        assert rel_err(gemm_frag(xq, tw, **kw), ref) < GEMM_REL_ERR[torch.float16]  # no sums: its own, per block
-    assert rel_err(ys[True], ys[False].double()) < 2e-3  # (one fp16 rounding apart)
-
-
 @pytest.mark.parametrize("m, k", [(1, 384), (13, 200), (3, 5000)])
 def test_quantizer_block_sums(interpret, m, k):
     """`quantize_act(block_sums=True)`: per token, the sum of the quantized values over each 128-K block

@@ -417,36 +417,6 @@ def test_grouped_gemm_w4a8_fragment_layout(interpret):
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
-def test_grouped_w4a8_sums_deferred_past_the_k_loop(interpret, monkeypatch):
-    """`frag.A8_DEFER_SUMS` in the grouped kernel: gathered rows' sums (the quantizer's, by token) taken after the K
-    loop, against the exact per-slot products."""
-    from anybit.kernels import frag
-    from anybit.moe.layer import grouped_inputs
-    from anybit.quant.activations import dequantize_activation
-
-    monkeypatch.setattr(frag, "A8_DEFER_SUMS", True)
-    g = torch.Generator().manual_seed(21)
-    e, k, t, n, kk = 5, 2, 9, 64, 640
-    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, "w4a8")
-    tw = stack_experts(qw)
-    assert frag.frag_defer_sums(tw)
-    xin = grouped_inputs(torch.randn(t, kk, generator=g).half(), tw)
-    assert xin["x_sums"] is not None
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
-    xd, w = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double(), qw.dequantize().double()
-    ref = torch.stack([xd[r // k] @ w[int(ids.view(-1)[r])].T for r in range(t * k)])
-    for block_m in (16, 64):
-        aligned = moe_align(ids, e, block_m)
-        y = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], block_m=block_m,
-                     num_rows=t * k, top_k=k, out_dtype=torch.float16, **xin)  # fmt: skip
-        assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-    monkeypatch.setattr(frag, "A8_DEFER_SUMS", False)  # the launch's own choice over the switch (`moe_bench` A/B)
-    assert frag.frag_defer_sums(tw, True) and not frag.frag_defer_sums(tw)
-    y2 = moe_gemm(tw=tw, sorted_ids=aligned[0], expert_ids=aligned[1], total=aligned[2], block_m=64, num_rows=t * k,
-                  top_k=k, out_dtype=torch.float16, defer_sums=True, **xin)  # fmt: skip
-    assert torch.equal(y2, y)
-
-
 def test_decode_plan_at_the_measured_shapes():
     """The decode launch plan (host arithmetic, H200's 132 SMs), as measured: DeepSeek-V3 gate_up at one
     token splits K in two; Qwen3's down at one token (frag layout, no fused silu: 1.1 CTAs an SM) takes 64-row
