@@ -153,7 +153,7 @@ def pick_config(
         wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
                       float_codes=float_codes, balance=not a8, a8=wide_a8,
-                      two=frag_layout and not a8 and scheme.weight_bits == 4)  # fmt: skip
+                      two=frag_layout and not a8 and scheme.weight_bits == 4, fp8_mma=a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
                           num_stages=t["num_stages"], maxnreg=t.get("maxnreg"))  # fmt: skip

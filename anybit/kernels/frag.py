@@ -841,9 +841,16 @@ def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> 
     return min(cost, key=lambda s: (cost[s], s))
 
 
+# 33-64 rows on the FP8 MMA: below this share of two CTAs an SM, the launch takes 64 weight rows a tile (H200 graphs,
+# `tools/sweep_frag.py`, M=64: 18432x7168 W4A8 50.4 -> 44.2 µs, W4A8-MXFP4 46.8 -> 41.0 — 144 tiles of 128 rows, one
+# split; where 128-row tiles already fill the SMs, 64-row ones were even or slower: 28672x8192 57.7 -> 70.0,
+# 8192x28672 66.8 -> 68.8, 8192^2 M=40 23.5 -> 24.8)
+A8_NARROW_FILL = 0.6
+
+
 def frag_tile(
     m: int, n: int, k: int, num_sms: int, interpret: bool, bits: int = 4, mid: bool = False,
-    float_codes: bool = False, balance: bool = True, a8: bool = False, two: bool = False,
+    float_codes: bool = False, balance: bool = True, a8: bool = False, two: bool = False, fp8_mma: bool = False,
 ) -> dict:  # fmt: skip
     """Tile for the dense kernel (BN weight rows x BM tokens) and split-K, from the H200 sweeps
     (`tools/sweep_frag.py`, BENCHMARKS.md): 128-row tiles of 4 warps, 4 stages, K split until the launch
@@ -863,7 +870,8 @@ def frag_tile(
     95.4 —; M=256: 56.6 / 150.3 / 153.0, 128-token tiles 52.4 / 156.9 / 169.5); where N has few 128-row tiles
     (<= half the SMs) 128 x 128 capped at 128 registers, two CTAs an SM, split until two a SM (8192x28672 M=128
     97.9 -> 89.0, 8192^2 M=256 57.4 -> 52.1, 8192x28672 M=256 152.8 -> 153.9). `two` (4-bit codes under bf16/fp16
-    x): 33-48 rows as a 48-token tile of 32 + 16 (`FRAG_TWO`)."""
+    x): 33-48 rows as a 48-token tile of 32 + 16 (`FRAG_TWO`). `fp8_mma` (the weight runs on the FP8 MMA): 33-64
+    rows on 64 weight rows a tile where 128-row tiles fill the SMs poorly (`A8_NARROW_FILL`)."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -901,6 +909,11 @@ def frag_tile(
     bn, stages = (64, 3) if bits == 2 else (128, 4)
     tiles = cdiv(n, bn) * cdiv(m, bm)
     split = split_to(tiles, 2 * num_sms)
+    if fp8_mma and bm == 64 and bits == 4 and tiles * split < A8_NARROW_FILL * 2 * num_sms:
+        narrow = cdiv(n, 64) * cdiv(m, bm)
+        if narrow * split_to(narrow, 2 * num_sms) > tiles * split:  # more CTAs in flight, not just smaller ones
+            bn, tiles = 64, narrow
+            split = split_to(tiles, 2 * num_sms)
     if balance and m <= 16 and num_sms <= tiles < 2 * num_sms:  # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2)
         split = balanced_split(tiles, k_blocks, num_sms, SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST)
         if bits == 8 and k_blocks >= 4 * BYTE_SPLIT:

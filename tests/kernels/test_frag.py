@@ -513,6 +513,19 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
     assert frag_tile(16, 28672, 4096, 132, False, bits=8)["split_k"] == 2
 
 
+def test_fp8_mma_tiles_narrow_where_128_rows_fill_the_sms_poorly():
+    """33-64 rows on the FP8 MMA (`A8_NARROW_FILL`): 18432x7168's 144 tiles of 128 rows hold 55 % of two CTAs an SM,
+    so 64 weight rows a tile (288 CTAs); weights whose 128-row tiles (times their split) fill the SMs keep them, and
+    so does every A16 weight and every M outside 33-64."""
+    pick = {(m, n, k, a8): (t["block_n"], t["split_k"])
+            for m in (16, 40, 64) for n, k in [(18432, 7168), (28672, 8192), (8192, 8192), (9216, 4096)]
+            for a8 in (False, True) for t in [frag_tile(m, n, k, 132, False, fp8_mma=a8)]}  # fmt: skip
+    narrow = {key for key, (bn, _) in pick.items() if bn == 64}
+    assert narrow == {(40, 18432, 7168, True), (64, 18432, 7168, True)}
+    assert pick[(64, 18432, 7168, True)] == (64, 1) and pick[(64, 18432, 7168, False)] == (128, 1)
+    assert pick[(64, 9216, 4096, True)] == (128, 2)  # 64-row tiles would put no more CTAs in flight (144 either way)
+
+
 def assert_pairs_give_the_same_bits(monkeypatch, x, qw, ref):
     """Two K blocks an iteration (`FRAG_PAIRS`) give the one-block loop's bits (the same products summed in the same
     order; a split's last odd block pairs with a masked one), within x's dtype tolerance of ref."""

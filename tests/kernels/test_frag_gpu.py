@@ -129,6 +129,31 @@ def test_w4a8_fragment_layout_in_bf16(text, m):
     assert torch.equal(y1, y2)
 
 
+@pytest.mark.parametrize("text", ["w4a8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("m", [40, 64])
+def test_fp8_mma_narrow_tiles_through_the_route(text, m):
+    """33-64 rows of 18432x7168 on the FP8 MMA take 64 weight rows a tile (`frag.A8_NARROW_FILL`): against the exact
+    product of the quantizer's own x, bit-stable."""
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.backends.triton import pick_config
+    from anybit.kernels.quant_act import quantize_act
+    from anybit.quant.activations import dequantize_activation
+
+    x, qw, _ = _case(text, m, 18432, 7168, seed=m)
+    p = prepare(qw, backend="triton")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tw = p.data
+    config = pick_config(m, tw.n, tw.k, tw.kernel_scheme, sms, False, tw.nk, tw.mma_a8, tw.frag)
+    assert sms != 132 or config.block_n == 64
+    xq, xs = quantize_act(x, qw.scheme.act)
+    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
+    be = get_backend("triton")
+    y1, y2 = be.gemm(x, p), be.gemm(x, p)
+    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y1, y2)
+
+
 @pytest.mark.parametrize("text", ["w8a16", "w8a16:uint8:g128:bf16:zp-int"])
 @pytest.mark.parametrize("m", [1, 13])
 def test_byte_codes_on_one_to_two_tiles_a_sm_split_in_two_through_the_route(text, m):
