@@ -108,25 +108,32 @@ def test_frag_formats_in_bf16_bitwise_stable(text, m):
     assert torch.equal(y1, y2)
 
 
-@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
-@pytest.mark.parametrize("m", [1, 16, 64, 300])
-def test_w4a8_fragment_layout_in_bf16(text, m):
-    """W4A8 on the GPU: the FP8 fragment kernel at M <= 64, cuBLAS's block-scaled GEMM above (g128), against
-    the exact product of the quantizer's own x, bit-stable."""
-    from anybit import prepare
+def _a8_route_matches_its_quantized_x(x, p):
+    """The route's y for an FP8-activation weight against the exact product of the quantizer's own x, bit-stable."""
     from anybit.backends import get_backend
     from anybit.kernels.quant_act import quantize_act
     from anybit.quant.activations import dequantize_activation
 
-    x, qw, _ = _case(text, m, 3000, 4096, seed=m)
-    p = prepare(qw, backend="triton")
-    assert p.data.frag
+    qw = p.qweight
     xq, xs = quantize_act(x, qw.scheme.act)
     ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
     be = get_backend("triton")
     y1, y2 = be.gemm(x, p), be.gemm(x, p)
     assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:zp-int:e4m3-token"])
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+def test_w4a8_fragment_layout_in_bf16(text, m):
+    """W4A8 on the GPU: the FP8 fragment kernel at M <= 64, cuBLAS's block-scaled GEMM above (g128), against
+    the exact product of the quantizer's own x, bit-stable."""
+    from anybit import prepare
+
+    x, qw, _ = _case(text, m, 3000, 4096, seed=m)
+    p = prepare(qw, backend="triton")
+    assert p.data.frag
+    _a8_route_matches_its_quantized_x(x, p)
 
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8-mxfp4"])
@@ -135,10 +142,7 @@ def test_fp8_mma_narrow_tiles_through_the_route(text, m):
     """33-64 rows of 18432x7168 on the FP8 MMA take 64 weight rows a tile (`frag.A8_NARROW_FILL`): against the exact
     product of the quantizer's own x, bit-stable."""
     from anybit import prepare
-    from anybit.backends import get_backend
     from anybit.backends.triton import pick_config
-    from anybit.kernels.quant_act import quantize_act
-    from anybit.quant.activations import dequantize_activation
 
     x, qw, _ = _case(text, m, 18432, 7168, seed=m)
     p = prepare(qw, backend="triton")
@@ -146,12 +150,7 @@ def test_fp8_mma_narrow_tiles_through_the_route(text, m):
     tw = p.data
     config = pick_config(m, tw.n, tw.k, tw.kernel_scheme, sms, False, tw.nk, tw.mma_a8, tw.frag)
     assert sms != 132 or config.block_n == 64
-    xq, xs = quantize_act(x, qw.scheme.act)
-    ref = dequantize_activation(xq, xs, qw.scheme.act).double() @ qw.dequantize().double().T
-    be = get_backend("triton")
-    y1, y2 = be.gemm(x, p), be.gemm(x, p)
-    assert rel_err(y1, ref) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(y1, y2)
+    _a8_route_matches_its_quantized_x(x, p)
 
 
 @pytest.mark.parametrize("text", ["w8a16", "w8a16:uint8:g128:bf16:zp-int"])
