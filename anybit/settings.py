@@ -58,6 +58,11 @@ class Settings:
     4-bit integer A16 experts) instead of `moe_gemm`. Off by default: H200 w4a16, it is 1.5-2.6x slower than
     `moe_gemm` in every cell measured (DeepSeek-V3 M=4096 gate_up 7439 vs 4684 µs; 128-row blocks are half
     padding at ~128 rows per expert, and its 128-row tiles run at ~420 TF/s even dense)."""
+    moe_ws_a8_min_rows: int
+    """ANYBIT_MOE_WS_A8_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of W4A8 experts (4-bit integer codes in
+    the FP8 fragment layout, e4m3 x per token) whose experts see at least this many rows on average runs both
+    grouped GEMMs through the warp-specialised FP8 Gluon kernel (`anybit.kernels.moe_ws_a8`) instead of
+    `moe_gemm`; off until measured faster."""
     moe_rs_min_rows: int
     """ANYBIT_MOE_RS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of A16 experts the register-operand kernel
     takes whose experts see at least this many rows on average runs both grouped GEMMs through it
@@ -196,6 +201,11 @@ def moe_ws_min_rows() -> int:
     return _rows("ANYBIT_MOE_WS_MIN_ROWS", 0, "rows per expert")
 
 
+def moe_ws_a8_min_rows() -> int:
+    """ANYBIT_MOE_WS_A8_MIN_ROWS alone (see `Settings.moe_ws_a8_min_rows`)."""
+    return _rows("ANYBIT_MOE_WS_A8_MIN_ROWS", 0, "rows per expert")
+
+
 def moe_rs_min_rows() -> int:
     """ANYBIT_MOE_RS_MIN_ROWS alone (see `Settings.moe_rs_min_rows`)."""
     return _rows("ANYBIT_MOE_RS_MIN_ROWS", 0, "rows per expert")
@@ -259,8 +269,8 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `moe_rs_min_rows`, `frag_rs`,
-    `frag_rs_parts`, `rs_wide`, `rs_w2`, `ws_int`, `fast_launch`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `moe_ws_min_rows`, `moe_ws_a8_min_rows`,
+    `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`, `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -273,6 +283,7 @@ def load() -> Settings:
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
+        moe_ws_a8_min_rows=moe_ws_a8_min_rows(),
         moe_rs_min_rows=moe_rs_min_rows(),
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),

@@ -30,7 +30,6 @@ from anybit.bench.timing import median, time_eager, time_graph  # noqa: E402
 from anybit.formats import FloatType  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
 from anybit.kernels.moe_gemm import moe_gemm, moe_tile_kind  # noqa: E402
-from anybit.kernels.moe_ws import moe_gemm_ws  # noqa: E402
 from anybit.moe import QuantMoE, moe_align, softmax_topk  # noqa: E402
 from anybit.moe.layer import down_tiles, grouped_inputs, moe_tiles, takes_slot_blocks  # noqa: E402
 from anybit.quant.weights import QuantizedWeight  # noqa: E402
@@ -137,7 +136,8 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         if split is not None and not over:  # the whole layer with that split forced (tile overrides: GEMMs only)
             out["layer" + tag] = [layer(w, ids, split=split) for w, ids in routes]
     moe.split_k = None
-    ws = moe._ws_plan(x, m * top_k)  # the warp-specialised kernel where the layer takes it, and its variants
+    # the warp-specialised kernel where the layer takes it (`moe_gemm_ws`, W4A8: `moe_gemm_ws_a8`), and its variants
+    ws, run = moe._ws_plan(x, m * top_k)
     variants = [("@ws", {})] + [("@ws" + v.replace("=", "").replace(":", ""), tile_overrides(v))
                                 for v in filter(None, ws_tiles.split(","))]  # fmt: skip
     for tag, over in variants if ws else []:
@@ -145,13 +145,13 @@ def _parts(moe: QuantMoE, x: torch.Tensor, routes: list, tiles: dict, variants: 
         bm = kw["block_m"]
         aligned.setdefault(bm, [moe_align(ids, e, bm) for _, ids in routes])
         out["gate_up" + tag] = [
-            (lambda a=a, kw=kw: moe_gemm_ws(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
-                                            num_rows=m * top_k, silu_mul=fused, **xin, **kw))
+            (lambda a=a, kw=kw: run(tw=gu, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=top_k,
+                                    num_rows=m * top_k, silu_mul=fused, **xin, **kw))
             for a in aligned[bm]
         ]  # fmt: skip
         out["down" + tag] = [
-            (lambda a=a, w=w, kw=kw: moe_gemm_ws(tw=dn, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=1,
-                                                 num_rows=m * top_k, out=y, routed_weights=_rw(w), **ain, **kw))
+            (lambda a=a, w=w, kw=kw: run(tw=dn, sorted_ids=a[0], expert_ids=a[1], total=a[2], top_k=1,
+                                         num_rows=m * top_k, out=y, routed_weights=_rw(w), **ain, **kw))
             for a, (w, _) in zip(aligned[bm], routes, strict=True)
         ]  # fmt: skip
 

@@ -262,21 +262,30 @@ def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str 
 
 def check_moe_ws(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                  tiles: dict | None = None) -> str:  # fmt: skip
-    """The warp-specialised grouped MoE kernel (`anybit.kernels.moe_ws`), gate_up with silu * mul."""
+    """The warp-specialised grouped MoE kernel (`anybit.kernels.moe_ws`; W4A8 experts: `moe_ws_a8`), gate_up with
+    silu * mul."""
     from anybit.backends.triton_layout import stack_experts
     from anybit.kernels.moe_ws import moe_gemm_ws, moe_ws_tile
+    from anybit.kernels.moe_ws_a8 import WS_A8_BLOCK_M, moe_gemm_ws_a8
     from anybit.moe.align import moe_align
 
     e, top_k = 8, 2
     tw = stack_experts(quantize(torch.randn(e, n, k) * 0.05, fmt))
     t = max(1, per_expert * e // top_k)
-    tile = moe_ws_tile(t * top_k, e) | (tiles or {})
+    a8 = tw.scheme.act.quantized
+    tile = (dict(block_m=WS_A8_BLOCK_M) if a8 else moe_ws_tile(t * top_k, e)) | (tiles or {})
     sorted_ids, expert_ids, total = moe_align(torch.randint(0, e, (t, top_k)), e, tile["block_m"])
+    x = torch.randn(t, k, dtype=torch.bfloat16)
     _compiled.clear()
-    moe_gemm_ws(torch.randn(t, k, dtype=torch.bfloat16), tw, sorted_ids, expert_ids, total, num_rows=t * top_k,
-                top_k=top_k, silu_mul=True, **tile)  # fmt: skip
-    return _report(f"moe-ws {fmt:21s} rows/E={per_expert:<4d}", _compiled[-1], 64, tile["block_n"],
-                   tile["dq_warps"], cuobjdump, sass_dir and (sass_dir, f"moe_ws_{fmt}_{per_expert}"))  # fmt: skip
+    if a8:  # compiled, not run: the quantized x holds garbage, which is fine here
+        xq, xs = quantize_act(x, tw.scheme.act)
+        moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, x_scales=xs,
+                       silu_mul=True, **tile)  # fmt: skip
+    else:
+        moe_gemm_ws(x, tw, sorted_ids, expert_ids, total, num_rows=t * top_k, top_k=top_k, silu_mul=True, **tile)
+    return _report(f"moe-ws {fmt:21s} rows/E={per_expert:<4d}", _compiled[-1], 128 if a8 else 64,
+                   tile.get("block_n", 128), tile.get("dq_warps", 4), cuobjdump,
+                   sass_dir and (sass_dir, f"moe_ws_{fmt}_{per_expert}"))  # fmt: skip
 
 
 def check_moe_rs(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,

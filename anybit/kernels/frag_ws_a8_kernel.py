@@ -30,6 +30,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -77,11 +78,12 @@ def _a8_asm(signed):
 @gluon.jit
 def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, part,
                 NDEC: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
-                STAGES: gl.constexpr, PANEL: gl.constexpr, DIAG: gl.constexpr):
+                STAGES: gl.constexpr, PANEL: gl.constexpr, DIAG: gl.constexpr, w_row0=0, s_row0=0):
     """Decodes steps part, part + NDEC, ... of the weight tile into the w ring (e4m3 (q - 8) / 512) and each
     step's scales (times 512, fp32) beside them; words and scales arrive by TMA into this partition's DEPTH slots
     of the word ring (part * DEPTH on), depth - 1 blocks ahead. NDEC partitions overlap one another's latencies
-    (barriers, the proxy fence, TMA waits), which one partition's chain of them per block left exposed."""
+    (barriers, the proxy fence, TMA waits), which one partition's chain of them per block left exposed. w_row0,
+    s_row0: the expert's first rows in the word and scale descriptors (grouped MoE: `moe_ws_a8_kernel`)."""
     BN: gl.constexpr = w_bufs.type.shape[1]
     D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
@@ -93,13 +95,13 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
     p0 = off_n // PANEL
     base = part * D
     for j in gl.static_range(D - 1):
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + j, 0, 0, p0, nb, off_n, j * NDEC + part, num_k, GB,
-                      SCALE_PER_BLOCK)
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + j, w_row0, s_row0, p0, nb, off_n, j * NDEC + part, num_k,
+                 GB, SCALE_PER_BLOCK)
     mine = gl.cdiv(num_k - part, NDEC)
     for i in range(mine):
         gl.thread_barrier()  # every thread has read slot (i - 1) % D: it takes this partition's block i + D - 1
-        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, 0, 0, p0, nb, off_n,
-                      (i + D - 1) * NDEC + part, num_k, GB, SCALE_PER_BLOCK)
+        _w_fetch(w_desc, s_desc, wq, sq, wq_bar, base + (i + D - 1) % D, w_row0, s_row0, p0, nb, off_n,
+                 (i + D - 1) * NDEC + part, num_k, GB, SCALE_PER_BLOCK)
         q = base + i % D
         mbarrier.wait(wq_bar.index(q), (i // D) & 1)
         b = i * NDEC + part
@@ -124,23 +126,55 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
         mbarrier.arrive(w_ready.index(s), count=1)
 
 
+@gluon.constexpr_function
+def gather_layout(num_warps):
+    """Gathered x rows as int32 words [rows, 32] (a 128-K step of e4m3): four words (16 bytes) a thread, a row
+    across 8 threads."""
+    return gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+
+
 @gluon.jit
-def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
-            stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
-            ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
-    """One warpgroup's 64 rows of the tile: x by TMA into its own ring, per step a fresh [64, BN] wgmma tile
-    promoted into the fp32 accumulator with the step's scales, then y = acc * x scale (+ bias). ORDER 1 / 2: the
-    two warpgroups take turns on the tensor cores (barrier `turn[me]` before the step's wgmma, `turn[1 - me]` once
-    they are issued / finished), meant to overlap one's promotion with the other's step — H200: no faster than
-    running free (0, the default), so the two were not idling in step. Without PROMOTE (one scale row for every
-    step: channel scales) the wgmma accumulates the whole K range and the scales are applied once."""
+def _x_step(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, GATHER: gl.constexpr, x_ptr, src_off,
+            xmask, cols, K4):
+    """x's K step ki (none past num_k) into slot ki % STAGES: by TMA from rows off_m on, or (GATHER) by cp.async
+    of 16 bytes a thread from the int32 words of the rows at `src_off` (x_ptr: e4m3 x viewed as int32, K4 words a
+    row; padding rows and the K tail zero-filled) into the slot viewed as int32 with x's 128-byte swizzle, each
+    thread arriving on the slot's barrier once its copies have landed."""
+    if GATHER:
+        if ki < num_k:
+            s = ki % STAGES
+            BMH: gl.constexpr = x_bufs.type.shape[1]
+            x32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+            k = ki * 32 + cols
+            ptrs = x_ptr + gl.expand_dims(src_off, 1) + gl.expand_dims(k, 0)
+            async_copy.async_copy_global_to_shared(x_bufs.index(s)._reinterpret(gl.int32, [BMH, 32], x32), ptrs,
+                                                   mask=gl.expand_dims(xmask, 1) & gl.expand_dims(k < K4, 0))
+            async_copy.mbarrier_arrive(x_ready.index(s), increment_count=False)
+    else:
+        _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES)
+
+
+@gluon.jit
+def _a8_loop(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, off_m, num_k,
+             STAGES: gl.constexpr, PROMOTE: gl.constexpr, ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr,
+             GATHER: gl.constexpr = False, x_ptr=None, src_off=None, xmask=None, K4=0):
+    """One warpgroup's K loop over its 64 rows of the tile: x into its own ring STAGES - 1 steps ahead (TMA, or
+    the gathered rows by cp.async: `_x_step`), per step a fresh [64, BN] wgmma tile promoted into the fp32
+    accumulator with the step's scales. ORDER 1 / 2: the two warpgroups take turns on the tensor cores (barrier
+    `turn[me]` before the step's wgmma, `turn[1 - me]` once they are issued / finished), meant to overlap one's
+    promotion with the other's step — H200: no faster than running free (0, the default), so the two were not
+    idling in step. Without PROMOTE (one scale row for every step: channel scales) the wgmma accumulates the whole
+    K range and the scales are applied once. Returns the accumulator (x's scales not applied)."""
     BMH: gl.constexpr = x_bufs.type.shape[1]
     BN: gl.constexpr = w_bufs.type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                      instr_shape=[16, BN, 32])
     cols_l: gl.constexpr = gl.SliceLayout(0, layout)
+    cols = None
+    if GATHER:
+        cols = gl.arange(0, 32, layout=gl.SliceLayout(0, gather_layout(gl.num_warps())))
     for i in gl.static_range(STAGES - 1):
-        _x_issue(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES)
+        _x_step(x_desc, x_bufs, x_ready, off_m, i, num_k, STAGES, GATHER, x_ptr, src_off, xmask, cols, K4)
     acc = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
     if PROMOTE:
         part = gl.zeros((BMH, BN), dtype=gl.float32, layout=layout)
@@ -148,6 +182,8 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             s = ki % STAGES
             phase = (ki // STAGES) & 1
             mbarrier.wait(x_ready.index(s), phase)
+            if GATHER:
+                fence_async_shared()  # x came by cp.async (generic proxy); the wgmma reads it through the async one
             mbarrier.wait(w_ready.index(s), phase)
             if EARLY_SCALES:  # shared-memory loads wait behind the wgmma's operand reads: issue them first
                 sc = s_bufs.index(s).load(cols_l)
@@ -158,7 +194,8 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             if ORDER == 1:  # the other's turn once this one's wgmma are issued
                 mbarrier.arrive(turn.index(1 - me), count=1)
             # x of step ki + STAGES - 1 into the slot step ki - 1 read (this warpgroup's wgmma of it retired)
-            _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            _x_step(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES, GATHER, x_ptr, src_off, xmask,
+                    cols, K4)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             if ORDER == 2:  # ... once they have finished: the tensor cores take one warpgroup's step at a time
                 mbarrier.arrive(turn.index(1 - me), count=1)
@@ -175,16 +212,29 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
             s = ki % STAGES
             phase = (ki // STAGES) & 1
             mbarrier.wait(x_ready.index(s), phase)
+            if GATHER:
+                fence_async_shared()
             mbarrier.wait(w_ready.index(s), phase)
             acc = warpgroup_mma(x_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # step ki - 1's wgmma has retired: its slots take the next copies
             mbarrier.arrive(w_empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
-            _x_issue(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES)
+            _x_step(x_desc, x_bufs, x_ready, off_m, ki + STAGES - 1, num_k, STAGES, GATHER, x_ptr, src_off, xmask,
+                    cols, K4)
             if ki == 0:
                 sc = s_bufs.index(s).load(cols_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = acc * gl.expand_dims(sc, 0)
+    return acc
+
+
+@gluon.jit
+def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, bias_ptr, y_ptr, M, N,
+            stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr,
+            ORDER: gl.constexpr, EARLY_SCALES: gl.constexpr):
+    """One warpgroup's 64 rows of the dense tile: the K loop (`_a8_loop`), then y = acc * x scale (+ bias)."""
+    acc = _a8_loop(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, off_m, num_k, STAGES,
+                   PROMOTE, ORDER, EARLY_SCALES)
     _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, True, HAS_BIAS)
 
 

@@ -21,11 +21,23 @@ from anybit.kernels.frag_ws_kernel import _mma_loop, _rings, _w_decoder
 def _mma_moe(x_bufs, w_bufs, x_ready, w_ready, w_empty, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows, num_rows, N,
              stride_ym, num_k, valid, STAGES: gl.constexpr, SILU_MUL: gl.constexpr, MUL_ROUTED: gl.constexpr):
     acc = _mma_loop(None, x_bufs, w_bufs, x_ready, w_ready, w_empty, off_m, num_k, STAGES, True)
+    _moe_store(acc, None, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows, num_rows, N, stride_ym, valid, 1, SILU_MUL,
+               MUL_ROUTED)
+
+
+@gluon.jit
+def _moe_store(acc, xs_ptr, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows, num_rows, N, stride_ym, valid,
+               TOP_K: gl.constexpr, SILU_MUL: gl.constexpr, MUL_ROUTED: gl.constexpr):
+    """The grouped epilogue of a [BM, BN] tile of sorted rows off_m on: times each row's x scale (`xs_ptr`, by
+    token: slot // TOP_K; None: none) and its top-k weight (MUL_ROUTED), silu(gate) * up of interleaved columns
+    (SILU_MUL), stored at the row's flat slot; padding rows and invalid blocks store nothing."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
     pos = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
     slot = gl.load(rows_ptr + pos, mask=pos < n_rows, other=num_rows)
     rmask = (slot < num_rows) & valid
+    if xs_ptr is not None:
+        acc = acc * gl.expand_dims(gl.load(xs_ptr + slot // TOP_K, mask=rmask, other=0.0), 1)
     if MUL_ROUTED:  # the top-k weight of each row's (token, slot)
         acc = acc * gl.expand_dims(gl.load(rw_ptr + slot, mask=rmask, other=0.0), 1)
     if SILU_MUL:  # columns 2j, 2j + 1 are gate j and up j (`anybit.moe.layer.interleave_gate_up`)

@@ -76,6 +76,7 @@ class QuantMoE(nn.Module):
         from anybit.kernels.moe_gemm import moe_gemm, moe_sum, moe_tile_kind
         from anybit.kernels.moe_rs import moe_rs_layer, moe_rs_plan
         from anybit.kernels.moe_ws import moe_gemm_ws
+        from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8
         from anybit.moe.align import moe_align
 
         if self._stacked is None or self._stacked[0].scales.device != x.device:
@@ -96,10 +97,10 @@ class QuantMoE(nn.Module):
             return moe_sum(y, topk_ids, self.num_experts)
         key = (x.device, x.dtype, t * k, self.split_k)
         if key not in self._plans:
-            ws = self._ws_plan(x, t * k)
+            ws, ws_run = self._ws_plan(x, t * k)
             tiles = moe_tiles(t * k, self.num_experts, x.is_cuda, moe_tile_kind(gu, x.dtype))
             self._plans[key] = (
-                (ws["block_m"], dict(ws, num_rows=t * k), dict(ws, num_rows=t * k), moe_gemm_ws)
+                (ws["block_m"], dict(ws, num_rows=t * k), dict(ws, num_rows=t * k), ws_run)
                 if ws
                 else (tiles["block_m"], self._launch(x, gu, t * k, tiles, fused),
                       self._launch(x, dn, t * k, down_tiles(tiles, moe_tile_kind(dn, x.dtype), dn.k), False), moe_gemm)
@@ -126,7 +127,7 @@ class QuantMoE(nn.Module):
                                                         total=total, top_k=k, silu_mul=fused, out_dtype=x.dtype,
                                                         **checked, **xin, **kw))  # fmt: skip
         except _triton_errors() as e:
-            if run is not moe_gemm_ws:
+            if run not in (moe_gemm_ws, moe_gemm_ws_a8):
                 raise
             self._ws_failed = True  # loud, and this layer keeps moe_gemm from now on
             self._plans.pop(key)
@@ -151,15 +152,21 @@ class QuantMoE(nn.Module):
         one_row = [{name: v for name, v in launch.items() if name != "tail_half"} for launch in (launch_gu, launch_dn)]
         return one_row[0], self._workspace(x, self._stacked[1], rows, one_row[1], sums=True)
 
-    def _ws_plan(self, x: torch.Tensor, rows: int) -> dict | None:
-        """`moe_gemm_ws`'s tile for both GEMMs of a call with `rows` token x slot rows, or None (`moe_gemm`;
-        `anybit.kernels.moe_ws.moe_ws_plan` says why)."""
-        from anybit.kernels.moe_ws import moe_ws_plan
+    def _ws_plan(self, x: torch.Tensor, rows: int) -> tuple:
+        """(tile, run): the warp-specialised grouped kernel for both GEMMs of a call with `rows` token x slot rows —
+        `moe_gemm_ws_a8` for W4A8 experts, `moe_gemm_ws` for A16 ones — and its tile, or (None, None): `moe_gemm`
+        (`anybit.kernels.moe_ws_a8.moe_ws_a8_plan` / `anybit.kernels.moe_ws.moe_ws_plan` say why)."""
+        from anybit.kernels.moe_ws import moe_gemm_ws, moe_ws_plan
+        from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8, moe_ws_a8_plan
 
         if self._ws_failed:
-            return None
+            return None, None
         gu, dn, _ = self._stacked
-        return moe_ws_plan(gu, dn, rows, self.num_experts, x.dtype, x.device)[0]
+        if gu.scheme.act.quantized:
+            tile = moe_ws_a8_plan(gu, dn, rows, self.num_experts, x.device)[0]
+            return (tile, moe_gemm_ws_a8) if tile else (None, None)
+        tile = moe_ws_plan(gu, dn, rows, self.num_experts, x.dtype, x.device)[0]
+        return (tile, moe_gemm_ws) if tile else (None, None)
 
     def _launch(self, x: torch.Tensor, tw, rows: int, tiles: dict, silu: bool) -> dict:
         """`launch_plan` and, where it splits K, the split workspace."""

@@ -236,6 +236,7 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     from anybit.kernels.moe_gemm import moe_block_k, moe_n_first, moe_plan_grid_m, moe_tile_kind, two_part_block
     from anybit.kernels.moe_rs import moe_rs_plan
     from anybit.kernels.moe_ws import moe_ws_plan
+    from anybit.kernels.moe_ws_a8 import moe_ws_a8_plan
     from anybit.moe.layer import (
         block_stats,
         grouped_why_not,
@@ -270,7 +271,16 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
             f"  path: register-operand grouped Gluon GEMMs (moe_rs: x gathered into the sorted order, {rs}-token tiles "
             "of 64 weight rows, gate_up in the sorted order, silu*up there, down to the flat slots x top-k weights)"
         ]
-    ws, ws_why = moe_ws_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
+    if gate_up.scheme.act.quantized:
+        ws, ws_why = moe_ws_a8_plan(gate_up, down, rows, experts, dev)
+        if ws:
+            return lines + [
+                "  path: warp-specialised grouped FP8 Gluon GEMMs (moe_ws_a8: two MMA warpgroups gather 64 sorted x "
+                "rows each by cp.async, two decoders write W as e4m3 per 128-K step, promoted in fp32 by its scales), "
+                f"{ws['block_m']}-row blocks; epilogues x scales, silu(gate)*up, top-k weights"
+            ]
+    else:
+        ws, ws_why = moe_ws_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
     if ws:
         return lines + [
             "  path: warp-specialised grouped Gluon GEMMs (moe_ws: the decoder gathers x rows by cp.async and writes W "
@@ -321,4 +331,5 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         f"{100 * st['spill']:.0f} % of experts spill past one, {100 * st['padding']:.0f} % of the MMA's rows padding"
     )
     return lines + [f"  register-operand grouped kernel (moe_rs) not used: {rs_why}",
-                    f"  warp-specialised grouped kernel (moe_ws) not used: {ws_why}"]  # fmt: skip
+                    f"  warp-specialised grouped kernel ({'moe_ws_a8' if gate_up.scheme.act.quantized else 'moe_ws'}) "
+                    f"not used: {ws_why}"]  # fmt: skip

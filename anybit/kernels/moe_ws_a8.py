@@ -1,0 +1,91 @@
+"""Large-M grouped MoE GEMM for W4A8 experts on Hopper: `moe_gemm_ws_a8` runs the warp-specialised FP8 Gluon kernel
+(`anybit.kernels.moe_ws_a8_kernel`) — the dense `frag_ws_a8` kernel's two decoders and two promoting FP8 MMA
+warpgroups, each warpgroup gathering its 64 sorted rows of x by cp.async. Same contract as
+`anybit.kernels.moe_gemm.moe_gemm` (y row = flat slot, silu(gate) * up of interleaved gate/up rows, top-k weights)
+for the experts `frag_ws_a8_why_not` accepts: 4-bit integer codes in the FP8 fragment layout with scales per channel
+or per whole 128-K blocks, x quantized to e4m3 per token (`quantize_act`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from anybit import settings
+from anybit.kernels.dequant import cdiv
+from anybit.kernels.frag_layout import FRAG_PANEL
+from anybit.kernels.frag_ws import WS_WORD_DEPTH, weight_descs
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not
+from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
+
+WS_A8_BLOCK_M = 128  # sorted rows a block: two MMA warpgroups of 64
+
+
+@functools.cache
+def _kernel():
+    from anybit.kernels.moe_ws_a8_kernel import moe_ws_a8_kernel
+
+    return moe_ws_a8_kernel
+
+
+def moe_ws_a8_why_not(tw, device: torch.device) -> str | None:
+    """None when `moe_gemm_ws_a8` runs these stacked experts (`stack_experts`), else why not."""
+    if not (tw.frag and tw.mma_a8) or tw.e2m1_a8:
+        return "4-bit integer experts in the FP8 fragment layout only"
+    return frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, device)
+
+
+def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device) -> tuple:
+    """(tile, None) when a `QuantMoE` call of `rows` token x slot rows runs both stacked W4A8 projections through
+    `moe_gemm_ws_a8`, else (None, why not): Hopper, experts `moe_ws_a8_why_not` accepts, and at least
+    `settings.moe_ws_a8_min_rows()` rows per expert (0, the default: off until measured against `moe_gemm`)."""
+    least = settings.moe_ws_a8_min_rows()
+    if not least:
+        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, the default)"
+    if rows < least * experts:
+        return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_WS_A8_MIN_ROWS={least}"
+    why = moe_ws_a8_why_not(gate_up, device) or moe_ws_a8_why_not(down, device)
+    return (None, why) if why else (dict(block_m=WS_A8_BLOCK_M), None)
+
+
+def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k: int, x_scales, block_m: int = 128,
+                   out=None, silu_mul: bool = False, routed_weights=None, out_dtype=None, x_group: int = 0,
+                   x_sums=None, block_n: int = 128, stages: int = 4, dq_warps: int = 4, dq_regs: int = 64,
+                   mma_regs: int = 192):  # fmt: skip
+    """x [T or T*k, K] e4m3 with x_scales [rows] fp32 per row (`quantize_act`, per token; x_sums are not needed and
+    ignored); tw: stacked experts `moe_ws_a8_why_not` accepts; sorted_ids, expert_ids, total: `anybit.moe.moe_align(
+    ..., 128)`. Returns y [num_rows, N] (or [num_rows, N / 2] with silu_mul) in out_dtype (default bf16); rows of no
+    valid slot are left as they were. Registers: the MMA warpgroups 192 a thread, the decoders 64 (sm_90a: no spill;
+    the dense kernel's 176 / 80 spilled 24 bytes here, the gathered rows' offsets)."""
+    n, k = tw.n, tw.k
+    if block_m != WS_A8_BLOCK_M:
+        raise ValueError(f"block_m must be {WS_A8_BLOCK_M} (two warpgroups of 64 wgmma rows), got {block_m}")
+    if x_group:
+        raise ValueError(f"x must be quantized per token (its scales per group of {x_group} are not supported)")
+    check_aligned(sorted_ids, expert_ids, block_m)
+    if x.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.stride(0) % 16:
+        raise ValueError(f"x must be e4m3 [rows, {k}] with unit column stride and rows 16-byte aligned, got "
+                         f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+    xs = x_scales.reshape(-1)
+    if xs.numel() != x.shape[0] or xs.dtype != torch.float32:
+        raise ValueError(f"x_scales must be {x.shape[0]} fp32 values (one per row), got {xs.dtype} {xs.numel()}")
+    if silu_mul and n % 2:
+        raise ValueError(f"silu_mul needs an even N, got N={n}")
+    n_out = n // 2 if silu_mul else n
+    y = out if out is not None else torch.empty((num_rows, n_out), device=x.device, dtype=out_dtype or torch.bfloat16)
+    grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)
+    w_desc, s_desc = weight_descs(tw, block_n)
+    words = tw.planes[0]
+    # fmt: off
+    _kernel()[(grid_m * cdiv(n, block_n),)](
+        x.view(torch.int32), xs.contiguous(), w_desc, s_desc, y, sorted_ids, expert_ids, total,
+        routed_weights if routed_weights is not None else xs, sorted_ids.numel(), num_rows, n, k, x.stride(0) // 4,
+        y.stride(0), words.stride(0) // 256, tw.scales.shape[1], words.shape[-1] // 16,
+        BN=block_n, STAGES=stages, DQ_WARPS=dq_warps, DQ_REGS=dq_regs, MMA_REGS=mma_regs,
+        SCALE_PER_BLOCK=tw.group_k < k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+        PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, TOP_K=top_k, SILU_MUL=silu_mul,
+        MUL_ROUTED=routed_weights is not None, num_warps=4,
+    )
+    # fmt: on
+    return y

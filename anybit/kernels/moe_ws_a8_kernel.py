@@ -1,0 +1,102 @@
+"""The Gluon kernel of `anybit.kernels.moe_ws_a8` (sm_90a): the indexed grouped MoE GEMM for W4A8 experts (4-bit
+integer codes in the FP8 fragment layout, e4m3 x per token), warp-specialised as `anybit.kernels.frag_ws_a8_kernel`
+is for one weight.
+
+Each CTA takes one block of 128 rows `moe_align` sorted by expert and one N tile of that expert: the same two
+decoder partitions (the expert's words and scale rows by TMA from its first rows on) and two MMA warpgroups of 64
+rows each, which here gather their rows of x by cp.async (row r of the sorted order reads x row r // TOP_K) into
+their own rings. A warpgroup whose 64 rows are all padding runs no wgmma: it only hands each step's w slot back.
+The epilogue (`moe_ws_kernel._moe_store`) multiplies by each row's x scale (by token) and top-k weight, applies
+silu(gate) * up of interleaved gate/up columns, and writes each row to its flat slot. Blocks past the padded total
+or of expert -1 run no K step and store nothing.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_loop, gather_layout
+from anybit.kernels.moe_ws_kernel import _moe_store
+
+
+# fmt: off
+@gluon.jit
+def _a8_mma_moe(x_ptr, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, xs_ptr, y_ptr, rows_ptr,
+                rw_ptr, off_m, off_n, n_rows, num_rows, N, K, stride_xm, stride_ym, num_k, valid,
+                STAGES: gl.constexpr, TOP_K: gl.constexpr, SILU_MUL: gl.constexpr, MUL_ROUTED: gl.constexpr):
+    """One warpgroup's 64 sorted rows (off_m on): gathered x, the promoted FP8 K loop (`_a8_loop`), the grouped
+    epilogue; or, when every row is padding, each step's w slot handed back unread."""
+    BMH: gl.constexpr = x_bufs.type.shape[1]
+    pos = off_m + gl.arange(0, BMH, layout=gl.SliceLayout(1, gather_layout(gl.num_warps())))
+    slot = gl.load(rows_ptr + pos, mask=pos < n_rows, other=num_rows)
+    xmask = (slot < num_rows) & valid
+    if gl.max(xmask.to(gl.int32), axis=0) > 0:
+        src_off = (slot // TOP_K).to(gl.int64) * stride_xm  # (x_ptr: x's int32 words, stride_xm of them a row)
+        acc = _a8_loop(None, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me, off_m, num_k, STAGES,
+                       True, 0, True, True, x_ptr, src_off, xmask, K // 4)
+        _moe_store(acc, xs_ptr, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows, num_rows, N, stride_ym, valid, TOP_K,
+                   SILU_MUL, MUL_ROUTED)
+    else:
+        for ki in range(num_k):
+            s = ki % STAGES
+            mbarrier.wait(w_ready.index(s), (ki // STAGES) & 1)
+            mbarrier.arrive(w_empty.index(s), count=1)
+
+
+@gluon.jit
+def moe_ws_a8_kernel(x_ptr, xs_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr, total_ptr, rw_ptr, n_rows, num_rows,
+                     N, K, stride_xm, stride_ym, w_rows_e, s_rows_e, nb,
+                     BN: gl.constexpr, STAGES: gl.constexpr, DQ_WARPS: gl.constexpr, DQ_REGS: gl.constexpr,
+                     MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
+                     PANEL: gl.constexpr, DEPTH: gl.constexpr, TOP_K: gl.constexpr, SILU_MUL: gl.constexpr,
+                     MUL_ROUTED: gl.constexpr):
+    BMH: gl.constexpr = 64  # rows per MMA warpgroup; a block has two
+    BK: gl.constexpr = 128  # a K step is one 128-K frag block
+    # N tiles fastest: the CTAs in flight share a few blocks' x rows and their experts' whole weights in L2
+    pid = gl.program_id(0)
+    num_n = gl.cdiv(N, BN)
+    pid_m = pid // num_n
+    off_m = pid_m * 2 * BMH
+    off_n = (pid % num_n) * BN
+    e = gl.load(expert_ptr + pid_m)
+    valid = (off_m < gl.load(total_ptr)) & (e >= 0)
+    e = gl.maximum(e, 0)
+    num_k = gl.where(valid, gl.cdiv(K, BK), 0)  # a skipped block runs no K step and stores nothing
+
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BMH, BK], gl.float8e4nv)
+    x0 = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BMH, BK], x_layout)
+    x1 = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BMH, BK], x_layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv)
+    w_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_layout)
+    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x0_ready.index(i), count=128)  # every thread of the warpgroup, once its copies landed
+        mbarrier.init(x1_ready.index(i), count=128)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
+    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
+    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * DEPTH):
+        mbarrier.init(wq_bar.index(i), count=1)
+    w_row0 = e * w_rows_e
+    s_row0 = e * s_rows_e
+    gl.warp_specialize([  # MMA warpgroups (rows 0-63, 64-127 of the block), decoders (even, odd steps)
+        (_a8_mma_moe, (x_ptr, x0, x0_ready, w_bufs, s_bufs, w_ready, w_empty, None, 0, xs_ptr, y_ptr, rows_ptr,
+                       rw_ptr, off_m, off_n, n_rows, num_rows, N, K, stride_xm, stride_ym, num_k, valid, STAGES,
+                       TOP_K, SILU_MUL, MUL_ROUTED)),
+        (_a8_mma_moe, (x_ptr, x1, x1_ready, w_bufs, s_bufs, w_ready, w_empty, None, 1, xs_ptr, y_ptr, rows_ptr,
+                       rw_ptr, off_m + BMH, off_n, n_rows, num_rows, N, K, stride_xm, stride_ym, num_k, valid,
+                       STAGES, TOP_K, SILU_MUL, MUL_ROUTED)),
+        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0, 2,
+                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, 0, w_row0, s_row0)),
+        (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1, 2,
+                       SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, 0, w_row0, s_row0)),
+    ], [4, DQ_WARPS, DQ_WARPS], [MMA_REGS, DQ_REGS, DQ_REGS])
+# fmt: on

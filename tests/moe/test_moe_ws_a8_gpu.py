@@ -1,0 +1,102 @@
+"""The warp-specialised grouped W4A8 MoE kernel on a Hopper GPU: each sorted row against a float64 product of its
+token's quantized x (the quantizer's own codes and scales) and its expert's `dequantize()`, with ids of -1, experts
+without rows, a warpgroup of only padding rows, N and K off the tile, gate/up fused, top-k weights, poisoned
+outputs, bit-equal relaunches; and `QuantMoE` taking it at large M, captured in a CUDA graph."""
+
+import pytest
+import torch
+
+from anybit import quantize
+from anybit.backends.triton_layout import stack_experts
+from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8, moe_ws_a8_why_not
+from anybit.kernels.quant_act import quantize_act
+from anybit.moe import QuantMoE, moe_align, softmax_topk
+from anybit.moe.layer import interleave_gate_up
+from anybit.quant.activations import dequantize_activation
+from tests.moe.test_moe_ws_gpu import _ids
+from tests.tolerances import GEMM_REL_ERR, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
+    ),
+]
+
+CASES = [
+    (4, 2, 300, 200, 1024),
+    (19, 2, 700, 1000, 2176),
+    (8, 1, 1100, 384, 768),
+    (64, 8, 257, 512, 512),
+    (64, 1, 40, 256, 1024),  # < 64 rows an expert: every block's second warpgroup is padding
+]  # (E, top-k, tokens, N, K)
+
+
+def _quantized_x(t, kk, act, g):
+    x = torch.randn(t, kk, generator=g, device="cuda").bfloat16()
+    xq, xs = quantize_act(x, act)
+    return xq, xs, dequantize_activation(xq, xs, act).double()
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:int4:ch:fp32:e4m3-token"])
+@pytest.mark.parametrize("e, k, t, n, kk", CASES)
+def test_rows_match_their_experts(text, e, k, t, n, kk):
+    g = torch.Generator(device="cuda").manual_seed(e + t)
+    qw = quantize(torch.randn(e, n, kk, generator=g, device="cuda") * 0.05, text)
+    tw = stack_experts(qw)
+    assert moe_ws_a8_why_not(tw, torch.device("cuda")) is None
+    xq, xs, xd = _quantized_x(t, kk, qw.scheme.act, g)
+    ids = _ids(t, k, e, g)
+    sorted_ids, expert_ids, total = moe_align(ids, e, 128)
+    routed = torch.rand(t * k, generator=g, device="cuda")
+    out = torch.full((t * k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs, out=out,
+                       routed_weights=routed)  # fmt: skip
+    w = qw.dequantize().double()
+    flat = ids.reshape(-1).long()
+    ref = torch.einsum("rk,rnk->rn", xd[torch.arange(t * k, device="cuda") // k], w[flat.clamp(min=0)])
+    ref = ref * routed.double()[:, None]
+    valid = flat >= 0
+    assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.isnan(y[~valid]).all()  # slots of expert -1: left as they were
+    again = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs,
+                           routed_weights=routed)  # fmt: skip
+    assert torch.equal(y[valid], again[valid])
+
+
+def test_silu_mul_of_interleaved_gate_up():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    e, k, t, h, i = 8, 2, 1500, 1024, 384
+    qw = quantize(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05, "w4a8")
+    tw = stack_experts(interleave_gate_up(qw))
+    xq, xs, xd = _quantized_x(t, h, qw.scheme.act, g)
+    ids = _ids(t, k, e, g)
+    sorted_ids, expert_ids, total = moe_align(ids, e, 128)
+    y = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs, silu_mul=True)
+    w = qw.dequantize().double()
+    flat = ids.reshape(-1).long()
+    hid = torch.einsum("rk,rnk->rn", xd[torch.arange(t * k, device="cuda") // k], w[flat.clamp(min=0)])
+    ref = torch.nn.functional.silu(hid[:, :i]) * hid[:, i:]
+    valid = flat >= 0
+    assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_quant_moe_takes_it_at_large_m_and_captures(monkeypatch):
+    monkeypatch.setenv("ANYBIT_MOE_WS_A8_MIN_ROWS", "96")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    e, k, t, h, i = 16, 4, 600, 512, 256  # 150 rows per expert
+    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
+                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, "w4a8")  # fmt: skip
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
+    y = moe(x, w, ids)
+    assert any(isinstance(p, tuple) and p[-1] is moe_gemm_ws_a8 for p in moe._plans.values())
+    exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
+    exact.backend = "torch"
+    assert rel_err(y, exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.bfloat16]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = moe(x, w, ids)
+    graph.replay()
+    assert torch.equal(yg, y)
