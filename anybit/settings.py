@@ -62,7 +62,10 @@ class Settings:
     """ANYBIT_MOE_WS_A8_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of W4A8 experts (4-bit integer codes in
     the FP8 fragment layout, e4m3 x per token) whose experts see at least this many rows on average runs both
     grouped GEMMs through the warp-specialised FP8 Gluon kernel (`anybit.kernels.moe_ws_a8`) instead of
-    `moe_gemm`; off until measured faster."""
+    `moe_gemm`. Off by default: H200 CUDA graphs, slower than `moe_gemm` in every cell measured (DeepSeek-V3 M=4096
+    gate_up / down 3988 / 2463 vs 3935 / 2216 µs, M=1024 2124 / 1292 vs 1436 / 784; Qwen3-30B-A3B M=4096 473 / 339 vs
+    408 / 263): each 128-row block decodes its expert's weights again, and at ~128 rows an expert half the blocks
+    hold a few rows."""
     moe_rs_min_rows: int
     """ANYBIT_MOE_RS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of A16 experts the register-operand kernel
     takes whose experts see at least this many rows on average runs both grouped GEMMs through it

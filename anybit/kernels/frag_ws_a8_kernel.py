@@ -239,6 +239,37 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
 
 
 @gluon.jit
+def _a8_rings(x_layout: gl.constexpr, w_desc, s_desc, BMH: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr):
+    """Shared memory of the W4A8 warp-specialised kernels: each MMA warpgroup's x ring (e4m3 [STAGES, BMH, 128];
+    its barriers count X_ARRIVALS: 1 for TMA, every thread for gathered rows), the w ring (e4m3 [STAGES, BN, 128])
+    with each step's fp32 scales, its ready / empty barriers (empty: both MMA warpgroups), and the two decoders'
+    word and scale slots (DEPTH each) with their TMA barriers."""
+    BK: gl.constexpr = 128
+    dtype: gl.constexpr = gl.float8e4nv
+    x0 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+    x1 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
+    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x0_ready.index(i), count=X_ARRIVALS)
+        mbarrier.init(x1_ready.index(i), count=X_ARRIVALS)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
+    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
+    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
+    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * DEPTH):
+        mbarrier.init(wq_bar.index(i), count=1)
+    return x0, x1, x0_ready, x1_ready, w_bufs, s_bufs, w_ready, w_empty, wq, sq, wq_bar
+
+
+@gluon.jit
 def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                       DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
@@ -252,26 +283,8 @@ def frag_ws_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
 
     x_layout: gl.constexpr = x_desc.layout
-    dtype: gl.constexpr = x_desc.dtype
-    x0 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
-    x1 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
-    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x0_ready.index(i), count=1)
-        mbarrier.init(x1_ready.index(i), count=1)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
-    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
-    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
-    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * DEPTH):
-        mbarrier.init(wq_bar.index(i), count=1)
+    x0, x1, x0_ready, x1_ready, w_bufs, s_bufs, w_ready, w_empty, wq, sq, wq_bar = _a8_rings(
+        x_layout, w_desc, s_desc, BMH, BN, STAGES, DEPTH, 1)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # ORDER: whose wgmma is next
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)

@@ -39,10 +39,11 @@ def moe_ws_a8_why_not(tw, device: torch.device) -> str | None:
 def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device) -> tuple:
     """(tile, None) when a `QuantMoE` call of `rows` token x slot rows runs both stacked W4A8 projections through
     `moe_gemm_ws_a8`, else (None, why not): Hopper, experts `moe_ws_a8_why_not` accepts, and at least
-    `settings.moe_ws_a8_min_rows()` rows per expert (0, the default: off until measured against `moe_gemm`)."""
+    `settings.moe_ws_a8_min_rows()` rows per expert (0, the default: off — slower than `moe_gemm` on the H200 in
+    every cell measured, `Settings.moe_ws_a8_min_rows`)."""
     least = settings.moe_ws_a8_min_rows()
     if not least:
-        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, the default)"
+        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, the default: slower than moe_gemm on the H200)"
     if rows < least * experts:
         return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_WS_A8_MIN_ROWS={least}"
     why = moe_ws_a8_why_not(gate_up, device) or moe_ws_a8_why_not(down, device)

@@ -17,7 +17,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_loop, gather_layout
+from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_loop, _a8_rings, gather_layout
 from anybit.kernels.moe_ws_kernel import _moe_store
 
 
@@ -66,25 +66,9 @@ def moe_ws_a8_kernel(x_ptr, xs_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr,
     num_k = gl.where(valid, gl.cdiv(K, BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BMH, BK], gl.float8e4nv)
-    x0 = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BMH, BK], x_layout)
-    x1 = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BMH, BK], x_layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv)
-    w_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_layout)
-    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x0_ready.index(i), count=128)  # every thread of the warpgroup, once its copies landed
-        mbarrier.init(x1_ready.index(i), count=128)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
-    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
-    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
-    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * DEPTH):
-        mbarrier.init(wq_bar.index(i), count=1)
+    # every thread of an MMA warpgroup arrives on its x barrier once its copies have landed
+    x0, x1, x0_ready, x1_ready, w_bufs, s_bufs, w_ready, w_empty, wq, sq, wq_bar = _a8_rings(
+        x_layout, w_desc, s_desc, BMH, BN, STAGES, DEPTH, 128)
     w_row0 = e * w_rows_e
     s_row0 = e * s_rows_e
     gl.warp_specialize([  # MMA warpgroups (rows 0-63, 64-127 of the block), decoders (even, odd steps)
