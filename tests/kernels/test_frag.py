@@ -639,6 +639,22 @@ def test_explain_names_the_two_part_tile(monkeypatch):
     assert "tile 64x128x64" in triton_plan(Scheme.parse("w8a16"), 40, 28672, 8192, cuda, torch.bfloat16)
 
 
+def test_explain_names_the_narrow_fp8_tile(monkeypatch):
+    """`anybit explain` on a Hopper (faked) at 64 rows of W4A8 on 18432x7168: 64 weight rows a tile, and why
+    (`frag.A8_NARROW_FILL`); 28672x8192 keeps 128."""
+    import anybit.backends.triton as triton_backend
+    from anybit.formats.scheme import Scheme
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setattr(triton_backend, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(triton_backend, "tuning_cache", lambda device: {})
+    cuda = torch.device("cuda")
+    plan = triton_plan(Scheme.parse("w4a8"), 64, 18432, 7168, cuda, torch.bfloat16)
+    assert "tile 64x64x128" in plan and "under 60 % of two CTAs an SM" in plan, plan
+    plan = triton_plan(Scheme.parse("w4a8"), 64, 28672, 8192, cuda, torch.bfloat16)
+    assert "tile 64x128x128" in plan and "60 %" not in plan, plan
+
+
 def test_a_launch_is_worked_out_once_per_tile_and_setting(interpret, monkeypatch):
     """`gemm_frag` keeps a launch's constexprs on the weight (`TritonWeight.launches`): a second call of the same tile
     and flags reuses them (the same bits), a switch a test turns (`FRAG_PAIRS`) or another tile gives a launch of its
