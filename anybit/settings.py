@@ -117,7 +117,8 @@ class Settings:
     (`codes_a16`). H200 graphs: 0.67-0.89x the codes path's time at M = 1-128 (8192^2 M=1 18.3 -> 15.1 µs,
     28672x8192 M=16 49.1 -> 41.1, 8192x28672 M=128 142.1 -> 102.6)."""
     w4a8_codes: bool
-    """ANYBIT_W4A8_CODES=1 (default 0, read when a weight is prepared; not yet measured on a GPU): int4 W4A8 weights
+    """ANYBIT_W4A8_CODES=1 (default 0, read when a weight is prepared; H200: no faster than the FP8 route, sessions 26
+    and 33, BENCHMARKS.md): int4 W4A8 weights
     (e4m3 x per token, scales per channel or whole 128-K blocks, no zero point) with N < 8192 are laid out for the
     A16 kernels and run as `codes_a16` — x's e4m3 codes in bf16/fp16, the weight's scales rounded once to bf16, x's
     scales per row after the MMA — up to ANYBIT_FRAG_WS_MAX_M rows, cuBLAS's block-scaled FP8 GEMM above
