@@ -152,8 +152,11 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         kernel += " (each 128-K block's 4-bit words rebuilt from a 2-bit and a 1-bit plane)"
     if frag and c.block_m & (c.block_m - 1):  # `frag.FRAG_TWO`
         kernel += f" ({' + '.join(map(str, two_parts(c.block_m)))} tokens on one decode of each K block)"
-    if frag and a8 and c.block_m == 64 and c.block_n == 64 and source.startswith("default"):  # `frag.A8_NARROW_FILL`
-        kernel += " (64 weight rows a tile: 128-row tiles would hold under 60 % of two CTAs an SM)"
+    if frag and a8 and entry is None and c.block_m == 64 and c.block_n == 64:  # the default rule's narrow FP8 tile
+        from anybit.kernels.frag import A8_NARROW_FILL
+
+        share = f"{A8_NARROW_FILL * 100:.0f} %"
+        kernel += f" (64 weight rows a tile: 128-row tiles would hold under {share} of two CTAs an SM)"
     return (
         f"{act}{kernel}, tile {c.block_m}x{c.block_n}x{c.block_k}, split-K {c.split_k}, "
         f"{c.num_warps} warps, {c.num_stages} stages{f', {c.maxnreg} registers' if c.maxnreg else ''} ({source})"

@@ -10,11 +10,11 @@ from anybit import quantize
 from anybit.backends.triton_layout import stack_experts
 from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8, moe_ws_a8_why_not
 from anybit.kernels.quant_act import quantize_act
-from anybit.moe import QuantMoE, moe_align, softmax_topk
+from anybit.moe import QuantMoE, moe_align
 from anybit.moe.layer import interleave_gate_up
 from anybit.quant.activations import dequantize_activation
 from tests.graphs import replayed
-from tests.moe.test_moe_ws_gpu import _ids
+from tests.moe.test_moe_ws_gpu import _ids, large_m_layer
 from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = [
@@ -84,14 +84,7 @@ def test_silu_mul_of_interleaved_gate_up():
 
 def test_quant_moe_takes_it_at_large_m_and_captures(monkeypatch):
     monkeypatch.setenv("ANYBIT_MOE_WS_A8_MIN_ROWS", "96")
-    g = torch.Generator(device="cuda").manual_seed(7)
-    e, k, t, h, i = 16, 4, 600, 512, 256  # 150 rows per expert
-    moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
-                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, "w4a8")  # fmt: skip
-    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
-    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
-    y = moe(x, w, ids)
-    assert any(isinstance(p, tuple) and p[-1] is moe_gemm_ws_a8 for p in moe._plans.values())
+    moe, x, w, ids, y = large_m_layer("w4a8", moe_gemm_ws_a8)
     exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
     exact.backend = "torch"
     assert rel_err(y, exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.bfloat16]

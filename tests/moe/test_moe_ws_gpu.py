@@ -95,18 +95,23 @@ def test_silu_mul_of_interleaved_gate_up(block_m):
     assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
 
 
-def test_quant_moe_takes_it_at_large_m_and_captures(monkeypatch):
-    from anybit.kernels.moe_ws import moe_gemm_ws as ws
-
-    monkeypatch.setenv("ANYBIT_MOE_WS_MIN_ROWS", "96")
+def large_m_layer(scheme: str, run) -> tuple:
+    """A `QuantMoE` of `scheme` at 150 rows per expert (16 experts, top-4, 600 tokens), called once: (moe, x, top-k
+    weights, ids, y), after checking that its plan took the grouped kernel `run`."""
     g = torch.Generator(device="cuda").manual_seed(7)
-    e, k, t, h, i = 16, 4, 600, 512, 256  # 150 rows per expert
+    e, k, t, h, i = 16, 4, 600, 512, 256
     moe = QuantMoE.from_float(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05,
-                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, "w4a16")  # fmt: skip
+                              torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)  # fmt: skip
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
     w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
     y = moe(x, w, ids)
-    assert any(isinstance(p, tuple) and p[-1] is ws for p in moe._plans.values())
+    assert any(isinstance(p, tuple) and p[-1] is run for p in moe._plans.values())
+    return moe, x, w, ids, y
+
+
+def test_quant_moe_takes_it_at_large_m_and_captures(monkeypatch):
+    monkeypatch.setenv("ANYBIT_MOE_WS_MIN_ROWS", "96")
+    moe, x, w, ids, y = large_m_layer("w4a16", moe_gemm_ws)
     ref = reference(x.cpu(), moe.gate_up.dequantize().cpu(), moe.down.dequantize().cpu(), w.cpu(), ids.cpu())
     assert rel_err(y.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(replayed(lambda: moe(x, w, ids)), y)
