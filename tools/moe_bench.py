@@ -436,6 +436,13 @@ def main() -> int:
         default=None,
         help="e2m1 experts under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; default: shipped)",
     )
+    ap.add_argument(
+        "--rescale",
+        choices=("0", "1"),
+        default=None,
+        help="W4A8's integer experts accumulate in the FP8 MMA rescaled per K block (`frag.A8_RESCALE`; default: "
+        "shipped)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     from anybit.kernels import frag
@@ -444,6 +451,8 @@ def main() -> int:
         frag.FRAG_PAIRS = args.pairs == "1"
     if args.a8_acc is not None:
         frag.A8_MMA_ACC = args.a8_acc == "1"
+    if args.rescale is not None:
+        frag.A8_RESCALE = args.rescale == "1"
     if args.quant_early_max_rows is not None:
         import anybit.moe.layer as moe_layer
 
@@ -458,7 +467,7 @@ def main() -> int:
     with open(os.path.join(args.out, name), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
                    "commit": os.environ.get("ANYBIT_COMMIT"), "quant_early_max_rows": args.quant_early_max_rows,
-                   "pairs": args.pairs, "a8_acc": args.a8_acc}, f,
+                   "pairs": args.pairs, "a8_acc": args.a8_acc, "rescale": args.rescale}, f,
                   indent=1)  # fmt: skip
     return 0
 

@@ -16,7 +16,7 @@ from anybit import settings
 from anybit.backends.blockscaled import ROW_SPREAD_MAX, blockscaled_recipe, cublas_weight_scales, e2m1_row_scales
 from anybit.formats.dtypes import FloatType, IntType, torch_float8
 from anybit.formats.scheme import ActMode, ActSpec, ScaleKind, Scheme, ZeroPoint
-from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX
+from anybit.kernels.frag_decode import E2M1_A8_SHIFT, E2M1_A8_SPREAD_MAX, RESCALE_SPREAD
 from anybit.kernels.frag_layout import pack_frag, pack_frag3
 from anybit.quant.weights import QuantizedWeight
 
@@ -51,6 +51,7 @@ class TritonWeight:
     blockscaled: str | None = None  # "1x128"/"128x128": large M runs cuBLAS's block-scaled FP8 GEMM (`blockscaled`)
     blockscaled_scales: torch.Tensor | None = None  # fp32 weight scales in cuBLAS's layout (`cublas_weight_scales`)
     rowwise: tuple | None = None  # MXFP4 under FP8 x as e4m3 times a power of two a row (`e2m1_row_scales`)
+    rescale: bool = False  # integer codes under FP8 x whose group scales allow a rescaled accumulator (`rescalable`)
     configs: dict = field(default_factory=dict)  # M -> tile picked for this weight on its device
     ws_ok: dict = field(default_factory=dict)  # x dtype (A16) -> whether (the warp-specialised, the register-operand
     # kernel, only the former's row-major tiles: `frag_rs.ws_int_why_not`) run it ((False, False, False): one failed);
@@ -291,7 +292,22 @@ def to_triton_layout(
         blockscaled=recipe,
         blockscaled_scales=cublas_scales,
         rowwise=rowwise,
+        rescale=frag and not int4 and rescalable(qw),
     )
+
+
+def rescalable(qw: QuantizedWeight) -> bool:
+    """Whether the frag kernels may accumulate this weight's integer codes under FP8 x in the MMA in units of each
+    K block's scale (`frag.frag_rescale`): scales per channel or tensor, or per whole 128-K blocks all positive, in
+    [2**-96, 2**96] and within `RESCALE_SPREAD` binades of each other (the accumulator is rescaled by their ratios,
+    whose reciprocals are approximate for normal numbers only)."""
+    if not a8_mma(qw.scheme) or not isinstance(qw.scheme.weight, IntType) or qw.block[0] != 1:
+        return False
+    if qw.block[1] >= qw.k:
+        return True
+    s = qw.scales.float()
+    lo, hi = float(s.min()), float(s.max())  # (NaN fails every comparison)
+    return 2.0**-96 <= lo and hi <= 2.0**96 and hi <= lo * 2.0**RESCALE_SPREAD
 
 
 def scale_bits_exact(qw: QuantizedWeight) -> bool:
@@ -396,4 +412,5 @@ def stack_experts(qw: QuantizedWeight, allow_frag: bool = True) -> TritonWeight:
         fold=frozenset.intersection(*(p.fold for p in parts)),
         fold_bits=all(p.fold_bits for p in parts),
         rowwise=rowwise,
+        rescale=all(p.rescale for p in parts),
     )  # fmt: skip

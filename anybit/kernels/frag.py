@@ -161,12 +161,44 @@ def frag_decode16(p, s_raw, zo, off, MASK, W_FLOAT: tl.constexpr, SCALE_KIND: tl
 
 
 @triton.jit
+def rescaled(acc, ratio, bias, xsum, ZP: tl.constexpr):
+    """An in-place accumulator of integer codes under FP8 x (`frag_rescale`) made ready for the next K block's MMA:
+    from units of 512 x the last block's scale to the next one's (times `ratio` [BN]; None: no group scales), less
+    the codes' offset (`bias`: a number, or [BN] with zero points) times the block's x sums [BM] / 512 — the MMA adds
+    sum_k (q_k 2**-9) x_k to it."""
+    if ZP != 0:  # (bias [BN]: two operations an element)
+        if ratio is not None:
+            acc = acc * ratio[:, None]
+        return tl.fma(-bias[:, None], (xsum * 0.001953125)[None, :], acc)
+    c = (-bias * 0.001953125) * xsum  # [BM]
+    if ratio is not None:
+        return tl.fma(acc, ratio[:, None], c[None, :])
+    return acc + c[None, :]
+
+
+@triton.jit
+def block_ratio(s_raw, s_prev, SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, BN: tl.constexpr,
+                NW: tl.constexpr, PTX: tl.constexpr):
+    """(the last block's scales over this block's, this block's scales) [BN] in MMA row order, for `rescaled`: the
+    reciprocal approximate (MUFU.RCP, 1 ulp; the weight's scales are positive and normal, `rescalable`). Rows past N
+    read scale 0, taken as 2**-100: their ratios stay finite and their products come out ~0 after the loop."""
+    s = tl.reshape(rows_to_mma(decode_scale(s_raw, SCALE_KIND, S_EXP, S_MAN), BN, NW, 1), (BN,))
+    s = tl.maximum(s, 7.888609052210118e-31)
+    if PTX >= 1:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [s], dtype=tl.float32, is_pure=True,
+                                      pack=1)  # fmt: skip
+    else:
+        r = 1.0 / s
+    return s_prev * r, s
+
+
+@triton.jit
 def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT: tl.constexpr,
                    SCALE_KIND: tl.constexpr, S_EXP: tl.constexpr, S_MAN: tl.constexpr, ZP: tl.constexpr,
                    GROUP_K: tl.constexpr, PER_BLOCK: tl.constexpr, BN: tl.constexpr, NW: tl.constexpr,
                    PTX: tl.constexpr, FOLD: tl.constexpr = 0, W_SIGNED: tl.constexpr = True, xsum=None,
                    acc=None, SCALE_W: tl.constexpr = False, MMA_ACC: tl.constexpr = False, words=None,
-                   W3: tl.constexpr = False):
+                   W3: tl.constexpr = False, ratio=None):
     """acc plus one 128-K block: the dot of the decoded weight rows [BN, 128] (MMA row order) with x^T
     [128, BM], scaled by the block's group scales (`s_raw`, from `block_meta`) when PER_BLOCK (else
     unscaled). Float codes with groups shorter than the block get their scales in registers (exact:
@@ -178,8 +210,11 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
     dtype, as the dequantize-then-GEMM path does), so every block's MMA accumulates into acc: no wait on
     the MMA and no fp32 multiply-add per block (large-M tiles). MMA_ACC (e2m1 under FP8 x, `frag_mma_acc`): the
     block's FP8 MMA accumulates into acc itself — no fresh tile added in fp32 — as the whole K needs no scale
-    between blocks. words: the block's words already loaded (else read at w_ptrs); W3: 3-bit codes rebuilt as 4-bit
-    words (`frag3_words`), whose signed ones take the unpacked decode (the packed one's offset is the 4-bit bias)."""
+    between blocks; integer codes under FP8 x with MMA_ACC (`frag_rescale`): acc counts in units of 512 times the
+    block's scale — rescaled first by `ratio` [BN] (the last block's scale over this one's; None: no group scales), less
+    the codes' offset times the block's x sums, then the MMA accumulates into it. words: the block's words already
+    loaded (else read at w_ptrs); W3: 3-bit codes rebuilt as 4-bit words (`frag3_words`), whose signed ones take the
+    unpacked decode (the packed one's offset is the 4-bit bias)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     xt = tl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
     if words is None:
@@ -196,13 +231,17 @@ def frag_block_dot(w_ptrs, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, 
             part = tl.dot(w8, xt)
     elif dtype == tl.float8e4nv:
         # sum_k (q_k 2**-9) x_k by the FP8 MMA; q - bias - z = the weight: subtract (bias + z) * sum_k x_k
-        part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
         if xsum is None:  # no sums from the quantizer: the x tile's own (shuffles and a shared-memory trip)
             xsum = tl.sum(xt.to(tl.float32), axis=0)
-        if ZP != 0:
-            part = part - zo[:, None] * xsum[None, :]
+        if MMA_ACC:  # in place, in units of 512 x the block's scale (`frag_rescale`)
+            acc = rescaled(acc, ratio, zo if ZP != 0 else off, xsum, ZP)
+            acc = tl.dot(unpack_a8(p, BN, MASK), xt, acc)
         else:
-            part = part - off * xsum[None, :]
+            part = tl.dot(unpack_a8(p, BN, MASK), xt) * 512.0
+            if ZP != 0:
+                part = part - zo[:, None] * xsum[None, :]
+            else:
+                part = part - off * xsum[None, :]
     else:
         w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP, S_MAN,
                           ZP, GROUP_K, BN, NW, ptx, FOLD, W_SIGNED, dtype)
@@ -349,7 +388,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     are the quantizer's per-block sums of FP8 x (`xsum_ptr`: [blocks, tokens], `block_sums`) when given.
     PAIRS (4-bit, no zero points or sums, `frag_pairs`): two blocks an iteration, the second's x masked past
     kt_hi (it adds zero there), in the same order of accumulation. MMA_ACC: e2m1 blocks under FP8 x accumulate
-    in the MMA (`frag_mma_acc`)."""
+    in the MMA (`frag_mma_acc`), integer ones too in units of the block's scale (`frag_rescale`: times 512 and the
+    last block's scales after the loop)."""
     off = code_offset(x_ptr.dtype.element_ty, W_BITS, W_SIGNED)
     KB: tl.constexpr = 128 if W_BITS == 3 else 512 // W_BITS  # K per block: 16 words per row (3 bits: 12)
     PER_BLOCK: tl.constexpr = KB <= GROUP_K and GROUP_K < 1 << 30
@@ -365,12 +405,19 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
     unused = tl.zeros((BN, G), dtype=tl.int8)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     STEP: tl.constexpr = 2 if PAIRS else 1
+    # integer codes under FP8 x accumulating in the MMA (`frag_rescale`): acc in units of 512 x the block's scale
+    RESCALE: tl.constexpr = MMA_ACC and not W_FLOAT and x_ptr.dtype.element_ty == tl.float8e4nv
+    tl.static_assert(not (RESCALE and PAIRS), "rescaled blocks run one an iteration")
+    s_prev = tl.full((BN,), 1.0, tl.float32)  # (acc is 0 at the first block: any finite ratio)
     for kt in tl.range(kt_lo, kt_hi, STEP, num_stages=STAGES):
         wb = w_ptrs + kt * WSTEP  # the block's words
         if HAS_S:
             s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
             s_raw = unused
+        ratio = None
+        if RESCALE and PER_BLOCK:
+            ratio, s_prev = block_ratio(s_raw, s_prev, SCALE_KIND, S_EXP, S_MAN, BN, NW, PTX)
         if ZP != 0:
             z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, KB)
         else:
@@ -395,7 +442,7 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
                 words = None
             acc = frag_block_dot(wb, x_ptrs, s_raw, z_raw, kt, mask_n, x_mask, MASK, off, W_FLOAT, SCALE_KIND,
                                  S_EXP, S_MAN, ZP, GROUP_K, PER_BLOCK, BN, NW, PTX, FOLD, W_SIGNED, xsum, acc,
-                                 SCALE_W and PER_BLOCK, MMA_ACC, words, W_BITS == 3)
+                                 SCALE_W and PER_BLOCK, MMA_ACC, words, W_BITS == 3, ratio)
             if PAIRS:  # the next block in the same iteration (x masked past this split's range: it adds zero)
                 if SETTLE:
                     acc = settled(acc)
@@ -417,6 +464,8 @@ def frag_range(x_ptr, src, mask_m, stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_
             acc = settled(acc)
     if FOLD:
         acc = acc * 256.0  # 2**(126 - 118), fp16 2**(14 - 6): the rest of the e2m1 rebias (`frag_fold`)
+    if RESCALE:
+        acc = acc * (512.0 * s_prev)[:, None] if PER_BLOCK else acc * 512.0
     return rows_from_mma(acc, BN, NW, BM)
 
 
@@ -471,7 +520,8 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
     SCALE_W, group scales per whole block, `frag_scale_w`: the scales multiply the decoded weights and both MMAs
     accumulate in place, no fresh product per block); e4m3 x on the FP8 MMA as `frag_block_dot` takes it (integer
     codes less (bias + zero point) times the quantizer's block sums `xsum_ptr`, or each x tile's own; e2m1 by its
-    row-relative table, MMA_ACC accumulating in the MMA, the rows' powers of two the caller's). Natural row order."""
+    row-relative table, MMA_ACC accumulating in the MMA, the rows' powers of two the caller's; integer codes with
+    MMA_ACC in units of the block's scale, `frag_rescale`). Natural row order."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     off = code_offset(dtype, 4, W_SIGNED)
     PER_BLOCK: tl.constexpr = 128 <= GROUP_K and GROUP_K < 1 << 30
@@ -490,12 +540,17 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
     a2 = tl.zeros((BN, BM2), dtype=tl.float32)
     fp8: tl.constexpr = dtype == tl.float8e4nv
     # whether each block makes fresh products added in fp32 (else the MMAs accumulate in place)
-    FRESH: tl.constexpr = not ((fp8 and W_FLOAT and MMA_ACC) or (not fp8 and SCALE_W and PER_BLOCK))
+    FRESH: tl.constexpr = not ((fp8 and MMA_ACC) or (not fp8 and SCALE_W and PER_BLOCK))
+    RESCALE: tl.constexpr = fp8 and MMA_ACC and not W_FLOAT  # integer codes in units of the block's scale
+    s_prev = tl.full((BN,), 1.0, tl.float32)
     for kt in tl.range(kt_lo, kt_hi, num_stages=STAGES):
         if HAS_S:
             s_raw = block_meta(s_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
         else:
             s_raw = unused
+        ratio = None
+        if RESCALE and PER_BLOCK:
+            ratio, s_prev = block_ratio(s_raw, s_prev, SCALE_KIND, S_EXP, S_MAN, BN, NW, PTX)
         if ZP != 0:
             z_raw = block_meta(z_ptr, kt, n_groups, offs_gn, mask_n, stride_s, GROUP_K, G, NW, 128)
             zo = tl.reshape(rows_to_mma(z_raw.to(tl.float32) + off, BN, NW, 1), (BN,))
@@ -521,9 +576,13 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
             else:
                 xs1 = tl.sum(xt1.to(tl.float32), axis=0)
                 xs2 = tl.sum(xt2.to(tl.float32), axis=0)
-            bias = zo[:, None] if ZP != 0 else off
-            p1 = tl.dot(wa8, xt1) * 512.0 - bias * xs1[None, :]
-            p2 = tl.dot(wa8, xt2) * 512.0 - bias * xs2[None, :]
+            if RESCALE:
+                a1 = tl.dot(wa8, xt1, rescaled(a1, ratio, zo if ZP != 0 else off, xs1, ZP))
+                a2 = tl.dot(wa8, xt2, rescaled(a2, ratio, zo if ZP != 0 else off, xs2, ZP))
+            else:
+                bias = zo[:, None] if ZP != 0 else off
+                p1 = tl.dot(wa8, xt1) * 512.0 - bias * xs1[None, :]
+                p2 = tl.dot(wa8, xt2) * 512.0 - bias * xs2[None, :]
         else:
             w = frag_decode16(p, s_raw, zo.to(dtype) if ZP != 0 else None, off, MASK, W_FLOAT, SCALE_KIND, S_EXP,
                               S_MAN, ZP, GROUP_K, BN, NW, PTX, FOLD, W_SIGNED, dtype)
@@ -548,6 +607,10 @@ def frag_range_two(x_ptr, src, mask_m, src2, mask_m2, stride_xm, w_ptr, s_ptr, z
     if FOLD:
         a1 = a1 * 256.0  # the rest of the e2m1 rebias (`frag_range`)
         a2 = a2 * 256.0
+    if RESCALE:
+        last = (512.0 * s_prev)[:, None] if PER_BLOCK else 512.0
+        a1 = a1 * last
+        a2 = a2 * last
     return rows_from_mma(a1, BN, NW, BM), rows_from_mma(a2, BN, NW, BM2)
 
 
@@ -730,9 +793,24 @@ FRAG_SUBS = True
 FRAG_TWO = True
 
 
+# Integer codes under FP8 x (W4A8) accumulating in the MMA too: the accumulator counts in units of 512 times the
+# current K block's scale, rescaled by the last block's scale over this one's before the block's MMA adds to it (one
+# multiply-add an element, which also subtracts the codes' offset times x's sums) and times the last scale after the
+# loop — instead of a fresh product per block scaled and added in fp32 (a second tile of registers, four operations
+# an element). Weights whose group scales are positive, normal and within `frag_decode.RESCALE_SPREAD` binades of each
+# other (`triton_layout.rescalable`; the accumulator stays far inside fp32's range); others keep the fresh products.
+A8_RESCALE = True
+
+
+def frag_rescale(tw) -> bool:
+    """Whether the frag kernels accumulate this integer weight under FP8 x in the MMA (`A8_RESCALE`)."""
+    return A8_RESCALE and tw.rescale and tw.takes_sums
+
+
 def frag_mma_acc(tw) -> bool:
-    """Whether the frag kernels' FP8 MMA accumulates this weight's whole K range itself (`A8_MMA_ACC`)."""
-    return A8_MMA_ACC and tw.e2m1_a8
+    """Whether the frag kernels' FP8 MMA accumulates this weight's whole K range itself: e2m1 (`A8_MMA_ACC`), and
+    integer codes in units of each block's scale (`frag_rescale`)."""
+    return (A8_MMA_ACC and tw.e2m1_a8) or frag_rescale(tw)
 
 
 def pair_stages(num_stages: int) -> int:
@@ -942,7 +1020,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
            scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS, FRAG3_PAIRS,
-           A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
+           A8_MMA_ACC, A8_RESCALE)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)

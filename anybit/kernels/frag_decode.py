@@ -299,6 +299,10 @@ def _int32(v: int) -> int:
 # word): r + 6 in [-5, 6] keeps every byte a normal e4m3 (0x08-0x7C), no carry between bytes
 E2M1_A8_SHIFT = 6
 E2M1_A8_SPREAD_MAX = 11  # r >= -11: r + 6 >= -5 keeps the table's smallest byte 0x30 - 40 = 0x08 (2**-6, normal)
+# Integer codes under FP8 x accumulating in the MMA in units of each block's scale (`frag.frag_rescale`): the group
+# scales' largest magnitude over their smallest at most 2**RESCALE_SPREAD (an accumulated |sum| <= 448 * 15 * K stays
+# finite in fp32 when rescaled so, and nothing underflows to a subnormal that matters)
+RESCALE_SPREAD = 64
 _LUT_LO_STEP: tl.constexpr = tl.constexpr(0x08080800)
 _LUT_HI_STEP: tl.constexpr = tl.constexpr(0x08080808)
 _LUT_LO_BASE: tl.constexpr = tl.constexpr(_int32(0x3C383000 - (127 - E2M1_A8_SHIFT) * 0x08080800))

@@ -725,6 +725,7 @@ def moe_gemm(
             frag_fold(tw, x.dtype),
             frag_switches.FRAG_PAIRS,
             frag_switches.A8_MMA_ACC,
+            frag_switches.A8_RESCALE,
             slots,
             sum_slots,
             check_e,

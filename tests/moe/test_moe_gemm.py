@@ -445,8 +445,9 @@ def test_decode_plan_at_the_measured_shapes():
 )  # fmt: skip
 def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme, wide):
     """256 weight rows per 128-row block (H200 M=4096: 10-23 % faster) where the K loop keeps one
-    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 and A8 spill;
-    Hopper only (sm_80: spills, and more shared memory than an A100 block has)."""
+    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 spill; W4A8's integer codes
+    accumulate in the FP8 MMA rescaled per block (`frag.A8_RESCALE`): the "a8-acc" tiles, 256 weight rows too.
+    "wide": Hopper only (sm_80: spills, and more shared memory than an A100 block has)."""
     from anybit.kernels import moe_gemm as kernels
 
     tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, scheme))
@@ -455,11 +456,11 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert not kernels.moe_wide_tile(tw, torch.bfloat16)
     monkeypatch.setattr(kernels, "target_sm", lambda: 90)
     assert kernels.moe_wide_tile(tw, torch.bfloat16) is wide
-    kind = "wide" if wide else "a8" if scheme == "w4a8" else ""
+    kind = "wide" if wide else "a8-acc" if scheme == "w4a8" else ""
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
-    assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
+    assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if kind in ("wide", "a8-acc") else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
-    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8": 64, "": 32}[kind]
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8-acc": 64, "": 32}[kind]
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
