@@ -296,12 +296,17 @@ def to_triton_layout(
     )
 
 
+def rescale_scheme(scheme: Scheme) -> bool:
+    """Integer weights on the FP8 MMA with one scale row per weight row: those whose scales `rescalable` reads."""
+    return a8_mma(scheme) and isinstance(scheme.weight, IntType) and scheme.granularity.kind is not ScaleKind.BLOCK
+
+
 def rescalable(qw: QuantizedWeight) -> bool:
     """Whether the frag kernels may accumulate this weight's integer codes under FP8 x in the MMA in units of each
     K block's scale (`frag.frag_rescale`): scales per channel or tensor, or per whole 128-K blocks all positive, in
     [2**-96, 2**96] and within `RESCALE_SPREAD` binades of each other (the accumulator is rescaled by their ratios,
     whose reciprocals are approximate for normal numbers only)."""
-    if not a8_mma(qw.scheme) or not isinstance(qw.scheme.weight, IntType) or qw.block[0] != 1:
+    if not rescale_scheme(qw.scheme):
         return False
     if qw.block[1] >= qw.k:
         return True

@@ -169,11 +169,14 @@ def rescaled(acc, ratio, bias, xsum, ZP: tl.constexpr):
     if ZP != 0:  # (bias [BN]: two operations an element)
         if ratio is not None:
             acc = acc * ratio[:, None]
-        return tl.fma(-bias[:, None], (xsum * 0.001953125)[None, :], acc)
-    c = (-bias * 0.001953125) * xsum  # [BM]
-    if ratio is not None:
-        return tl.fma(acc, ratio[:, None], c[None, :])
-    return acc + c[None, :]
+        acc = acc - bias[:, None] * (xsum * 0.001953125)[None, :]
+    else:
+        c = (-bias * 0.001953125) * xsum  # [BM]
+        if ratio is not None:
+            acc = tl.fma(acc, ratio[:, None], c[None, :])
+        else:
+            acc = acc + c[None, :]
+    return acc
 
 
 @triton.jit
@@ -793,24 +796,31 @@ FRAG_SUBS = True
 FRAG_TWO = True
 
 
-# Integer codes under FP8 x (W4A8) accumulating in the MMA too: the accumulator counts in units of 512 times the
-# current K block's scale, rescaled by the last block's scale over this one's before the block's MMA adds to it (one
-# multiply-add an element, which also subtracts the codes' offset times x's sums) and times the last scale after the
-# loop — instead of a fresh product per block scaled and added in fp32 (a second tile of registers, four operations
-# an element). Weights whose group scales are positive, normal and within `frag_decode.RESCALE_SPREAD` binades of each
-# other (`triton_layout.rescalable`; the accumulator stays far inside fp32's range); others keep the fresh products.
+# Integer codes under FP8 x (W4A8) accumulating in the MMA too, in the grouped MoE kernel's blocks of >=
+# RESCALE_MIN_ROWS rows: the accumulator counts in units of 512 times the current K block's scale, rescaled by the last
+# block's scale over this one's before the block's MMA adds to it (one multiply-add an element, which also subtracts the
+# codes' offset times x's sums) and times the last scale after the loop — instead of a fresh product per block scaled
+# and added in fp32 (a second tile of registers: sm_90a, 64 x 128 blocks 252 -> 223 registers, loop 369 -> 321
+# instructions). Weights whose group scales are positive, normal and within `frag_decode.RESCALE_SPREAD` binades of
+# each other (`triton_layout.rescalable`: the accumulator stays far inside fp32's range); others keep the fresh
+# products. H200 graphs (session 48, `moe_bench --rescale 0/1`), gate_up / down µs: Qwen3-30B-A3B M=256 (32-row
+# blocks) 68.0 / 47.6 -> 63.7 / 41.1, M=1024 129.8 / 86.2 -> 117.2 / 82.7 (80-row blocks of two parts, which the fresh
+# products spill), M=4096 404.8 / 263.2 -> 345.8 / 222.5 (128 x 128 blocks); DeepSeek-V3 M=4096 3758 / 2300 -> 3470 /
+# 1936. Not on 16-row blocks (DeepSeek-V3 M=256 893 / 478 -> 919 / 491) nor the dense kernel's decode tiles (M = 1-64,
+# four shapes: 2-10 % slower, `tools/probe_toggle.py --switch rescale`).
 A8_RESCALE = True
+RESCALE_MIN_ROWS = 32
 
 
-def frag_rescale(tw) -> bool:
-    """Whether the frag kernels accumulate this integer weight under FP8 x in the MMA (`A8_RESCALE`)."""
-    return A8_RESCALE and tw.rescale and tw.takes_sums
+def frag_rescale(tw, block_m: int) -> bool:
+    """Whether the grouped kernel's blocks of block_m rows accumulate this integer weight under FP8 x in the MMA
+    (`A8_RESCALE`)."""
+    return A8_RESCALE and tw.rescale and tw.takes_sums and block_m >= RESCALE_MIN_ROWS
 
 
 def frag_mma_acc(tw) -> bool:
-    """Whether the frag kernels' FP8 MMA accumulates this weight's whole K range itself: e2m1 (`A8_MMA_ACC`), and
-    integer codes in units of each block's scale (`frag_rescale`)."""
-    return (A8_MMA_ACC and tw.e2m1_a8) or frag_rescale(tw)
+    """Whether the frag kernels' FP8 MMA accumulates this e2m1 weight's whole K range itself (`A8_MMA_ACC`)."""
+    return A8_MMA_ACC and tw.e2m1_a8
 
 
 def pair_stages(num_stages: int) -> int:
@@ -1020,7 +1030,7 @@ def gemm_frag(x, tw, bias=None, *, block_m: int, block_n: int, split_k: int = 1,
     n = tw.n
     key = (block_m, block_n, split_k, num_warps, num_stages, x.dtype, x_scales is None, bias is None, out_dtype, pdl,
            scale_w, maxnreg, frag_ptx(), frag_settle(), frag_fold(tw, x.dtype), FRAG_PAIRS, FRAG3_PAIRS,
-           A8_MMA_ACC, A8_RESCALE)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
+           A8_MMA_ACC)  # the settings and switches the launch depends on: tests turn them  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         launch = tw.launches[key] = _frag_launch(tw, x.dtype, key)

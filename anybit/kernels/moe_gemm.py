@@ -31,6 +31,7 @@ from anybit.kernels.frag import (
     frag_ptx,
     frag_range,
     frag_range_two,
+    frag_rescale,
     frag_scale_w,
     frag_settle,
     pair_stages,
@@ -488,14 +489,15 @@ def moe_wide_tile(tw, x_dtype: torch.dtype) -> bool:
 
 def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
     """What `anybit.moe.layer.moe_tiles` picks tiles by: "wide" (`moe_wide_tile`), "a8-acc" (e2m1 experts on the FP8
-    MMA accumulating the whole K, `frag_mma_acc`), "a8" (other fragment-layout experts under FP8 x on the FP8 MMA;
-    `codes_a16` experts take the A16 kinds), "fp8" / "fp8-block" (FP8 experts read as stored under per-token /
+    MMA accumulating the whole K, `frag_mma_acc`), "a8-rescale" (integer experts accumulating there in units of each
+    block's scale from 32-row blocks on, `frag_rescale`), "a8" (other fragment-layout experts under FP8 x on the FP8
+    MMA; `codes_a16` experts take the A16 kinds), "fp8" / "fp8-block" (FP8 experts read as stored under per-token /
     per-group FP8 x: no decode, a deep K tile), or ""."""
     if moe_wide_tile(tw, x_dtype):
         return "wide"
     act = tw.scheme.act
     if tw.frag and tw.mma_a8:
-        return "a8-acc" if frag_mma_acc(tw) else "a8"
+        return "a8-acc" if frag_mma_acc(tw) else "a8-rescale" if frag_rescale(tw, 1 << 30) else "a8"
     if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
     return ""
@@ -582,7 +584,8 @@ def _moe_frag_launch(tw, x_dtype: torch.dtype, key: tuple, slot_consts: dict) ->
         SCALE_W=frag_scale_w(tw, x_dtype, block_m if bm2 == 0 or block_m < TWO_SCALE_W_ROWS else 128)
         if scale_w is None else scale_w,
         TAIL_HALF=tail_half,
-        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw), BM2=bm2, **slot_consts,
+        HAS_XS=fp8_x, HAS_RS=tw.e2m1_a8, PAIRS=pairs, MMA_ACC=frag_mma_acc(tw) or frag_rescale(tw, block_m), BM2=bm2,
+        **slot_consts,
         num_warps=num_warps,
         maxnreg=maxnreg, launch_pdl=pdl,
     )  # fmt: skip
@@ -726,6 +729,7 @@ def moe_gemm(
             frag_switches.FRAG_PAIRS,
             frag_switches.A8_MMA_ACC,
             frag_switches.A8_RESCALE,
+            frag_switches.RESCALE_MIN_ROWS,
             slots,
             sum_slots,
             check_e,

@@ -374,8 +374,9 @@ WIDE_BLOCKS = ((36, 48), (96, 80), (192, 144), (float("inf"), 128))
 # "a8-acc" experts (e2m1 on the FP8 MMA accumulating the whole K) from this many rows an expert up to 96: 80-row blocks
 # of two parts. H200 graphs, session 43, W4A8-MXFP4 gate_up / down µs, 64 -> 80: Qwen3-30B-A3B M=1024 (64 rows an
 # expert) 127.8 / 86.3 -> 104.4 / 73.0; at 32 rows (DeepSeek-V3 M=1024) 48- and 80-row blocks were even or slower
-# (1403 / 830 -> 1485 / 766 and 1504 / 866), so 64 stays there. W4A8's integer experts ("a8") keep 64: their per-block
-# fp32 product spills at 80 rows (sm_90a 120 bytes) and 48-row blocks ran slower (Qwen3 M=1024 130 / 86 -> 159 / 110).
+# (1403 / 830 -> 1485 / 766 and 1504 / 866), so 64 stays there. W4A8's integer experts with fresh products per block
+# ("a8") keep 64: the product spills at 80 rows (sm_90a 120 bytes) and 48-row blocks ran slower (Qwen3 M=1024 130 / 86
+# -> 159 / 110); rescaled in the MMA ("a8-rescale", `frag.frag_rescale`) they take 80 (117 / 83 µs).
 A8_ACC_TWO_MIN_ROWS = 36
 
 
@@ -388,6 +389,10 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     often).
     "a8" (fragment-layout experts under FP8 x): 64-row blocks from 17 rows per expert on (w4a8 M=1024
     1695 -> 1515 µs, 993 -> 881; M=4096 4437 -> 4288, 2977 -> 2569).
+    "a8-rescale" (W4A8's integer experts accumulating in the FP8 MMA, `frag.frag_rescale`): as "a8", from
+    `A8_ACC_TWO_MIN_ROWS` to 96 rows an expert 80-row blocks of two parts, above 96 128-row blocks of 128 weight rows
+    on 4 warps (session 48, M=4096 gate_up / down: DeepSeek-V3 3478 / 2128 µs on "a8-acc"'s 128 x 256 tiles -> 3470 /
+    1936, Qwen3-30B-A3B 379 / 275 -> 346 / 223; 64 x 256 on 8 warps 4162 / 2549).
     "a8-acc" (e2m1 experts on the FP8 MMA accumulating the whole K): as "a8", from `A8_ACC_TWO_MIN_ROWS` to 96 rows
     an expert 80-row blocks of two parts (Qwen3-30B-A3B M=1024 128 / 86 -> 104 / 73 µs), above 96 128-row
     blocks of 256 weight rows (one accumulator: 8 warps fit; M=4096 gate_up / down 3719 -> 3154 µs, 2366 -> 1923,
@@ -404,7 +409,7 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
             return dict(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=3)
         # Near 16 rows an expert, ~40 % of the experts would spill into a second 16-row block, which reads and
         # decodes the expert's weights again: 32-row blocks (their 16-row halves run half-width) read them once.
-        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8", "a8-acc") else 16
+        rows_m = 32 if per_expert > SPILL_16_ROWS and kind in ("wide", "a8", "a8-acc", "a8-rescale") else 16
         return dict(block_m=rows_m, block_n=128, block_k=128, num_warps=4, num_stages=4)
     if kind.startswith("fp8"):
         if per_expert <= 96:
@@ -415,11 +420,13 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
         if block_m < 128:
             return dict(block_m=block_m, block_n=128, block_k=64, num_warps=4, num_stages=4)
         return dict(block_m=block_m, block_n=256, block_k=64, num_warps=8, num_stages=3)
-    if per_expert <= 48 and kind not in ("a8", "a8-acc"):
+    if per_expert <= 48 and not kind.startswith("a8"):
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if kind == "a8-acc" and per_expert > 96:
         return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
-    if kind == "a8-acc" and per_expert > A8_ACC_TWO_MIN_ROWS:
+    if kind == "a8-rescale" and per_expert > 96:
+        return dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3)
+    if kind in ("a8-acc", "a8-rescale") and per_expert > A8_ACC_TWO_MIN_ROWS:
         return dict(block_m=80, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if per_expert <= 96 or kind.startswith("a8"):
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)

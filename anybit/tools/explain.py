@@ -3,6 +3,8 @@ one "auto" picks, and the kernel path and tile the Triton backend would use."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from anybit import settings
@@ -235,8 +237,8 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
               dtype: str) -> list[str]:  # fmt: skip
     """`anybit explain --moe`: how `QuantMoE` would run one MoE layer here — grouped Triton GEMMs (and
     each projection's tile, split-K, half-width tails, PDL) or the per-expert loop, and why."""
-    from anybit.backends.triton_layout import stack_experts
-    from anybit.kernels.frag import two_parts
+    from anybit.backends.triton_layout import rescale_scheme, stack_experts
+    from anybit.kernels.frag import frag_rescale, two_parts
     from anybit.kernels.frag_layout import frag_block_k
     from anybit.kernels.moe_gemm import moe_block_k, moe_n_first, moe_plan_grid_m, moe_tile_kind, two_part_block
     from anybit.kernels.moe_rs import moe_rs_plan
@@ -269,7 +271,8 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         return lines + [f"  path: per-expert loop over anybit.gemm (exact) — {why}"]
     # one expert of each projection holds every fact the plan reads (layout, format, N, K)
     one = [QuantizedWeight.empty(scheme, (1, n, k), device=dev) for n, k in ((2 * inter, hidden), (hidden, inter))]
-    gate_up, down = (stack_experts(w) for w in one)
+    # (W4A8's rescaled accumulation also reads the scales' values: taken as allowing it, as real scales do)
+    gate_up, down = (dataclasses.replace(stack_experts(w), rescale=rescale_scheme(scheme)) for w in one)
     rs, rs_why = moe_rs_plan(gate_up, down, rows, experts, DTYPES[dtype], dev)
     if rs:
         return lines + [
@@ -314,6 +317,9 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         grid_m = rows if slots else moe_plan_grid_m(rows, experts, p["block_m"])
         if moe_n_first(grid_m, p["split_k"], slots, 0):
             extras.append("N tiles first (a block's x rows and expert weights read once into L2)")
+        if frag_rescale(tw, p["block_m"]):
+            extras.append("integer codes accumulating in the FP8 MMA in units of each 128-K block's scale "
+                          "(frag.A8_RESCALE, where the scales are positive, normal and within 64 binades)")  # fmt: skip
         if two_part_block(p["block_m"]):  # blocks of two parts (`moe_gemm.two_part_why_not`)
             extras.append("blocks of {} + {} rows (the second part only where an expert reaches it)".format(
                 *two_parts(p["block_m"])))  # fmt: skip

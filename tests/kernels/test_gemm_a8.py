@@ -10,7 +10,6 @@ from anybit.backends import get_backend
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose, explain
 from anybit.formats.scheme import Scheme
-from anybit.kernels import frag
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.activations import dequantize_activation, quantize_activation
@@ -148,50 +147,6 @@ def test_mxfp4_under_fp8_x_on_either_mma(interpret, monkeypatch, lut, m):
     assert p.data.e2m1_a8 == lut and p.data.codes_a16 != lut
     y = get_backend("triton").gemm(x, p, bias)
     assert rel_err(y, a8_reference(x, qw) + bias.double()) < GEMM_REL_ERR[torch.float16]
-
-
-RESCALED = ["w4a8", "w4a8:uint4:g128:fp16:zp-int:e4m3-token", "w4a8:int4:g256:bf16:e4m3-token",
-            "w4a8:int4:ch:fp32:e4m3-token"]  # fmt: skip
-
-
-@pytest.mark.parametrize("text", RESCALED)
-@pytest.mark.parametrize("m", [1, 13, 40])  # split-K decode tiles, a 64-token tile
-def test_int4_w4a8_accumulating_in_units_of_each_blocks_scale(interpret, monkeypatch, text, m):
-    """Integer codes under FP8 x accumulating in the FP8 MMA, the accumulator rescaled by each K block's scale over
-    the last (`frag.A8_RESCALE`): group scales spread over 20 binades along K, N off the tile, a bias; the same
-    products as the fresh-product path within the format's tolerance."""
-    g = torch.Generator().manual_seed(m)
-    k = 768
-    spread = 2.0 ** (20 * torch.rand(k // 128, generator=g) - 10)
-    w = torch.randn(72, k, generator=g) * 0.05 * spread.repeat_interleave(128)[None, :]
-    qw = quantize(w, text)
-    x = torch.randn(m, k, generator=g).half()
-    bias = torch.randn(72, generator=g).half()
-    p = prepare(qw, backend="triton")
-    assert p.data.rescale and frag.frag_mma_acc(p.data)
-    ref = a8_reference(x, qw) + bias.double()
-    y = get_backend("triton").gemm(x, p, bias)
-    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-    monkeypatch.setattr(frag, "A8_RESCALE", False)
-    assert not frag.frag_mma_acc(p.data)
-    assert rel_err(get_backend("triton").gemm(x, p, bias), ref) < GEMM_REL_ERR[torch.float16]
-
-
-@pytest.mark.parametrize("zero", [True, False])
-def test_int4_w4a8_scales_that_cannot_be_rescaled_keep_fresh_products(interpret, zero):
-    """A zero group scale (an all-zero group), or scales more than `RESCALE_SPREAD` binades apart, are no ratio to
-    rescale by: such weights keep a fresh product per block (`TritonWeight.rescale` False), and stay right."""
-    g = torch.Generator().manual_seed(3)
-    w = torch.randn(40, 384, generator=g) * 0.05
-    if zero:
-        w[:, 128:256] = 0.0
-    else:
-        w[:, :128] *= 2.0**-70
-    qw = quantize(w, "w4a8")
-    p = prepare(qw, backend="triton")
-    assert not p.data.rescale and not frag.frag_mma_acc(p.data)
-    x = torch.randn(5, 384, generator=g).half()
-    assert rel_err(get_backend("triton").gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
 def test_mxfp4_rows_spanning_11_binades_on_the_fp8_mma(interpret):

@@ -445,9 +445,9 @@ def test_decode_plan_at_the_measured_shapes():
 )  # fmt: skip
 def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme, wide):
     """256 weight rows per 128-row block (H200 M=4096: 10-23 % faster) where the K loop keeps one
-    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 spill; W4A8's integer codes
-    accumulate in the FP8 MMA rescaled per block (`frag.A8_RESCALE`): the "a8-acc" tiles, 256 weight rows too.
-    "wide": Hopper only (sm_80: spills, and more shared memory than an A100 block has)."""
+    accumulator; w4a16-zp keeps fp16 scales (bf16 x: no SCALE_W), 128-K groups of e2m1 and A8 spill (W4A8's integer
+    codes rescaled in the FP8 MMA, "a8-rescale", were measured faster on 128 weight rows); Hopper only (sm_80:
+    spills, and more shared memory than an A100 block has)."""
     from anybit.kernels import moe_gemm as kernels
 
     tw = stack_experts(anybit.quantize(torch.randn(2, 64, 512) * 0.05, scheme))
@@ -456,11 +456,11 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert not kernels.moe_wide_tile(tw, torch.bfloat16)
     monkeypatch.setattr(kernels, "target_sm", lambda: 90)
     assert kernels.moe_wide_tile(tw, torch.bfloat16) is wide
-    kind = "wide" if wide else "a8-acc" if scheme == "w4a8" else ""
+    kind = "wide" if wide else "a8-rescale" if scheme == "w4a8" else ""
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == kind
-    assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if kind in ("wide", "a8-acc") else 128)
+    assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
-    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8-acc": 64, "": 32}[kind]
+    assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8-rescale": 64, "": 32}[kind]
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
@@ -503,6 +503,72 @@ def test_e2m1_experts_on_the_fp8_mma_take_128_row_blocks_of_256_weight_rows_from
     assert moe_tiles(2048 * 8, 256, True, "a8-acc")["block_m"] == 80  # 64 rows an expert: blocks of 64 + 16
     monkeypatch.setattr(frag, "A8_MMA_ACC", False)
     assert kernels.moe_tile_kind(tw, torch.bfloat16) == "a8"
+
+
+RESCALED = ["w4a8", "w4a8:uint4:g128:fp16:zp-int:e4m3-token", "w4a8:int4:g256:bf16:e4m3-token",
+            "w4a8:int4:ch:fp32:e4m3-token"]  # fmt: skip
+
+
+def _grouped_a8(qw, block_m, counts, seed):
+    """(moe_gemm's y of W4A8 experts on rows routed `counts` to each expert, float64 reference of the kernel's own
+    quantized x) — one token an expert row, top-1."""
+    from anybit.moe.layer import grouped_inputs
+    from anybit.quant.activations import dequantize_activation
+
+    g = torch.Generator().manual_seed(seed)
+    e, n, k = qw.shape
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
+    t = len(ids)
+    xin = grouped_inputs(torch.randn(t, k, generator=g).half(), tw)
+    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double()
+    w = qw.dequantize().double()
+    ref = torch.stack([xd[r] @ w[int(ids[r, 0])].T for r in range(t)])
+    y = torch.full((t, n), float("nan"), dtype=torch.float16)
+    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, block_m))[0], expert_ids=a[1], total=a[2], block_m=block_m,
+             num_rows=t, top_k=1, out=y, block_n=128, **xin)  # fmt: skip
+    return tw, y, ref
+
+
+@pytest.mark.parametrize("scheme", RESCALED)
+@pytest.mark.parametrize("block_m", [16, 32, 80])  # fresh products (16-row blocks), rescaled, two parts rescaled
+def test_w4a8_experts_accumulating_in_units_of_each_blocks_scale(interpret, monkeypatch, scheme, block_m):
+    """W4A8's integer experts accumulating in the FP8 MMA, the accumulator rescaled by each K block's scale over the
+    last (`frag.A8_RESCALE`, blocks of >= 32 rows): group scales spread over 20 binades along K, N off the tile,
+    unwritten rows poisoned; within the format's tolerance with and without it."""
+    from anybit.kernels import frag
+    from anybit.kernels.moe_gemm import moe_tile_kind
+
+    g = torch.Generator().manual_seed(block_m)
+    k = 768
+    spread = 2.0 ** (20 * torch.rand(k // 128, generator=g) - 10)
+    qw = anybit.quantize(torch.randn(3, 160, k, generator=g) * 0.05 * spread.repeat_interleave(128)[None, None], scheme)
+    for on in (True, False):
+        monkeypatch.setattr(frag, "A8_RESCALE", on)
+        tw, y, ref = _grouped_a8(qw, block_m, (9, 40, 70), block_m)
+        assert tw.rescale and frag.frag_rescale(tw, block_m) == (on and block_m >= 32)
+        assert moe_tile_kind(tw, torch.float16) == ("a8-rescale" if on else "a8")
+        assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16], on
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_w4a8_experts_whose_scales_cannot_be_rescaled_keep_fresh_products(interpret, zero):
+    """A zero group scale (an all-zero group), or scales more than `RESCALE_SPREAD` binades apart, are no ratio to
+    rescale by: such experts keep a fresh product per block (`TritonWeight.rescale` False, the "a8" tiles) and stay
+    right."""
+    from anybit.kernels.moe_gemm import moe_tile_kind
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(2, 160, 384, generator=g) * 0.05
+    if zero:
+        w[1, :, 128:256] = 0.0
+    else:
+        w[0, :, :128] *= 2.0**-70
+    qw = anybit.quantize(w, "w4a8")
+    tw, y, ref = _grouped_a8(qw, 32, (20, 30), 3)
+    assert not tw.rescale and moe_tile_kind(tw, torch.float16) == "a8"
+    assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
 
 @pytest.mark.parametrize("scheme, kind, block_m", [("w8a8-fp8", "fp8", 128), ("fp8-block", "fp8-block", 64)])

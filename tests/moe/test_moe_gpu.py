@@ -36,6 +36,35 @@ def test_bf16_grouped_moe(scheme, e, k, t):
     assert rel_err(y.cpu(), ref) < 4 * GEMM_REL_ERR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("scheme", ["w4a8", "w4a8:uint4:g128:bf16:zp-int:e4m3-token"])
+@pytest.mark.parametrize("t", [64, 160, 600])  # 16, 40, 150 rows an expert: 32-row, 80-row (two parts), 128-row blocks
+def test_w4a8_experts_rescaled_per_block_stay_as_exact(monkeypatch, scheme, t):
+    """W4A8's integer experts accumulating in the FP8 MMA in units of each 128-K block's scale (`frag.A8_RESCALE`,
+    blocks of >= 32 rows) against fresh products per block, at DeepSeek-V3's hidden size (56 blocks of ratios) with
+    group scales spread over 16 binades: both within the budget of the exact layer, the rescaled one at most 1.5x the
+    other's error, a relaunch bit for bit."""
+    from anybit.kernels import frag
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    e, k, h, i = 8, 2, 7168, 512
+    spread = 2.0 ** (16 * torch.rand(h // 128, generator=g, device="cuda") - 8)
+    gate_up = torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05 * spread.repeat_interleave(128)
+    moe = QuantMoE.from_float(gate_up, torch.randn(e, h, i, generator=g, device="cuda") * 0.05, scheme)
+    exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
+    exact.backend = "torch"
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    w, ids = softmax_topk(torch.randn(t, e, generator=g, device="cuda"), k)
+    ref = exact(x, w, ids).float()
+    errs = {}
+    for on in (True, False):
+        monkeypatch.setattr(frag, "A8_RESCALE", on)
+        layer = QuantMoE.from_quantized(moe.gate_up, moe.down)  # (its plans are picked under this setting)
+        y = layer(x, w, ids)
+        errs[on] = rel_err(y.float(), ref)
+        assert torch.equal(y, layer(x, w, ids)), "a relaunch must give the same bits"
+    assert max(errs.values()) < 4 * GEMM_REL_ERR[torch.bfloat16] and errs[True] <= 1.5 * errs[False] + 1e-4, errs
+
+
 def test_grouped_moe_captures_in_a_cuda_graph():
     e, k, t, h, i = 16, 2, 8, 256, 256
     moe = QuantMoE.from_float(
