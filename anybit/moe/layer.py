@@ -390,9 +390,10 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     "a8" (fragment-layout experts under FP8 x): 64-row blocks from 17 rows per expert on (w4a8 M=1024
     1695 -> 1515 µs, 993 -> 881; M=4096 4437 -> 4288, 2977 -> 2569).
     "a8-rescale" (W4A8's integer experts accumulating in the FP8 MMA, `frag.frag_rescale`): as "a8", from
-    `A8_ACC_TWO_MIN_ROWS` to 96 rows an expert 80-row blocks of two parts, above 96 128-row blocks of 128 weight rows
-    on 4 warps (session 48, M=4096 gate_up / down: DeepSeek-V3 3478 / 2128 µs on "a8-acc"'s 128 x 256 tiles -> 3470 /
-    1936, Qwen3-30B-A3B 379 / 275 -> 346 / 223; 64 x 256 on 8 warps 4162 / 2549).
+    `A8_ACC_TWO_MIN_ROWS` to 96 rows an expert 80-row blocks of two parts, above blocks of 128 weight rows on 4 warps
+    of 144 = 128 + 16 rows up to 192 rows an expert, 128 above (session 48, M=4096 gate_up / down: DeepSeek-V3, 128
+    rows an expert, 3478 / 2128 µs on "a8-acc"'s 128 x 256 tiles -> 3470 / 1936 on 128 x 128 -> 3235 / 1845 with 144
+    rows; Qwen3-30B-A3B, 256 an expert, 379 / 275 -> 346 / 223, 144 rows even; 64 x 256 on 8 warps 4162 / 2549).
     "a8-acc" (e2m1 experts on the FP8 MMA accumulating the whole K): as "a8", from `A8_ACC_TWO_MIN_ROWS` to 96 rows
     an expert 80-row blocks of two parts (Qwen3-30B-A3B M=1024 128 / 86 -> 104 / 73 µs), above 96 128-row
     blocks of 256 weight rows (one accumulator: 8 warps fit; M=4096 gate_up / down 3719 -> 3154 µs, 2366 -> 1923,
@@ -425,7 +426,7 @@ def moe_tiles(rows: int, experts: int, cuda: bool, kind: str = "") -> dict:
     if kind == "a8-acc" and per_expert > 96:
         return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
     if kind == "a8-rescale" and per_expert > 96:
-        return dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3)
+        return dict(block_m=144 if per_expert <= 192 else 128, block_n=128, block_k=64, num_warps=4, num_stages=3)
     if kind in ("a8-acc", "a8-rescale") and per_expert > A8_ACC_TWO_MIN_ROWS:
         return dict(block_m=80, block_n=128, block_k=64, num_warps=4, num_stages=4)
     if per_expert <= 96 or kind.startswith("a8"):

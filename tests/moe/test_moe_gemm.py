@@ -461,6 +461,8 @@ def test_wide_prefill_tiles_only_where_one_accumulator_runs(monkeypatch, scheme,
     assert moe_tiles(4096 * 8, 256, True, kind)["block_n"] == (256 if wide else 128)
     assert moe_tiles(1024 * 8, 256, True, kind)["block_n"] == 128  # 32 rows per expert: 128 weight rows
     assert moe_tiles(1024 * 8, 256, True, kind)["block_m"] == {"wide": 48, "a8-rescale": 64, "": 32}[kind]
+    if kind == "a8-rescale":  # blocks of 144 = 128 + 16 rows up to 192 rows an expert, 128 above
+        assert [moe_tiles(pe * 256, 256, True, kind)["block_m"] for pe in (64, 128, 256)] == [80, 144, 128]
     # 16 rows per expert (Qwen3-30B-A3B M=256): frag kinds take 32-row blocks, a spilling expert's weights read once;
     # 8 (DeepSeek-V3 M=256) keep the 16-row decode tile
     assert moe_tiles(256 * 8, 128, True, kind)["block_m"] == (32 if kind else 16)
@@ -532,7 +534,7 @@ def _grouped_a8(qw, block_m, counts, seed):
 
 
 @pytest.mark.parametrize("scheme", RESCALED)
-@pytest.mark.parametrize("block_m", [16, 32, 80])  # fresh products (16-row blocks), rescaled, two parts rescaled
+@pytest.mark.parametrize("block_m", [16, 32, 80, 144])  # fresh products (16-row blocks), rescaled, two parts
 def test_w4a8_experts_accumulating_in_units_of_each_blocks_scale(interpret, monkeypatch, scheme, block_m):
     """W4A8's integer experts accumulating in the FP8 MMA, the accumulator rescaled by each K block's scale over the
     last (`frag.A8_RESCALE`, blocks of >= 32 rows): group scales spread over 20 binades along K, N off the tile,
