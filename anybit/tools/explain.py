@@ -41,6 +41,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         e2m1_rows_scheme,
         fp8_as_is,
         int4_codes_scheme,
+        rescale_scheme,
     )
     from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_kernel_scheme_why_not, rs_scheme_why_not, ws_int_why_not
@@ -121,6 +122,12 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                     "(two decoder partitions write W per 128-K step into shared memory as e4m3, two MMA warpgroups "
                     f"promote each step in fp32), tile 128x{tile.get('block_n', 128)}x128")  # fmt: skip
         ws_a8_note = f" (warp-specialised W4A8 kernel not used: {why})"
+    rescale_min = settings.w4a8_rescale_min_m()
+    if frag and rescale_scheme(scheme) and 0 < rescale_min <= m and scheme.granularity.k % 128 == 0:
+        return (f"FP8 activations, M >= ANYBIT_W4A8_RESCALE_MIN_M={rescale_min} (opt-in, not yet timed): e4m3 x per "
+                "token, Triton writes the int weight's e4m3 codes (N*K bytes), then a Triton FP8 GEMM whose "
+                "accumulator is rescaled per 128-K block (anybit.kernels.a8_rescale; where the scales are positive, "
+                "normal and within 64 binades, checked when prepared — else the block-scaled route)")  # fmt: skip
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
     recipe_note = ""
     if recipe and m > BLOCKSCALED_MIN_M:

@@ -65,3 +65,12 @@ def test_refusals_say_why(interpret):
     p = prepare(quantize(torch.randn(64, 256), "w4a8"), backend="triton")
     with pytest.raises(ValueError, match="xq must be"):
         gemm_a8_rescale(torch.zeros(4, 256), torch.ones(4, 1), torch.zeros(64, 256).to(torch.float8_e4m3fn), p.data)
+
+
+def test_explain_names_the_opt_in(monkeypatch, capsys):
+    """`anybit explain` says when the opt-in takes a call (and that it is not yet timed)."""
+    from anybit.cli import main
+
+    monkeypatch.setenv("ANYBIT_W4A8_RESCALE_MIN_M", "512")
+    assert main(["explain", "--scheme", "w4a8", "--shape", "1024,8192,8192", "--device", "cpu"]) == 0
+    assert "ANYBIT_W4A8_RESCALE_MIN_M=512 (opt-in, not yet timed)" in capsys.readouterr().out
