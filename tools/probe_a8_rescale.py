@@ -59,7 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8192x8192,28672x8192,7168x7168,18432x7168")
     ap.add_argument("--m", default="1024,4096")
-    ap.add_argument("--tiles", default="block_m=128:num_stages=3")
+    ap.add_argument("--tiles", default="block_m=128:num_stages=3;block_n=256:block_m=128")
     ap.add_argument("--copies", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
