@@ -52,12 +52,12 @@ class Settings:
     (`anybit.kernels.frag_ws_a8`) instead of the weight's codes pass + cuBLAS's block-scaled GEMM. H200, CUDA graphs:
     28672x8192 M=128 183 -> 101 µs, M=256 242 -> 192; from M=512 they tie and above the route wins (M=1024 654 vs
     581)."""
-    w4a8_rescale_min_m: int
-    """ANYBIT_W4A8_RESCALE_MIN_M (default 0: off): W4A8 calls (4-bit integer weights in the FP8 fragment layout whose
-    scales allow it, `TritonWeight.rescale`; group scales of 128 K) of at least this many rows run the weight's codes
-    pass + a Triton FP8 GEMM whose accumulator is rescaled per 128-K block (`anybit.kernels.a8_rescale`) instead of
-    the codes pass + cuBLAS's 1x128 block-scaled GEMM. Built in session 48, not yet timed on a GPU: off until
-    measured."""
+    a8_rescale_min_m: int
+    """ANYBIT_A8_RESCALE_MIN_M (default 0: off): calls of at least this many rows of W4A8 weights (4-bit integers in
+    the FP8 fragment layout whose scales allow it, `TritonWeight.rescale`; group scales of 128 K) and of FP8-block
+    weights (e4m3 as stored, 128 x 128 scale blocks, x per 128 columns) run a Triton FP8 GEMM whose accumulator is
+    rescaled per 128-K block (`anybit.kernels.a8_rescale`; W4A8 after its codes pass) instead of cuBLAS's
+    block-scaled GEMMs. Built in session 48, not yet timed on a GPU: off until measured."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
@@ -206,9 +206,9 @@ def frag_ws_a8_max_m() -> int:
     return _rows("ANYBIT_FRAG_WS_A8_MAX_M", 256, "a row count")
 
 
-def w4a8_rescale_min_m() -> int:
-    """ANYBIT_W4A8_RESCALE_MIN_M alone (see `Settings.w4a8_rescale_min_m`)."""
-    return _rows("ANYBIT_W4A8_RESCALE_MIN_M", 0, "a row count")
+def a8_rescale_min_m() -> int:
+    """ANYBIT_A8_RESCALE_MIN_M alone (see `Settings.a8_rescale_min_m`)."""
+    return _rows("ANYBIT_A8_RESCALE_MIN_M", 0, "a row count")
 
 
 def moe_ws_min_rows() -> int:
@@ -284,7 +284,7 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `w4a8_rescale_min_m`, `moe_ws_min_rows`,
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `a8_rescale_min_m`, `moe_ws_min_rows`,
     `moe_ws_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`, `ws_int`,
     `fast_launch`)."""
     return Settings(
@@ -298,7 +298,7 @@ def load() -> Settings:
         frag_ws_max_m=frag_ws_max_m(),
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
-        w4a8_rescale_min_m=w4a8_rescale_min_m(),
+        a8_rescale_min_m=a8_rescale_min_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         moe_ws_a8_min_rows=moe_ws_a8_min_rows(),
         moe_rs_min_rows=moe_rs_min_rows(),

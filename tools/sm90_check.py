@@ -262,15 +262,20 @@ def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str 
 
 def check_a8_rescale(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                      tiles: dict | None = None) -> str:  # fmt: skip
-    """W4A8 at large M on its e4m3 codes with the rescaled accumulator (`anybit.kernels.a8_rescale`)."""
-    from anybit.kernels.a8_rescale import A8_RESCALE_TILE, gemm_a8_rescale
+    """The FP8 GEMMs at large M with the rescaled accumulator (`anybit.kernels.a8_rescale`): W4A8 on its e4m3 codes,
+    FP8-block as stored."""
+    from anybit.kernels.a8_rescale import A8_RESCALE_TILE, BLOCK_RESCALE_TILE, gemm_a8_rescale, gemm_block_rescale
 
     qw = quantize(torch.randn(n, k) * 0.05, fmt)
     tw = to_triton_layout(qw)
     xq, xs = quantize_act(torch.randn(m, k, dtype=torch.bfloat16), qw.scheme.act)
-    tile = A8_RESCALE_TILE | (tiles or {})
     _compiled.clear()
-    gemm_a8_rescale(xq, xs, torch.empty((n, k), dtype=torch.float8_e4m3fn), tw, **tile)
+    if tw.nk:
+        tile = BLOCK_RESCALE_TILE | (tiles or {})
+        gemm_block_rescale(xq, xs, tw, **tile)
+    else:
+        tile = A8_RESCALE_TILE | (tiles or {})
+        gemm_a8_rescale(xq, xs, torch.empty((n, k), dtype=torch.float8_e4m3fn), tw, **tile)
     return _report(f"a8_rescale {fmt:17s} M={m:<4d}", _compiled[-1], 128, tile["block_n"], tile["num_warps"],
                    cuobjdump, sass_dir and (sass_dir, f"a8_rescale_{fmt}_{m}"))  # fmt: skip
 
