@@ -26,6 +26,17 @@ from anybit.kernels.frag_decode import RESCALE_SPREAD
 from anybit.kernels.launch import Launcher
 
 
+@triton.jit
+def token_major_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_T: tl.constexpr):
+    """(token tile, weight tile) of this program: groups of GROUP_T token tiles run every weight tile in turn, the
+    group's token tiles side by side (they share the weight tile in L2)."""
+    pid = tl.program_id(0)
+    per_group = GROUP_T * tl.cdiv(N, BN)
+    first_m = (pid // per_group) * GROUP_T
+    size = tl.minimum(tl.cdiv(M, BM) - first_m, GROUP_T)
+    return first_m + (pid % per_group) % size, (pid % per_group) // size
+
+
 # fmt: off
 @triton.jit
 def _a8_rescale_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_xs, stride_wn,
@@ -34,14 +45,7 @@ def _a8_rescale_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K, st
                        GROUP_T: tl.constexpr, STAGES: tl.constexpr):
     """One [BN weight rows, BM tokens] tile over all of K, 128 K a step; tiles ordered in groups of GROUP_T token
     tiles sharing their weight rows in L2."""
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BN)
-    tiles_m = tl.cdiv(M, BM)
-    per_group = GROUP_T * tiles_n
-    first_m = (pid // per_group) * GROUP_T
-    size = tl.minimum(tiles_m - first_m, GROUP_T)
-    pid_m = first_m + (pid % per_group) % size
-    pid_n = (pid % per_group) // size
+    pid_m, pid_n = token_major_tile(M, N, BM, BN, GROUP_T)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_k = tl.arange(0, 128)
@@ -77,14 +81,7 @@ def _block_rescale_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, M, N, K,
                           stride_wn, stride_s, stride_ym, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           GROUP_T: tl.constexpr, STAGES: tl.constexpr):
     """One [BM tokens, BN weight rows] tile (BN divides 128: one weight scale block) over all of K, 128 K a step."""
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BN)
-    tiles_m = tl.cdiv(M, BM)
-    per_group = GROUP_T * tiles_n
-    first_m = (pid // per_group) * GROUP_T
-    size = tl.minimum(tiles_m - first_m, GROUP_T)
-    pid_m = first_m + (pid % per_group) % size
-    pid_n = (pid % per_group) // size
+    pid_m, pid_n = token_major_tile(M, N, BM, BN, GROUP_T)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, 128)
