@@ -17,8 +17,6 @@ beyond L2 (the two variants timed alternately, twice each, so drift lands on bot
   pairs3      3-bit codes two blocks an iteration by `frag.FRAG3_PAIRS`'s rule (off: one block; FRAG_PAIRS off)
   a8-acc      e2m1 under FP8 x: the FP8 MMA accumulates the whole K (`frag.A8_MMA_ACC`; off: a product per block
               added in fp32)
-  rescale     W4A8's integer codes accumulate in the FP8 MMA in units of each K block's scale (`frag.A8_RESCALE`; off:
-              a fresh product per block scaled and added in fp32)
   subs        e2m1 under FP8 x at 129-192 rows: three 64-token tiles on one decode (`frag.FRAG_SUBS`; off: a 256-token
               tile); the tile is picked per prepared weight, so each variant prepares its own copies
   e2m1-a8     ANYBIT_E2M1_A8 when the weights are prepared: MXFP4 under FP8 x on the FP8 MMA by look-up tables (off:
@@ -114,10 +112,6 @@ def _a8_acc(on: bool) -> None:
     frag.A8_MMA_ACC = on  # read per call
 
 
-def _rescale(on: bool) -> None:
-    frag.A8_RESCALE = on  # read per call (and by the tiles a prepared weight keeps)
-
-
 def _subs(on: bool) -> None:
     frag.FRAG_SUBS = on  # read when a call's tile is picked (once per prepared weight and M)
 
@@ -139,11 +133,10 @@ def _rs_parts(on: bool) -> None:
 
 
 # switches read by `prepare`, or by the tile a prepared weight keeps per M: each variant times its own prepared copies
-PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rescale", "rs", "rs-parts", "rs-w2", "rs-wide"}
+PREPARE_TIME = {"e2m1-a8", "subs", "a8-acc", "rs", "rs-parts", "rs-w2", "rs-wide"}
 
 SWITCHES = {
     "a8-acc": _a8_acc,
-    "rescale": _rescale,
     "subs": _subs,
     "rs": _rs,
     "rs-parts": _rs_parts,

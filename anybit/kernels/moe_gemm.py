@@ -23,6 +23,7 @@ from anybit.errors import AnybitError
 from anybit.kernels import frag as frag_switches
 from anybit.kernels.dequant import cdiv, decode_weight, load_codes, load_pairs, load_scale, next_pow2, plane_args
 from anybit.kernels.frag import (
+    RESCALE_MIN_ROWS,
     frag_constexprs,
     frag_fold,
     frag_group_k,
@@ -497,7 +498,7 @@ def moe_tile_kind(tw, x_dtype: torch.dtype) -> str:
         return "wide"
     act = tw.scheme.act
     if tw.frag and tw.mma_a8:
-        return "a8-acc" if frag_mma_acc(tw) else "a8-rescale" if frag_rescale(tw, 1 << 30) else "a8"
+        return "a8-acc" if frag_mma_acc(tw) else "a8-rescale" if frag_rescale(tw, RESCALE_MIN_ROWS) else "a8"
     if tw.nk and act.quantized:
         return "fp8-block" if act.group else "fp8"
     return ""

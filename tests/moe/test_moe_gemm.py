@@ -367,33 +367,39 @@ def test_blocks_of_two_parts(interpret, scheme, block_m, counts):
                  workspace=torch.empty(1 << 20), counters=torch.zeros(64, dtype=torch.int32))  # fmt: skip
 
 
+def _grouped_fp8(qw, block_m, counts, g, silu_mul=False):
+    """(stacked experts, moe_gemm's output, float64 reference of the kernel's own quantized x) for FP8-x experts on
+    rows routed `counts` to each expert (top-1, rows and x drawn from `g`); silu_mul: the output is silu(gate)·up of
+    the interleaved rows (the reference stays the plain product). Outputs start as NaN (unwritten rows show)."""
+    from anybit.moe.layer import grouped_inputs
+    from anybit.quant.activations import dequantize_activation
+
+    e, n, k = qw.shape
+    tw = stack_experts(qw)
+    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
+    t = len(ids)
+    xin = grouped_inputs(torch.randn(t, k, generator=g).half(), tw)
+    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double()
+    w = qw.dequantize().double()
+    ref = torch.stack([xd[r] @ w[int(ids[r, 0])].T for r in range(t)])
+    y = torch.full((t, n // 2 if silu_mul else n), float("nan"), dtype=torch.float16)
+    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, block_m))[0], expert_ids=a[1], total=a[2], block_m=block_m,
+             num_rows=t, top_k=1, out=y, silu_mul=silu_mul, block_n=128, **xin)  # fmt: skip
+    return tw, y, ref
+
+
 @pytest.mark.parametrize("scheme", ["w4a8", "w4a8-mxfp4", "w4a8-nvfp4"])
 @pytest.mark.parametrize("block_m, counts", [(48, (9, 32, 40, 60)), (80, (20, 64, 72, 100))])
 def test_blocks_of_two_parts_with_fp8_activations(interpret, scheme, block_m, counts):
     """Blocks of two parts under FP8 x: W4A8 on the FP8 MMA (the zero-point term from the quantizer's block sums),
     W4A8-MXFP4 accumulating in the FP8 MMA (row scales after the loop), W4A8-NVFP4 as codes in fp16 — against per-slot
     products of the kernel's own quantized x, silu·up fused, unwritten rows poisoned."""
-    from anybit.moe.layer import grouped_inputs
-    from anybit.quant.activations import dequantize_activation
-
     g = torch.Generator().manual_seed(block_m + 1)
-    e, n, kk = 4, 160, 384
-    qw = anybit.quantize(torch.randn(e, n, kk, generator=g) * 0.05, scheme)
-    tw = stack_experts(qw)
-    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
-    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
-    t = len(ids)
-    xin = grouped_inputs(torch.randn(t, kk, generator=g).half(), tw)
-    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double()
-    w = qw.dequantize().double()
-    ref = torch.stack([xd[r] @ w[int(ids[r, 0])].T for r in range(t)])
-    y = torch.full((t, n), float("nan"), dtype=torch.float16)
-    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, block_m))[0], expert_ids=a[1], total=a[2], block_m=block_m,
-             num_rows=t, top_k=1, out=y, block_n=128, **xin)  # fmt: skip
+    qw = anybit.quantize(torch.randn(4, 160, 384, generator=g) * 0.05, scheme)
+    _, y, ref = _grouped_fp8(qw, block_m, counts, g)
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
-    h = torch.full((t, n // 2), float("nan"), dtype=torch.float16)
-    moe_gemm(tw=tw, sorted_ids=a[0], expert_ids=a[1], total=a[2], block_m=block_m, num_rows=t, top_k=1, out=h,
-             silu_mul=True, block_n=128, **xin)  # fmt: skip
+    _, h, ref = _grouped_fp8(qw, block_m, counts, g, silu_mul=True)
     gate, up = ref[:, 0::2], ref[:, 1::2]
     assert rel_err(h, gate * torch.sigmoid(gate) * up) < GEMM_REL_ERR[torch.float16]
 
@@ -511,28 +517,6 @@ RESCALED = ["w4a8", "w4a8:uint4:g128:fp16:zp-int:e4m3-token", "w4a8:int4:g256:bf
             "w4a8:int4:ch:fp32:e4m3-token"]  # fmt: skip
 
 
-def _grouped_a8(qw, block_m, counts, seed):
-    """(moe_gemm's y of W4A8 experts on rows routed `counts` to each expert, float64 reference of the kernel's own
-    quantized x) — one token an expert row, top-1."""
-    from anybit.moe.layer import grouped_inputs
-    from anybit.quant.activations import dequantize_activation
-
-    g = torch.Generator().manual_seed(seed)
-    e, n, k = qw.shape
-    tw = stack_experts(qw)
-    ids = torch.cat([torch.full((c,), ex) for ex, c in enumerate(counts)])
-    ids = ids[torch.randperm(len(ids), generator=g)].int()[:, None]
-    t = len(ids)
-    xin = grouped_inputs(torch.randn(t, k, generator=g).half(), tw)
-    xd = dequantize_activation(xin["x"], xin["x_scales"], qw.scheme.act).double()
-    w = qw.dequantize().double()
-    ref = torch.stack([xd[r] @ w[int(ids[r, 0])].T for r in range(t)])
-    y = torch.full((t, n), float("nan"), dtype=torch.float16)
-    moe_gemm(tw=tw, sorted_ids=(a := moe_align(ids, e, block_m))[0], expert_ids=a[1], total=a[2], block_m=block_m,
-             num_rows=t, top_k=1, out=y, block_n=128, **xin)  # fmt: skip
-    return tw, y, ref
-
-
 @pytest.mark.parametrize("scheme", RESCALED)
 @pytest.mark.parametrize("block_m", [16, 32, 80, 144])  # fresh products (16-row blocks), rescaled, two parts
 def test_w4a8_experts_accumulating_in_units_of_each_blocks_scale(interpret, monkeypatch, scheme, block_m):
@@ -548,7 +532,7 @@ def test_w4a8_experts_accumulating_in_units_of_each_blocks_scale(interpret, monk
     qw = anybit.quantize(torch.randn(3, 160, k, generator=g) * 0.05 * spread.repeat_interleave(128)[None, None], scheme)
     for on in (True, False):
         monkeypatch.setattr(frag, "A8_RESCALE", on)
-        tw, y, ref = _grouped_a8(qw, block_m, (9, 40, 70), block_m)
+        tw, y, ref = _grouped_fp8(qw, block_m, (9, 40, 70), torch.Generator().manual_seed(block_m))
         assert tw.rescale and frag.frag_rescale(tw, block_m) == (on and block_m >= 32)
         assert moe_tile_kind(tw, torch.float16) == ("a8-rescale" if on else "a8")
         assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16], on
@@ -568,7 +552,7 @@ def test_w4a8_experts_whose_scales_cannot_be_rescaled_keep_fresh_products(interp
     else:
         w[0, :, :128] *= 2.0**-70
     qw = anybit.quantize(w, "w4a8")
-    tw, y, ref = _grouped_a8(qw, 32, (20, 30), 3)
+    tw, y, ref = _grouped_fp8(qw, 32, (20, 30), torch.Generator().manual_seed(3))
     assert not tw.rescale and moe_tile_kind(tw, torch.float16) == "a8"
     assert rel_err(y, ref) < GEMM_REL_ERR[torch.float16]
 
