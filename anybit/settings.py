@@ -52,6 +52,13 @@ class Settings:
     (`anybit.kernels.frag_ws_a8`) instead of the weight's codes pass + cuBLAS's block-scaled GEMM. H200, CUDA graphs:
     28672x8192 M=128 183 -> 101 µs, M=256 242 -> 192; from M=512 they tie and above the route wins (M=1024 654 vs
     581)."""
+    frag_ws_a8_wide_max_m: int
+    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M (default 2048; 0 turns it off), Hopper: W4A8 calls of more rows than
+    `frag_ws_a8_max_m` and 256, and at most this many, run the wide warp-specialised kernel
+    (`frag_ws_a8_wide_kernel`: 128 weight rows by 256 tokens a tile, the accumulator rescaled per block) where the
+    weight's scales allow it (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's
+    block-scaled GEMM. H200, CUDA graphs, M=1024: 8192^2 180 -> 163 µs, 7168^2 156 -> 142, 28672x8192 599 -> 585,
+    18432x7168 354 -> 344; at M=4096 two shapes faster (8192^2 710 -> 648), two slower (7168^2 508 -> 535)."""
     a8_rescale_min_m: int
     """ANYBIT_A8_RESCALE_MIN_M (default 0: off): calls of at least this many rows of W4A8 weights (4-bit integers in
     the FP8 fragment layout whose scales allow it, `TritonWeight.rescale`; group scales of 128 K) and of FP8-block
@@ -206,6 +213,11 @@ def frag_ws_a8_max_m() -> int:
     return _rows("ANYBIT_FRAG_WS_A8_MAX_M", 256, "a row count")
 
 
+def frag_ws_a8_wide_max_m() -> int:
+    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M alone (see `Settings.frag_ws_a8_wide_max_m`)."""
+    return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", 2048, "a row count")
+
+
 def a8_rescale_min_m() -> int:
     """ANYBIT_A8_RESCALE_MIN_M alone (see `Settings.a8_rescale_min_m`)."""
     return _rows("ANYBIT_A8_RESCALE_MIN_M", 0, "a row count")
@@ -284,9 +296,9 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `a8_rescale_min_m`, `moe_ws_min_rows`,
-    `moe_ws_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`, `ws_int`,
-    `fast_launch`)."""
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `a8_rescale_min_m`,
+    `moe_ws_min_rows`, `moe_ws_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`,
+    `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
         disabled_backends=frozenset(_names(os.environ.get("ANYBIT_DISABLED_BACKENDS", ""))),
@@ -298,6 +310,7 @@ def load() -> Settings:
         frag_ws_max_m=frag_ws_max_m(),
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
+        frag_ws_a8_wide_max_m=frag_ws_a8_wide_max_m(),
         a8_rescale_min_m=a8_rescale_min_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         moe_ws_a8_min_rows=moe_ws_a8_min_rows(),

@@ -250,13 +250,14 @@ def check_rs(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | N
 def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                 tiles: dict | None = None) -> str:  # fmt: skip
     """The warp-specialised large-M W4A8 Gluon kernel (`anybit.kernels.frag_ws_a8`) on an FP8-frag weight."""
-    from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8
+    from anybit.kernels.frag_ws_a8 import WIDE_TOKENS, gemm_frag_ws_a8
 
     tw = to_triton_layout(quantize(torch.randn(n, k) * 0.05, fmt))
-    tile = dict(dq_warps=4) | (tiles or {})
+    tile = dict(dq_warps=2 if (tiles or {}).get("wide") else 4) | (tiles or {})
     _compiled.clear()
     gemm_frag_ws_a8(torch.randn(m, k, dtype=torch.bfloat16), tw, **tile)
-    return _report(f"ws-a8 {fmt:22s} M={m:<4d}", _compiled[-1], 128, tile.get("block_n", 128), tile["dq_warps"],
+    rows = WIDE_TOKENS if tile.get("wide") else 128
+    return _report(f"ws-a8 {fmt:22s} M={m:<4d}", _compiled[-1], rows, tile.get("block_n", 128), tile["dq_warps"],
                    cuobjdump, sass_dir and (sass_dir, f"ws_a8_{fmt}_{m}"))  # fmt: skip
 
 

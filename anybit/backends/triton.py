@@ -44,7 +44,13 @@ from anybit.kernels.frag_rs import (
 )
 from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
-from anybit.kernels.frag_ws_a8 import gemm_frag_ws_a8, ws_a8_route_why_not, ws_a8_tile
+from anybit.kernels.frag_ws_a8 import (
+    WIDE_MIN_M,
+    gemm_frag_ws_a8,
+    ws_a8_route_why_not,
+    ws_a8_tile,
+    ws_a8_wide_why_not,
+)
 from anybit.kernels.gemm import GemmConfig, OutOfResources, fewer_stages, gemm_dense
 from anybit.kernels.quant_act import quantize_act
 from anybit.quant.weights import QuantizedWeight
@@ -552,18 +558,22 @@ class TritonBackend:
         """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan`'s rule takes it (the weight's part decided once),
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
         m = x.shape[0]
-        if m > settings.frag_ws_a8_max_m():
+        narrow = m <= settings.frag_ws_a8_max_m()
+        if not narrow and not WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
             return None
-        ok = tw.ws_ok.get("a8")
+        key = "a8" if narrow else "a8-wide"
+        ok = tw.ws_ok.get(key)
         if ok is None:
-            ok = tw.ws_ok["a8"] = ws_a8_route_why_not(tw.scheme, tw.k, tw.n, x.device) is None
+            why = (ws_a8_route_why_not(tw.scheme, tw.k, tw.n, x.device) if narrow else
+                   ws_a8_wide_why_not(tw.scheme, tw.k, tw.n, x.device, tw.rescale or tw.group_k >= tw.k))  # fmt: skip
+            ok = tw.ws_ok[key] = why is None
         if not ok:
             return None
         tile = ws_a8_tile(m, tw.n, _sm_count(x.device))
         try:
             return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:
-            tw.ws_ok["a8"] = False
+            tw.ws_ok[key] = False
             warnings.warn(f"frag_ws_a8 kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using the block-scaled "
                           f"route: {type(e).__name__}: {e}", FallbackWarning, stacklevel=4)  # fmt: skip
             return None

@@ -27,10 +27,17 @@ from anybit.kernels.launch import Launcher
 from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
+WIDE_TOKENS = 256  # the wide kernel's tokens a tile (the wgmma's N)
+WIDE_MIN_M = 256  # it takes calls of more rows than this (and than ANYBIT_FRAG_WS_A8_MAX_M): a tile's tokens
+WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % faster than 3 at M = 1024 / 4096)
 
 
 @functools.cache
-def _kernel():
+def _kernel(wide: bool = False):
+    if wide:
+        from anybit.kernels.frag_ws_a8_wide_kernel import frag_ws_a8_wide_kernel
+
+        return frag_ws_a8_wide_kernel
     from anybit.kernels.frag_ws_a8_kernel import frag_ws_a8_kernel
 
     return frag_ws_a8_kernel
@@ -68,16 +75,27 @@ def frag_ws_a8_why_not(scheme, k: int, n: int, device: torch.device) -> str | No
 WS_A8_MIN_N = 8192  # below, the block-scaled route wins at every M (H200 graphs: 4096^2 M=256 31.8 vs 26.3 µs)
 
 
-def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: int = 132) -> tuple[dict | None, str]:
-    """(the kernel's tile, why) for a W4A8 call of M rows (the caller takes it from M = 65 on), or (None, why not):
-    H200 under CUDA graphs it beats the codes pass + cuBLAS's block-scaled GEMM up to M = 256 where N >= 8192
-    (28672x8192 M=128 101 vs 183 µs, M=256 192 vs 242; 8192^2 M=256 55 vs 68), ties at 512 and trails above
-    (28672x8192 M=1024 654 vs 581: its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~1000).
-    Where 128 x 128 tiles would leave half the SMs idle, 64 weight rows a tile (8192^2 M=128 53 -> 37 µs; with
-    more CTAs they are slower: 28672x8192 M=128 100 -> 124)."""
+def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: int = 132,
+               rescale: bool = True) -> tuple[dict | None, str]:  # fmt: skip
+    """(the kernel's tile, why) for a W4A8 call of M rows (the caller takes it from M = 65 on), or (None, why not).
+    Up to `frag_ws_a8_max_m` rows the narrow kernel: H200 under CUDA graphs it beats the codes pass + cuBLAS's
+    block-scaled GEMM up to M = 256 where N >= 8192 (28672x8192 M=128 101 vs 183 µs, M=256 192 vs 242; 8192^2 M=256
+    55 vs 68) and trails above (its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~800-1000).
+    Where 128 x 128 tiles would leave half the SMs idle, 64 weight rows a tile (8192^2 M=128 53 -> 37 µs; with more
+    CTAs they are slower: 28672x8192 M=128 100 -> 124). Above, up to `frag_ws_a8_wide_max_m` rows, the wide kernel
+    where the weight's scales allow its rescale (rescale: `TritonWeight.rescale`, or channel scales)."""
     limit = settings.frag_ws_a8_max_m()
     if m > limit:
-        return None, f"M={m} > ANYBIT_FRAG_WS_A8_MAX_M={limit} (cuBLAS's block-scaled GEMM is faster above)"
+        wide = settings.frag_ws_a8_wide_max_m()
+        if not WIDE_MIN_M < m <= wide:
+            return None, (
+                f"M={m} > ANYBIT_FRAG_WS_A8_MAX_M={limit}, and not in the wide kernel's {WIDE_MIN_M} < M <= "
+                f"ANYBIT_FRAG_WS_A8_WIDE_MAX_M={wide} (cuBLAS's block-scaled GEMM is faster there)"
+            )
+        why = ws_a8_wide_why_not(scheme, k, n, device, rescale)
+        if why is not None:
+            return None, why
+        return ws_a8_tile(m, n, num_sms), f"W4A8, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M: the wide kernel"
     why = ws_a8_route_why_not(scheme, k, n, device)
     if why is not None:
         return None, why
@@ -87,26 +105,39 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
 
 
 def ws_a8_route_why_not(scheme, k: int, n: int, device: torch.device) -> str | None:
-    """The part of `ws_a8_plan` that depends on the weight and the GPU alone (the backend decides it once per
-    weight): `frag_ws_a8_why_not`, and N >= WS_A8_MIN_N."""
+    """The part of `ws_a8_plan`'s narrow rule that depends on the weight and the GPU alone (the backend decides it
+    once per weight): `frag_ws_a8_why_not`, and N >= WS_A8_MIN_N."""
     why = frag_ws_a8_why_not(scheme, k, n, device)
     if why is None and n < WS_A8_MIN_N:
         why = f"N={n} < {WS_A8_MIN_N} (too few CTAs: the block-scaled route is faster)"
     return why
 
 
+def ws_a8_wide_why_not(scheme, k: int, n: int, device: torch.device, rescale: bool) -> str | None:
+    """The same for the wide kernel: `frag_ws_a8_why_not`, and scales it may rescale its accumulator by."""
+    why = frag_ws_a8_why_not(scheme, k, n, device)
+    if why is None and not rescale:
+        why = "group scales the wide kernel cannot rescale by (zero, subnormal or over 64 binades apart)"
+    return why
+
+
 def ws_a8_tile(m: int, n: int, num_sms: int = 132) -> dict:
-    """The kernel's tile options for M rows: 64 weight rows a tile where 128 x 128 tiles fill half the SMs or fewer
-    (8192^2 M=128 53 -> 37 µs), else the defaults."""
+    """The kernel's tile options for M rows: the wide kernel above `frag_ws_a8_max_m`; else 64 weight rows a tile
+    where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the defaults."""
+    if m > max(settings.frag_ws_a8_max_m(), WIDE_MIN_M):
+        return {"wide": True}
     return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
 
 def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                    block_n: int = 128, stages: int = 4, group_m: int = 8,
-                    dq_warps: int = 4, dq_regs: int = 80, mma_regs: int = 176, order: int = 0,
-                    promote: bool = True, early_scales: bool = True, diag: int = 0) -> torch.Tensor:  # fmt: skip
+                    block_n: int = 128, stages: int | None = None, group_m: int = 8,
+                    dq_warps: int | None = None, dq_regs: int | None = None, mma_regs: int | None = None,
+                    order: int = 0, promote: bool = True, early_scales: bool = True, diag: int = 0,
+                    wide: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
-    `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]."""
+    `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]. wide: the large-M kernel
+    (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
+    group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's)."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -114,26 +145,41 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             f"{tw.scheme}: gemm_frag_ws_a8 reads weights in the FP8 fragment layout (frag_format), "
             f"this one is {'the A16 fragment' if tw.frag else 'the bit-plane'} layout"
         )
+    blocks = tw.group_k < tw.k  # a scale row per 128-K block (or per several), else per channel
+    if wide and (block_n != 128 or (blocks and not tw.rescale)):
+        raise ValueError(
+            f"the wide W4A8 kernel takes block_n=128 (not {block_n}) and group scales it may rescale by "
+            "(positive, normal, within 64 binades: TritonWeight.rescale)"
+        )
+    # the wide kernel's 128-register accumulators need 154+ registers where ptxas compiles it: 12 warps, not 16
+    defaults = (WIDE_STAGES, 2, 128, 192) if wide else (4, 4, 80, 176)
+    stages, dq_warps, dq_regs, mma_regs = (
+        v or d for v, d in zip((stages, dq_warps, dq_regs, mma_regs), defaults, strict=True)
+    )
     y = call_output(x, tw, bias, out)
     xq, xs = quantize_act(x, tw.scheme.act)
-    x_desc = gluon_api()[1].from_tensor(xq, [64, A8_BK], _x_layout(64))  # TensorDescriptor
+    rows = WIDE_TOKENS if wide else 64  # x rows a TMA copy: the tile's tokens, or one MMA warpgroup's
+    x_desc = gluon_api()[1].from_tensor(xq, [rows, A8_BK], _x_layout(rows))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
-    key = ("ws_a8", block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
+    key = ("ws_a8", wide, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
            x.dtype, bias is None)  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
             BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs, MMA_REGS=mma_regs,
-            SCALE_PER_BLOCK=tw.group_k < tw.k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
-            HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, ORDER=int(order),
-            PROMOTE=promote or tw.group_k < tw.k, DIAG=diag, EARLY_SCALES=bool(early_scales), num_warps=4,
+            SCALE_PER_BLOCK=blocks, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+            HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, num_warps=4,
         )  # fmt: skip
+        if wide:
+            consts.update(RESCALE=blocks)
+        else:
+            consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag, EARLY_SCALES=bool(early_scales))
         # live: x's descriptor, its scales, bias (or y), y, M, y's row stride
-        launch = tw.launches[key] = Launcher(_kernel(), consts, live=(0, 3, 4, 5, 6, 10))
+        launch = tw.launches[key] = Launcher(_kernel(wide), consts, live=(0, 3, 4, 5, 6, 10))
     # fmt: off
     launch(
-        (cdiv(m, 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, m, n, k,
-        tw.planes[0].shape[-1] // 16, y.stride(0),
+        (cdiv(m, WIDE_TOKENS if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,
+        bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16, y.stride(0),
     )
     # fmt: on
     return y

@@ -78,12 +78,14 @@ def _a8_asm(signed):
 @gluon.jit
 def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, part,
                 NDEC: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr,
-                STAGES: gl.constexpr, PANEL: gl.constexpr, DIAG: gl.constexpr, w_row0=0, s_row0=0):
+                STAGES: gl.constexpr, PANEL: gl.constexpr, DIAG: gl.constexpr, w_row0=0, s_row0=0, x_desc=None,
+                x_bufs=None, x_ready=None, off_m=0):
     """Decodes steps part, part + NDEC, ... of the weight tile into the w ring (e4m3 (q - 8) / 512) and each
     step's scales (times 512, fp32) beside them; words and scales arrive by TMA into this partition's DEPTH slots
     of the word ring (part * DEPTH on), depth - 1 blocks ahead. NDEC partitions overlap one another's latencies
     (barriers, the proxy fence, TMA waits), which one partition's chain of them per block left exposed. w_row0,
-    s_row0: the expert's first rows in the word and scale descriptors (grouped MoE: `moe_ws_a8_kernel`)."""
+    s_row0: the expert's first rows in the word and scale descriptors (grouped MoE: `moe_ws_a8_kernel`). x_desc: also
+    each step's x (rows off_m on) by TMA into the slot once it is free (`frag_ws_a8_wide_kernel`)."""
     BN: gl.constexpr = w_bufs.type.shape[1]
     D: gl.constexpr = wq.type.shape[0] // NDEC
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])  # a thread: 16 bytes of a row
@@ -114,6 +116,8 @@ def _a8_decoder(w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_e
             # register j of word (t, c) holds k = 4 (8c + 4j + t) + i, i = 0..3: int32 column 8c + 4j + t
             v = gl.reshape(gl.permute(gl.reshape(gl.join(r0, r1), [BN, 4, 4, 2]), [0, 2, 3, 1]), [BN, 32])
             mbarrier.wait(w_empty.index(s), ((b // STAGES) & 1) ^ 1)
+            if x_desc is not None:
+                _x_issue(x_desc, x_bufs, x_ready, off_m, b, num_k, STAGES)
             w_bufs.index(s)._reinterpret(gl.int32, [BN, 32], w32).store(v)
             s_bufs.index(s).store(sc)
         elif DIAG == 1:  # timing only: stores without decoding (wrong results)

@@ -63,7 +63,7 @@ def test_not_taken_with_a_reason():
         assert "per token only" in frag_ws_a8_why_not(scheme, 512, 256, torch.device("cuda"))
 
 
-@pytest.mark.parametrize("m", [65, 200, 256])
+@pytest.mark.parametrize("m", [65, 200, 256, 257, 1024])
 def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
@@ -72,7 +72,9 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
     y = be.gemm(x, p)
-    assert p.data.ws_ok.get("a8") is not False and torch.equal(y, gemm_frag_ws_a8(x, p.data))
+    wide = m > 256
+    assert p.data.ws_ok.get("a8-wide" if wide else "a8") is True
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=wide))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -81,4 +83,54 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     graph.replay()
     assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
+    monkeypatch.setenv("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", "0")
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token",
+                                  "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:g128:bf16:e4m3-token"])  # fmt: skip
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (257, 1000, 1536), (1024, 2048, 4224), (600, 4224, 7168)])
+def test_the_wide_kernel_matches_the_exact_product(text, m, n, k):
+    if "g256" in text:
+        k = 2048
+    x, qw, tw = _case(text, m, n, k, seed=m + n + 1)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
+    y = gemm_frag_ws_a8(x, tw, out=out, wide=True)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, gemm_frag_ws_a8(x, tw, wide=True))  # relaunch: the same bits
+
+
+def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias():
+    """Each (weight row, 128-K block) times 2**u, u in [-8, 8]: the accumulator's units change by up to 2**16 from
+    one block to the next; fp16 x; bias."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    n, k, m = 1000, 4096, 333
+    w = torch.randn(n, k, generator=g, device="cuda") * 0.05
+    w = w * torch.exp2(torch.randint(-8, 9, (n, k // 128, 1), generator=g, device="cuda").float()).repeat_interleave(
+        128, 2).reshape(n, k)  # fmt: skip
+    from anybit import quantize
+
+    qw = quantize(w, "w4a8")
+    tw = to_triton_layout(qw)
+    assert tw.rescale
+    x = torch.randn(m, k, generator=g, device="cuda").half()
+    b = torch.randn(n, generator=g, device="cuda").half()
+    y = gemm_frag_ws_a8(x, tw, b, wide=True, stages=2)
+    assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.float16]
+
+
+def test_the_wide_kernel_refuses_scales_it_cannot_rescale_by():
+    x, qw, tw = _case("w4a8", 256, 256, 512)
+    qw.scales[0, 0] = 0.0
+    tw = to_triton_layout(qw)
+    assert not tw.rescale
+    with pytest.raises(ValueError, match="rescale"):
+        gemm_frag_ws_a8(x, tw, wide=True)
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    p = prepare(qw, backend="triton")
+    x = torch.randn(512, 512, device="cuda").bfloat16()
+    y = get_backend("triton").gemm(x, p)  # the codes pass + cuBLAS instead
+    assert p.data.ws_ok["a8-wide"] is False
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
