@@ -53,18 +53,12 @@ class Settings:
     28672x8192 M=128 183 -> 101 µs, M=256 242 -> 192; from M=512 they tie and above the route wins (M=1024 654 vs
     581)."""
     frag_ws_a8_wide_max_m: int
-    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M (default 2048; 0 turns it off), Hopper: W4A8 calls of more rows than
-    `frag_ws_a8_max_m` and 256, and at most this many, run the wide warp-specialised kernel
-    (`frag_ws_a8_wide_kernel`: 128 weight rows by 256 tokens a tile, the accumulator rescaled per block) where the
-    weight's scales allow it (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's
-    block-scaled GEMM. H200, CUDA graphs, M=1024: 8192^2 180 -> 163 µs, 7168^2 156 -> 142, 28672x8192 599 -> 585,
-    18432x7168 354 -> 344; at M=4096 two shapes faster (8192^2 710 -> 648), two slower (7168^2 508 -> 535)."""
-    a8_rescale_min_m: int
-    """ANYBIT_A8_RESCALE_MIN_M (default 0: off): calls of at least this many rows of W4A8 weights (4-bit integers in
-    the FP8 fragment layout whose scales allow it, `TritonWeight.rescale`; group scales of 128 K) and of FP8-block
-    weights (e4m3 as stored, 128 x 128 scale blocks, x per 128 columns) run a Triton FP8 GEMM whose accumulator is
-    rescaled per 128-K block (`anybit.kernels.a8_rescale`; W4A8 after its codes pass) instead of cuBLAS's
-    block-scaled GEMMs. Built in session 48, not yet timed on a GPU: off until measured."""
+    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M (default 1536; 0 turns it off), Hopper: W4A8 calls of more rows than 512 (and
+    than `frag_ws_a8_max_m`) and at most this many run the wide warp-specialised kernel (`frag_ws_a8_wide_kernel`:
+    128 weight rows by 256 tokens a tile, the accumulator rescaled per block) where the weight's scales allow it
+    (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's block-scaled GEMM. H200, CUDA
+    graphs, at M=1024 faster on all four shapes measured (8192^2 180 -> 163 µs, 7168^2 156 -> 142, 28672x8192 599 ->
+    585, 18432x7168 354 -> 344); at 512 and 2048 level (-8 .. +2 %), at 4096 two shapes faster and two slower."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
@@ -215,12 +209,7 @@ def frag_ws_a8_max_m() -> int:
 
 def frag_ws_a8_wide_max_m() -> int:
     """ANYBIT_FRAG_WS_A8_WIDE_MAX_M alone (see `Settings.frag_ws_a8_wide_max_m`)."""
-    return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", 2048, "a row count")
-
-
-def a8_rescale_min_m() -> int:
-    """ANYBIT_A8_RESCALE_MIN_M alone (see `Settings.a8_rescale_min_m`)."""
-    return _rows("ANYBIT_A8_RESCALE_MIN_M", 0, "a row count")
+    return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", 1536, "a row count")
 
 
 def moe_ws_min_rows() -> int:
@@ -296,7 +285,7 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `a8_rescale_min_m`,
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`,
     `moe_ws_min_rows`, `moe_ws_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`,
     `ws_int`, `fast_launch`)."""
     return Settings(
@@ -311,7 +300,6 @@ def load() -> Settings:
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         frag_ws_a8_wide_max_m=frag_ws_a8_wide_max_m(),
-        a8_rescale_min_m=a8_rescale_min_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         moe_ws_a8_min_rows=moe_ws_a8_min_rows(),
         moe_rs_min_rows=moe_rs_min_rows(),

@@ -261,26 +261,6 @@ def check_ws_a8(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str 
                    cuobjdump, sass_dir and (sass_dir, f"ws_a8_{fmt}_{m}"))  # fmt: skip
 
 
-def check_a8_rescale(fmt: str, m: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
-                     tiles: dict | None = None) -> str:  # fmt: skip
-    """The FP8 GEMMs at large M with the rescaled accumulator (`anybit.kernels.a8_rescale`): W4A8 on its e4m3 codes,
-    FP8-block as stored."""
-    from anybit.kernels.a8_rescale import A8_RESCALE_TILE, BLOCK_RESCALE_TILE, gemm_a8_rescale, gemm_block_rescale
-
-    qw = quantize(torch.randn(n, k) * 0.05, fmt)
-    tw = to_triton_layout(qw)
-    xq, xs = quantize_act(torch.randn(m, k, dtype=torch.bfloat16), qw.scheme.act)
-    _compiled.clear()
-    if tw.nk:
-        tile = BLOCK_RESCALE_TILE | (tiles or {})
-        gemm_block_rescale(xq, xs, tw, **tile)
-    else:
-        tile = A8_RESCALE_TILE | (tiles or {})
-        gemm_a8_rescale(xq, xs, torch.empty((n, k), dtype=torch.float8_e4m3fn), tw, **tile)
-    return _report(f"a8_rescale {fmt:17s} M={m:<4d}", _compiled[-1], 128, tile["block_n"], tile["num_warps"],
-                   cuobjdump, sass_dir and (sass_dir, f"a8_rescale_{fmt}_{m}"))  # fmt: skip
-
-
 def check_moe_ws(fmt: str, per_expert: int, n: int, k: int, cuobjdump: str, sass_dir: str | None,
                  tiles: dict | None = None) -> str:  # fmt: skip
     """The warp-specialised grouped MoE kernel (`anybit.kernels.moe_ws`; W4A8 experts: `moe_ws_a8`), gate_up with
@@ -370,7 +350,6 @@ def main() -> int:
     ap.add_argument("--ws", action="store_true", help="the warp-specialised large-M Gluon kernel (frag_ws)")
     ap.add_argument("--rs", action="store_true", help="the register-operand Gluon kernel (frag_rs; --moe: moe_rs)")
     ap.add_argument("--pdl", action="store_true", help="frag kernels as programmatic dependents (ANYBIT_PDL)")
-    ap.add_argument("--a8-rescale", action="store_true", help="W4A8 on its codes, rescaled per block (a8_rescale)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (80: Ampere, 89: Ada)")
     ap.add_argument("--fp16", action="store_true", help="fp16 activations (A16 dense, ws and rs kernels; default bf16)")
     args = ap.parse_args()
@@ -383,9 +362,7 @@ def main() -> int:
     tiles = tile_overrides(args.tiles)
     dtype = torch.float16 if args.fp16 else torch.bfloat16
     run = (
-        functools.partial(check_a8_rescale, tiles=tiles)
-        if args.a8_rescale
-        else functools.partial(check_moe_rs, tiles=tiles)
+        functools.partial(check_moe_rs, tiles=tiles)
         if args.rs and args.moe
         else functools.partial(check_rs, tiles=tiles, dtype=dtype)
         if args.rs

@@ -25,7 +25,6 @@ from anybit.errors import FallbackWarning, KernelFailure
 from anybit.formats.dtypes import FloatType, IntType, exactly_representable
 from anybit.formats.scheme import ActMode, ScaleKind, Scheme, ZeroPoint
 from anybit.kernels import frag
-from anybit.kernels.a8_rescale import rescale_gemm, rescale_why_not
 from anybit.kernels.dequant import cdiv
 from anybit.kernels.dequant_a16 import dequantize_a16
 from anybit.kernels.frag import frag_tile, gemm_frag, scaled_int4_why_not
@@ -439,8 +438,6 @@ class TritonBackend:
             y = self._ws_a8(x, tw, bias)
             if y is not None:
                 return y
-        if config is None and a8 and 0 < settings.a8_rescale_min_m() <= m and rescale_why_not(tw) is None:
-            return rescale_gemm(x, tw, bias)  # (opt-in: not yet timed, `settings.a8_rescale_min_m`)
         if config is None and m > BLOCKSCALED_MIN_M and self._blockscaled(tw, x):
             return blockscaled_gemm(x, tw, bias)
         planned = config is None

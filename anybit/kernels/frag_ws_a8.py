@@ -3,7 +3,9 @@ warp-specialised Gluon kernel (`anybit.kernels.frag_ws_a8_kernel`) on a weight i
 decoder partitions write each 128-K step of the weight tile into shared memory as e4m3 (q - 8) / 512 while two
 MMA warpgroups run the FP8 wgmma of the steps before and promote each in fp32 with the block's scales. Where it
 is routed (`ws_a8_plan`: 64 < M <= 256, N >= 8192) it replaces writing the weight's integers out as e4m3 for
-cuBLAS's block-scaled GEMM each call (N*K bytes, 33 µs at 8192^2 on the H200).
+cuBLAS's block-scaled GEMM each call (N*K bytes, 33 µs at 8192^2 on the H200). With `wide`, 512 < M <= 1536: the same
+decoders feeding `frag_ws_a8_wide_kernel` (the weight as the wgmma's A operand, 256 tokens as its N, the accumulator
+rescaled per block instead of promoted).
 
 Which weights: 4-bit integer codes (int4 / uint4, no zero point, no global scale) with scales per channel or
 per whole 128-K blocks, e4m3 activations per token (the schemes of the FP8 fragment layout, `frag_format`); sm_90
@@ -28,7 +30,7 @@ from anybit.kernels.quant_act import quantize_act
 
 A8_BK = 128  # K per step: one frag block
 WIDE_TOKENS = 256  # the wide kernel's tokens a tile (the wgmma's N)
-WIDE_MIN_M = 256  # it takes calls of more rows than this (and than ANYBIT_FRAG_WS_A8_MAX_M): a tile's tokens
+WIDE_MIN_M = 512  # it takes calls of more rows than this (and than ANYBIT_FRAG_WS_A8_MAX_M): at 512 it ties the route
 WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % faster than 3 at M = 1024 / 4096)
 
 

@@ -11,7 +11,7 @@ from anybit import settings
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason, explain, measured_us
 from anybit.errors import AnybitError
-from anybit.formats.scheme import ScaleKind, Scheme, ZeroPoint
+from anybit.formats.scheme import Scheme, ZeroPoint
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -41,7 +41,6 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         e2m1_rows_scheme,
         fp8_as_is,
         int4_codes_scheme,
-        rescale_scheme,
     )
     from anybit.kernels.frag import two_parts
     from anybit.kernels.frag_rs import RS_SMALL_MIN_M, rs_kernel_scheme_why_not, rs_scheme_why_not, ws_int_why_not
@@ -129,15 +128,6 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                     "(two decoder partitions write W per 128-K step into shared memory as e4m3, two MMA warpgroups "
                     f"promote each step in fp32), tile 128x{tile.get('block_n', 128)}x128")  # fmt: skip
         ws_a8_note = f" (warp-specialised W4A8 kernel not used: {why})"
-    rescale_min = settings.a8_rescale_min_m()
-    g = scheme.granularity
-    block = fp8_as_is(scheme) and scheme.act.group == 128 and g.kind is ScaleKind.BLOCK and (g.n, g.k) == (128, 128)
-    if (block or (frag and rescale_scheme(scheme) and g.k % 128 == 0)) and 0 < rescale_min <= m:
-        what = ("e4m3 x per token and 128 columns, the weight read as stored" if block else
-                "e4m3 x per token, Triton writes the int weight's e4m3 codes (N*K bytes)")  # fmt: skip
-        return (f"FP8 activations, M >= ANYBIT_A8_RESCALE_MIN_M={rescale_min} (opt-in, not yet timed): {what}, then a "
-                "Triton FP8 GEMM whose accumulator is rescaled per 128-K block (anybit.kernels.a8_rescale; where the "
-                "scales are positive, normal and within 64 binades — else the block-scaled route)")  # fmt: skip
     recipe = blockscaled_recipe(scheme, n, k, fp8_as_is(scheme), frag)
     recipe_note = ""
     if recipe and m > BLOCKSCALED_MIN_M:

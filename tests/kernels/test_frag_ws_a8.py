@@ -64,12 +64,13 @@ def test_why_not_on_the_cpu(text, why):
 def test_plan_names_why_not(monkeypatch):
     cpu = torch.device("cpu")
     assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
-    assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]  # the wide kernel's rows
-    assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=2048" in ws_a8_plan(Scheme.parse("w4a8"), 4096, 8192, 8192, cpu)[1]
+    assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, cpu)[1]  # the wide kernel's rows
+    assert "512 < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M=1536" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]
+    assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=1536" in ws_a8_plan(Scheme.parse("w4a8"), 4096, 8192, 8192, cpu)[1]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")
     assert "ANYBIT_FRAG_WS_A8_MAX_M=0" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", "0")
-    assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=0" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]
+    assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=0" in ws_a8_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, cpu)[1]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "lots")
     with pytest.raises(ValueError, match="ANYBIT_FRAG_WS_A8_MAX_M='lots'"):
         ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)
