@@ -68,14 +68,15 @@ def test_tune_fills_the_cache_and_auto_follows_it(tmp_path, monkeypatch):
 
 
 def test_explain_moe_prints_the_plan_the_layer_runs(capsys):
-    """`anybit explain --moe` on the GPU: DeepSeek-V3 w4a16 at 4096 tokens takes the wide 128 x 256 prefill
-    tile with half-width tails and PDL; one token splits K (decode) and keeps 16-row blocks."""
+    """`anybit explain --moe` on the GPU: DeepSeek-V3 w4a16 at 4096 tokens (128 rows an expert) takes the wide
+    prefill blocks of 144 = 128 + 16 rows by 256 weight rows (`WIDE_BLOCKS`, session 43) with PDL; one token splits
+    K (decode) and keeps 16-row blocks."""
     from anybit.cli import main
 
     assert main(["explain", "--scheme", "w4a16", "--moe", "256,8", "--shape", "4096,7168,2048"]) == 0
     out = capsys.readouterr().out
     assert "grouped Triton GEMMs" in out and "kind 'wide'" in out
-    assert "128 rows x 256 weight rows" in out and "half-width tail blocks" in out and "PDL" in out
+    assert "144 rows x 256 weight rows" in out and "blocks of 128 + 16 rows" in out and "PDL" in out
     assert main(["explain", "--scheme", "w4a16", "--moe", "256,8", "--shape", "1,7168,2048"]) == 0
     out = capsys.readouterr().out
     assert "16 rows x" in out and "half-width" not in out
