@@ -113,15 +113,16 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     ws_a8_note = ""
     if frag and a8_mma(scheme) and m > FRAG_MAX_M:
-        from anybit.kernels.frag_ws_a8 import ws_a8_plan
+        from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, ws_a8_plan
 
         tile, why = ws_a8_plan(scheme, m, n, k, device, _sm_count(device) if cuda else 132)
         if tile is not None and tile.get("wide"):
             return (
-                f"FP8 activations, {FRAG_MAX_M} < M: e4m3 x per token, then the wide warp-specialised W4A8 Gluon "
-                "kernel (two decoder partitions write W per 128-K step into shared memory as e4m3, two MMA "
-                "warpgroups of 64 weight rows x 256 tokens keep the accumulator in units of each block's scale; "
-                "group scales must be positive, normal and within 64 binades, else the codes pass + cuBLAS)"
+                f"FP8 activations, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M: e4m3 x per token, then the "
+                "wide warp-specialised W4A8 Gluon kernel (two decoder partitions write W per 128-K step into shared "
+                "memory as e4m3, two MMA warpgroups of 64 weight rows x 256 tokens keep the accumulator in units of "
+                "each block's scale; group scales must be positive, normal and within 64 binades, else the codes "
+                "pass + cuBLAS)"
             )
         if tile is not None:
             return (f"FP8 activations, {FRAG_MAX_M} < M: e4m3 x per token, then the warp-specialised W4A8 Gluon kernel "
