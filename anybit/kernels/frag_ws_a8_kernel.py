@@ -244,25 +244,31 @@ def _a8_mma(x_desc, x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, turn, me,
 
 @gluon.jit
 def _a8_rings(x_layout: gl.constexpr, w_desc, s_desc, BMH: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr):
+              DEPTH: gl.constexpr, X_ARRIVALS: gl.constexpr, ONE_X: gl.constexpr = False):
     """Shared memory of the W4A8 warp-specialised kernels: each MMA warpgroup's x ring (e4m3 [STAGES, BMH, 128];
-    its barriers count X_ARRIVALS: 1 for TMA, every thread for gathered rows), the w ring (e4m3 [STAGES, BN, 128])
-    with each step's fp32 scales, its ready / empty barriers (empty: both MMA warpgroups), and the two decoders'
-    word and scale slots (DEPTH each) with their TMA barriers."""
+    its barriers count X_ARRIVALS: 1 for TMA, every thread for gathered rows) — or (ONE_X) one both read, returned
+    twice (`frag_ws_a8_wide_kernel`) —, the w ring (e4m3 [STAGES, BN, 128]) with each step's fp32 scales, its ready /
+    empty barriers (empty: both MMA warpgroups), and the two decoders' word and scale slots (DEPTH each) with their
+    TMA barriers."""
     BK: gl.constexpr = 128
     dtype: gl.constexpr = gl.float8e4nv
     x0 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
-    x1 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if ONE_X:
+        x1 = x0
+        x1_ready = x0_ready
+    else:
+        x1 = gl.allocate_shared_memory(dtype, [STAGES, BMH, BK], x_layout)
+        x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
     s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    x0_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x1_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(x0_ready.index(i), count=X_ARRIVALS)
-        mbarrier.init(x1_ready.index(i), count=X_ARRIVALS)
+        if not ONE_X:
+            mbarrier.init(x1_ready.index(i), count=X_ARRIVALS)
         mbarrier.init(w_ready.index(i), count=1)
         mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
     wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder

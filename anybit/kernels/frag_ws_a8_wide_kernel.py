@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from anybit.kernels.frag_ws_a8_kernel import _a8_decoder
+from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_rings
 from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin
 
 TINY = gl.constexpr(
@@ -88,23 +88,9 @@ def frag_ws_a8_wide_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
     gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
-    dtype: gl.constexpr = gl.float8e4nv
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], x_desc.layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dtype)
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_layout)
-    s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(w_empty.index(i), count=2)  # both MMA warpgroups
-    wq = gl.allocate_shared_memory(gl.int32, [2 * DEPTH, BN // 16, 256], w_desc.layout)  # DEPTH per decoder
-    sq = gl.allocate_shared_memory(s_desc.dtype, [2 * DEPTH, 1, BN], s_desc.layout)
-    wq_bar = gl.allocate_shared_memory(gl.int64, [2 * DEPTH, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * DEPTH):
-        mbarrier.init(wq_bar.index(i), count=1)
+    x_layout: gl.constexpr = x_desc.layout
+    x_bufs, _, x_ready, _, w_bufs, s_bufs, w_ready, w_empty, wq, sq, wq_bar = _a8_rings(
+        x_layout, w_desc, s_desc, BM, BN, STAGES, DEPTH, 1, ONE_X=True)
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), decoders (even, odd steps; x by TMA)
         (_wide_mma, (x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
