@@ -1,7 +1,7 @@
-"""The warp-specialised large-M W4A8 Gluon kernel on a Hopper GPU: against float64 products of the kernel's own
-quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K block), int4 / uint4,
+"""The warp-specialised large-M W4A8 Gluon kernels (narrow and wide) on a Hopper GPU: against float64 products of the
+kernels' own quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K block), int4 / uint4,
 channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option, poisoned outputs, bit-equal
-relaunches."""
+relaunches; the wide kernel's rescale over many binades and its refusal, the backend's routing to both."""
 
 import pytest
 import torch
@@ -23,16 +23,18 @@ def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token",
                                   "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:g128:bf16:e4m3-token"])  # fmt: skip
-@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1536), (1024, 2048, 4224)])
-def test_matches_the_exact_product(text, m, n, k):
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1536), (1024, 2048, 4224),
+                                     (600, 4224, 7168)])  # fmt: skip
+@pytest.mark.parametrize("wide", [False, True])
+def test_matches_the_exact_product(text, m, n, k, wide):
     if "g256" in text:
         k = 2048
     x, qw, tw = _case(text, m, n, k, seed=m + n)
     assert frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, x.device) is None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
-    y = gemm_frag_ws_a8(x, tw, out=out)
+    y = gemm_frag_ws_a8(x, tw, out=out, wide=wide)
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(y, gemm_frag_ws_a8(x, tw))  # relaunch: the same bits
+    assert torch.equal(y, gemm_frag_ws_a8(x, tw, wide=wide))  # relaunch: the same bits
 
 
 def test_fp16_x_and_a_k_tail():
@@ -85,19 +87,6 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", "0")
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-
-
-@pytest.mark.parametrize("text", ["w4a8", "w4a8:uint4:g128:fp32:e4m3-token", "w4a8:int4:ch:fp32:e4m3-token",
-                                  "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:g128:bf16:e4m3-token"])  # fmt: skip
-@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (257, 1000, 1536), (1024, 2048, 4224), (600, 4224, 7168)])
-def test_the_wide_kernel_matches_the_exact_product(text, m, n, k):
-    if "g256" in text:
-        k = 2048
-    x, qw, tw = _case(text, m, n, k, seed=m + n + 1)
-    out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
-    y = gemm_frag_ws_a8(x, tw, out=out, wide=True)
-    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(y, gemm_frag_ws_a8(x, tw, wide=True))  # relaunch: the same bits
 
 
 def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias():
