@@ -37,9 +37,10 @@ def test_matches_the_exact_product(text, m, n, k, wide):
     assert torch.equal(y, gemm_frag_ws_a8(x, tw, wide=wide))  # relaunch: the same bits
 
 
-def test_fp16_x_and_a_k_tail():
+@pytest.mark.parametrize("wide", [False, True])
+def test_fp16_x_and_a_k_tail(wide):
     x, qw, tw = _case("w4a8:int4:ch:fp32:e4m3-token", 300, 1000, 2880, torch.float16)  # 22.5 blocks of 128
-    assert rel_err(gemm_frag_ws_a8(x, tw), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+    assert rel_err(gemm_frag_ws_a8(x, tw, wide=wide), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
 @pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=5), dict(group_m=1), dict(order=1), dict(order=2),
