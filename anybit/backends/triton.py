@@ -562,11 +562,11 @@ class TritonBackend:
         ok = tw.ws_ok.get(key)
         if ok is None:
             why = (ws_a8_route_why_not(tw.scheme, tw.k, tw.n, x.device) if narrow else
-                   ws_a8_wide_why_not(tw.scheme, tw.k, tw.n, x.device, tw.rescale or tw.group_k >= tw.k))  # fmt: skip
+                   ws_a8_wide_why_not(tw.scheme, tw.k, tw.n, x.device, tw.rescale))  # fmt: skip
             ok = tw.ws_ok[key] = why is None
         if not ok:
             return None
-        tile = ws_a8_tile(m, tw.n, _sm_count(x.device))
+        tile = ws_a8_tile(m, tw.n, _sm_count(x.device), wide=not narrow)
         try:
             return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:

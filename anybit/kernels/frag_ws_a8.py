@@ -85,7 +85,7 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
     55 vs 68) and trails above (its FP8 wgmma pipeline with the 128-K promotion runs ~700 TF/s, cuBLAS ~800-1000).
     Where 128 x 128 tiles would leave half the SMs idle, 64 weight rows a tile (8192^2 M=128 53 -> 37 µs; with more
     CTAs they are slower: 28672x8192 M=128 100 -> 124). Above, up to `frag_ws_a8_wide_max_m` rows, the wide kernel
-    where the weight's scales allow its rescale (rescale: `TritonWeight.rescale`, or channel scales)."""
+    where the weight's scales allow its rescale (rescale: `TritonWeight.rescale`, true for channel scales)."""
     limit = settings.frag_ws_a8_max_m()
     if m > limit:
         wide = settings.frag_ws_a8_wide_max_m()
@@ -97,7 +97,8 @@ def ws_a8_plan(scheme, m: int, n: int, k: int, device: torch.device, num_sms: in
         why = ws_a8_wide_why_not(scheme, k, n, device, rescale)
         if why is not None:
             return None, why
-        return ws_a8_tile(m, n, num_sms), f"W4A8, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M: the wide kernel"
+        why = f"W4A8, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M: the wide kernel"
+        return ws_a8_tile(m, n, num_sms, wide=True), why
     why = ws_a8_route_why_not(scheme, k, n, device)
     if why is not None:
         return None, why
@@ -123,10 +124,11 @@ def ws_a8_wide_why_not(scheme, k: int, n: int, device: torch.device, rescale: bo
     return why
 
 
-def ws_a8_tile(m: int, n: int, num_sms: int = 132) -> dict:
-    """The kernel's tile options for M rows: the wide kernel above `frag_ws_a8_max_m`; else 64 weight rows a tile
-    where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the defaults."""
-    if m > max(settings.frag_ws_a8_max_m(), WIDE_MIN_M):
+def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
+    """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
+    weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
+    defaults."""
+    if wide:
         return {"wide": True}
     return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
@@ -148,7 +150,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             f"this one is {'the A16 fragment' if tw.frag else 'the bit-plane'} layout"
         )
     blocks = tw.group_k < tw.k  # a scale row per 128-K block (or per several), else per channel
-    if wide and (block_n != 128 or (blocks and not tw.rescale)):
+    if wide and (block_n != 128 or not tw.rescale):
         raise ValueError(
             f"the wide W4A8 kernel takes block_n=128 (not {block_n}) and group scales it may rescale by "
             "(positive, normal, within 64 binades: TritonWeight.rescale)"
