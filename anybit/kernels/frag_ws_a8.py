@@ -32,10 +32,15 @@ A8_BK = 128  # K per step: one frag block
 WIDE_TOKENS = 256  # the wide kernel's tokens a tile (the wgmma's N)
 WIDE_MIN_M = 512  # it takes calls of more rows than this (and than ANYBIT_FRAG_WS_A8_MAX_M): at 512 it ties the route
 WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % faster than 3 at M = 1024 / 4096)
+RS_STAGES = 4  # the register-operand wide kernel's ring: 40.5 KB a step of x, words and scales
 
 
 @functools.cache
-def _kernel(wide: bool = False):
+def _kernel(wide: bool = False, rs: bool = False):
+    if rs:
+        from anybit.kernels.frag_rs_a8_kernel import frag_rs_a8_kernel
+
+        return frag_rs_a8_kernel
     if wide:
         from anybit.kernels.frag_ws_a8_wide_kernel import frag_ws_a8_wide_kernel
 
@@ -137,11 +142,12 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                     block_n: int = 128, stages: int | None = None, group_m: int = 8,
                     dq_warps: int | None = None, dq_regs: int | None = None, mma_regs: int | None = None,
                     order: int = 0, promote: bool = True, early_scales: bool = True, diag: int = 0,
-                    wide: bool = False) -> torch.Tensor:  # fmt: skip
+                    wide: bool = False, rs: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]. wide: the large-M kernel
     (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
-    group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's)."""
+    group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's); rs
+    (with wide): its register-operand twin (`frag_rs_a8_kernel`: the MMA warpgroups decode the words themselves)."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -150,13 +156,15 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             f"this one is {'the A16 fragment' if tw.frag else 'the bit-plane'} layout"
         )
     blocks = tw.group_k < tw.k  # a scale row per 128-K block (or per several), else per channel
+    if rs and not wide:
+        raise ValueError("rs=True is the wide W4A8 kernel's register-operand variant: it takes wide=True")
     if wide and (block_n != 128 or not tw.rescale):
         raise ValueError(
             f"the wide W4A8 kernel takes block_n=128 (not {block_n}) and group scales it may rescale by "
             "(positive, normal, within 64 binades: TritonWeight.rescale)"
         )
     # the wide kernel's 128-register accumulators need 154+ registers where ptxas compiles it: 12 warps, not 16
-    defaults = (WIDE_STAGES, 2, 128, 192) if wide else (4, 4, 80, 176)
+    defaults = (RS_STAGES, 1, 48, 232) if rs else (WIDE_STAGES, 2, 128, 192) if wide else (4, 4, 80, 176)
     stages, dq_warps, dq_regs, mma_regs = (
         v or d for v, d in zip((stages, dq_warps, dq_regs, mma_regs), defaults, strict=True)
     )
@@ -165,7 +173,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     rows = WIDE_TOKENS if wide else 64  # x rows a TMA copy: the tile's tokens, or one MMA warpgroup's
     x_desc = gluon_api()[1].from_tensor(xq, [rows, A8_BK], _x_layout(rows))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
-    key = ("ws_a8", wide, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
+    key = ("ws_a8", wide, rs, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
            x.dtype, bias is None)  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
@@ -174,12 +182,16 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             SCALE_PER_BLOCK=blocks, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
             HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, num_warps=4,
         )  # fmt: skip
-        if wide:
+        if rs:
+            for name in ("DQ_WARPS", "DQ_REGS", "DEPTH"):
+                del consts[name]
+            consts.update(RESCALE=blocks)
+        elif wide:
             consts.update(RESCALE=blocks)
         else:
             consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag, EARLY_SCALES=bool(early_scales))
         # live: x's descriptor, its scales, bias (or y), y, M, y's row stride
-        launch = tw.launches[key] = Launcher(_kernel(wide), consts, live=(0, 3, 4, 5, 6, 10))
+        launch = tw.launches[key] = Launcher(_kernel(wide, rs), consts, live=(0, 3, 4, 5, 6, 10))
     # fmt: off
     launch(
         (cdiv(m, WIDE_TOKENS if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,

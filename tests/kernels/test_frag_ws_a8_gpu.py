@@ -15,6 +15,9 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = SM90_GPU
 
+# the narrow kernel, the wide one, the wide one with the weight as the register operand
+KERNELS = pytest.mark.parametrize("kernel", [{}, dict(wide=True), dict(wide=True, rs=True)], ids=["narrow", "wide", "rs"])
+
 
 def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
     x, qw = random_case(text, m, n, k, dtype, seed)
@@ -25,26 +28,27 @@ def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
                                   "w4a8:int4:g256:fp32:e4m3-token", "w4a8:int4:g128:bf16:e4m3-token"])  # fmt: skip
 @pytest.mark.parametrize("m, n, k", [(1, 256, 512), (13, 4160, 1024), (257, 1000, 1536), (1024, 2048, 4224),
                                      (600, 4224, 7168)])  # fmt: skip
-@pytest.mark.parametrize("wide", [False, True])
-def test_matches_the_exact_product(text, m, n, k, wide):
+@KERNELS
+def test_matches_the_exact_product(text, m, n, k, kernel):
     if "g256" in text:
         k = 2048
     x, qw, tw = _case(text, m, n, k, seed=m + n)
     assert frag_ws_a8_why_not(tw.scheme, tw.k, tw.n, x.device) is None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
-    y = gemm_frag_ws_a8(x, tw, out=out, wide=wide)
+    y = gemm_frag_ws_a8(x, tw, out=out, **kernel)
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    assert torch.equal(y, gemm_frag_ws_a8(x, tw, wide=wide))  # relaunch: the same bits
+    assert torch.equal(y, gemm_frag_ws_a8(x, tw, **kernel))  # relaunch: the same bits
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_fp16_x_and_a_k_tail(wide):
+@KERNELS
+def test_fp16_x_and_a_k_tail(kernel):
     x, qw, tw = _case("w4a8:int4:ch:fp32:e4m3-token", 300, 1000, 2880, torch.float16)  # 22.5 blocks of 128
-    assert rel_err(gemm_frag_ws_a8(x, tw, wide=wide), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
+    assert rel_err(gemm_frag_ws_a8(x, tw, **kernel), a8_reference(x, qw)) < GEMM_REL_ERR[torch.float16]
 
 
 @pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=5), dict(group_m=1), dict(order=1), dict(order=2),
-                                  dict(early_scales=False), dict(block_n=64)])  # fmt: skip
+                                  dict(early_scales=False), dict(block_n=64), dict(wide=True, rs=True, stages=2),
+                                  dict(wide=True, rs=True, stages=5, group_m=1)])  # fmt: skip
 def test_every_tile_with_bias(tile):
     x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
     b = torch.randn(3000, device="cuda").bfloat16()
@@ -90,7 +94,8 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
 
 
-def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias():
+@pytest.mark.parametrize("rs", [False, True])
+def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(rs):
     """Each (weight row, 128-K block) times 2**u, u in [-8, 8]: the accumulator's units change by up to 2**16 from
     one block to the next; fp16 x; bias."""
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -105,7 +110,7 @@ def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias():
     assert tw.rescale
     x = torch.randn(m, k, generator=g, device="cuda").half()
     b = torch.randn(n, generator=g, device="cuda").half()
-    y = gemm_frag_ws_a8(x, tw, b, wide=True, stages=2)
+    y = gemm_frag_ws_a8(x, tw, b, wide=True, rs=rs, stages=2)
     assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.float16]
 
 
@@ -116,6 +121,10 @@ def test_the_wide_kernel_refuses_scales_it_cannot_rescale_by():
     assert not tw.rescale
     with pytest.raises(ValueError, match="rescale"):
         gemm_frag_ws_a8(x, tw, wide=True)
+    with pytest.raises(ValueError, match="rescale"):
+        gemm_frag_ws_a8(x, tw, wide=True, rs=True)
+    with pytest.raises(ValueError, match="wide=True"):
+        gemm_frag_ws_a8(x, tw, rs=True)
     from anybit import prepare
     from anybit.backends import get_backend
 

@@ -1,0 +1,166 @@
+"""The register-operand wide W4A8 Gluon kernel of `anybit.kernels.frag_ws_a8` (sm_90a, large M): the wide kernel's
+tile (128 weight rows by 256 tokens, the weight as the wgmma's A operand, the accumulator rescaled per 128-K block —
+`frag_ws_a8_wide_kernel`) with the decoded weight in registers instead of shared memory.
+
+Why: the wide kernel's decoders write each step's e4m3 weight to shared memory and its SS wgmma reads it back — per
+128-K step ~144 KB of shared-memory traffic (wgmma 80 KB, TMA 40 KB, decoders 24 KB) for 1024 tensor-core cycles of
+work, over the 128 bytes a cycle shared memory moves. Here each MMA warpgroup loads its 64 rows' words (8 KB a step
+for both) in the A fragment's own thread order and decodes them in registers (`_a8_operand`): ~112 KB a step.
+
+Per CTA tile, three partitions:
+
+* loader (1 warp): each step's words and scale row (`_w_fetch`) and x's [256, 128] e4m3 box (`_x_issue`) into slot
+  b % STAGES once both MMA warpgroups released it;
+* two MMA warpgroups (weight rows 0-63 and 64-127, running free): per step the words (loaded while the step before
+  ran), decoded to e4m3 (q - 8) / 512 in registers, the accumulator rescaled by each row's last scale over this one's,
+  one 64 x 256 x 128 wgmma (four QGMMA) waited for before the next decode — no register operand is rewritten while a
+  wgmma reads it (Triton #9433), and the other warpgroup's step keeps the tensor cores busy meanwhile.
+
+Weights with group scales must be `TritonWeight.rescale`; channel scales accumulate the whole K. Imported only where
+it runs (Gluon + Hopper).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from anybit.kernels.frag_ws_a8_kernel import _a8_asm
+from anybit.kernels.frag_ws_a8_wide_kernel import TINY
+from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch, _x_issue
+
+
+@gluon.constexpr_function
+def _bytes_layout():
+    """A step's words of 64 weight rows as bytes [64 rows, 4 (t), 4 (c), 4 (byte i)] (word 4t + c), as the wgmma's
+    8-bit A fragments want them: register bits i, c and row + 8, lane bits t = lane % 4 and row = lane // 4, warp
+    bits rows of 16 — a thread's 16 bytes of a row are one contiguous load."""
+    lanes = [[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [8, 0, 0, 0]],
+        lane_bases=lanes,
+        warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]],
+        block_bases=[],
+        shape=[64, 4, 4, 4],
+    )
+
+
+@gluon.constexpr_function
+def _acc_layout(tokens):
+    """A warpgroup's fp32 [64 weight rows, tokens] FP8 wgmma accumulator."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, tokens, 32])
+
+
+# fmt: off
+@gluon.jit
+def _a8_operand(words, SIGNED: gl.constexpr, a_layout: gl.constexpr):
+    """A step's bytes [64, 4 (t), 4 (c), 4 (i)] (`_bytes_layout`; byte i of word 4t + c holds the codes of k = 32c +
+    4t + i (low nibble) and k + 16 (high)) -> the step [64, 128] in e4m3 (q - 8) / 512 as the wgmma's register
+    operand: `frag_ws_a8_kernel`'s decode, four bytes a register (pack=4), then a register renaming."""
+    r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [words], dtype=(gl.int8, gl.int8),
+                                       is_pure=True, pack=4)
+    v = gl.join(r0, r1).to(gl.float8e4nv, bitcast=True)  # [64, t, c, i, j]: k = 32c + 16j + 4t + i
+    v = gl.permute(v, [0, 2, 4, 1, 3])  # (row, c, j, t, i)
+    return gl.convert_layout(gl.reshape(v, [64, 128]), a_layout)
+
+
+@gluon.jit
+def _step_words(wq, sq, ready, ki, ME: gl.constexpr, rows_l: gl.constexpr):
+    """Step ki's bytes of this warpgroup's 64 rows (`_bytes_layout`) and their scales (times 512, fp32, in the
+    accumulator's rows), once its slot has landed."""
+    STAGES: gl.constexpr = wq.type.shape[0]
+    s = ki % STAGES
+    mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
+    BN: gl.constexpr = 2 * 64
+    flat4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    words = wq.index(s)._reinterpret(gl.int8, [BN, 4, 4, 4], flat4).slice(ME * 64, 64).load(_bytes_layout())
+    sc = sq.index(s)._reinterpret(sq.dtype, [BN], flat1).slice(ME * 64, 64).load(rows_l).to(gl.float32) * 512.0
+    return words, sc
+
+
+@gluon.jit
+def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, SIGNED: gl.constexpr,
+                RESCALE: gl.constexpr):
+    """One warpgroup's K loop over its 64 weight rows and the tile's tokens: returns the fp32 [64, BM] accumulator
+    times the rows' scales (x's not applied)."""
+    BM: gl.constexpr = x_bufs.type.shape[1]
+    STAGES: gl.constexpr = wq.type.shape[0]
+    layout: gl.constexpr = _acc_layout(BM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=4)
+    rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+    acc = gl.zeros((64, BM), dtype=gl.float32, layout=layout)
+    last = gl.full((64, ), 1.0, dtype=gl.float32, layout=rows_l)
+    for ki in range(num_k):
+        s = ki % STAGES
+        # the step's words here, not a step ahead over the back edge: carried there as bytes, each was taken apart
+        # and packed again for the decode (sm_90a: 64 PRMT and 32 LOP3 a step)
+        words, sc = _step_words(wq, sq, ready, ki, ME, rows_l)
+        a = _a8_operand(words, SIGNED, a_layout)
+        if RESCALE:  # acc in units of this step's scales (the last step's wgmma has retired)
+            sc = gl.maximum(sc, TINY)
+            acc = acc * gl.expand_dims(last / sc, 1)
+            last = sc
+        elif ki == 0:  # one scale row for every step
+            last = sc
+        mbarrier.wait(x_ready.index(s), (ki // STAGES) & 1)
+        acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # waited for before the next step's decode: its registers must not be rewritten while the wgmma reads them
+        # (the wait's deps cannot hold 8-bit operands: nothing else is computed between the two)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(s), count=1)  # done with the step's x, words and scales
+    return acc * gl.expand_dims(last, 1)
+
+
+@gluon.jit
+def _rs_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
+               off_m, off_n, num_k, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr):
+    """One warpgroup's 64 weight rows of the tile: the K loop (`_rs_a8_loop`), then y = acc * x scale (+ bias)."""
+    acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, num_k, SIGNED, RESCALE)
+    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, True, HAS_BIAS, SWAPPED=True)
+
+
+@gluon.jit
+def _rs_a8_loader(w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_k,
+                  SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, PANEL: gl.constexpr):
+    """Step b's words and scale row (`_w_fetch`) and x's box (`_x_issue`) into slot b % STAGES once both MMA
+    warpgroups released it."""
+    STAGES: gl.constexpr = wq.type.shape[0]
+    for b in range(num_k):
+        s = b % STAGES
+        mbarrier.wait(empty.index(s), ((b // STAGES) & 1) ^ 1)
+        _w_fetch(w_desc, s_desc, wq, sq, ready, s, 0, 0, off_n // PANEL, nb, off_n, b, num_k, GB, SCALE_PER_BLOCK)
+        _x_issue(x_desc, x_bufs, x_ready, off_m, b, num_k, STAGES)
+
+
+@gluon.jit
+def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
+                      BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
+                      SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
+                      PANEL: gl.constexpr, RESCALE: gl.constexpr):
+    BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 128, "a K step is one 128-K frag block")
+    gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
+    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+    wq = gl.allocate_shared_memory(gl.int32, [STAGES, BN // 16, 256], w_desc.layout)  # 64-row panels of 4 x 256
+    sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(x_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both MMA warpgroups
+    num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA, the frag codes there are 0
+    gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), loader
+        (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE)),
+        (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE)),
+        (_rs_a8_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_k,
+                         SCALE_PER_BLOCK, GB, PANEL)),
+    ], [4, 1], [MMA_REGS, 48])
+# fmt: on
