@@ -16,7 +16,9 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 pytestmark = SM90_GPU
 
 # the narrow kernel, the wide one, the wide one with the weight as the register operand
-KERNELS = pytest.mark.parametrize("kernel", [{}, dict(wide=True), dict(wide=True, rs=True)], ids=["narrow", "wide", "rs"])
+KERNELS = pytest.mark.parametrize(
+    "kernel", [{}, dict(wide=True), dict(wide=True, rs=True)], ids=["narrow", "wide", "rs"]
+)
 
 
 def _case(text, m, n, k, dtype=torch.bfloat16, seed=0):
