@@ -142,12 +142,13 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                     block_n: int = 128, stages: int | None = None, group_m: int = 8,
                     dq_warps: int | None = None, dq_regs: int | None = None, mma_regs: int | None = None,
                     order: int = 0, promote: bool = True, early_scales: bool = True, diag: int = 0,
-                    wide: bool = False, rs: bool = False) -> torch.Tensor:  # fmt: skip
+                    wide: bool = False, rs: bool = False, tokens: int = WIDE_TOKENS) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]. wide: the large-M kernel
     (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
     group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's); rs
-    (with wide): its register-operand twin (`frag_rs_a8_kernel`: the MMA warpgroups decode the words themselves)."""
+    (with wide): its register-operand twin (`frag_rs_a8_kernel`: the MMA warpgroups decode the words themselves),
+    `tokens` a tile (64, 128 or 256: the wgmma's N)."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -158,6 +159,10 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     blocks = tw.group_k < tw.k  # a scale row per 128-K block (or per several), else per channel
     if rs and not wide:
         raise ValueError("rs=True is the wide W4A8 kernel's register-operand variant: it takes wide=True")
+    if tokens != WIDE_TOKENS and not rs:
+        raise ValueError(f"tokens={tokens}: only the register-operand kernel (rs=True) takes other than {WIDE_TOKENS}")
+    if tokens not in (64, 128, 256):
+        raise ValueError(f"tokens={tokens}: the register-operand kernel takes 64, 128 or 256 tokens a tile")
     if wide and (block_n != 128 or not tw.rescale):
         raise ValueError(
             f"the wide W4A8 kernel takes block_n=128 (not {block_n}) and group scales it may rescale by "
@@ -170,11 +175,11 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     )
     y = call_output(x, tw, bias, out)
     xq, xs = quantize_act(x, tw.scheme.act)
-    rows = WIDE_TOKENS if wide else 64  # x rows a TMA copy: the tile's tokens, or one MMA warpgroup's
+    rows = tokens if wide else 64  # x rows a TMA copy: the tile's tokens, or one MMA warpgroup's
     x_desc = gluon_api()[1].from_tensor(xq, [rows, A8_BK], _x_layout(rows))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
-    key = ("ws_a8", wide, rs, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote, early_scales, diag,
-           x.dtype, bias is None)  # fmt: skip
+    key = ("ws_a8", wide, rs, tokens, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote,
+           early_scales, diag, x.dtype, bias is None)  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
@@ -194,7 +199,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         launch = tw.launches[key] = Launcher(_kernel(wide, rs), consts, live=(0, 3, 4, 5, 6, 10))
     # fmt: off
     launch(
-        (cdiv(m, WIDE_TOKENS if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,
+        (cdiv(m, rows if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,
         bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16, y.stride(0),
     )
     # fmt: on

@@ -55,6 +55,37 @@ def test_decoder_bytes_are_e4m3_of_the_codes_over_512(signed):
         assert torch.equal(got, want)
 
 
+def _operand_bytes(r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
+    """The register-operand kernel's `_a8_operand` after the decode: bytes [R, 4 (t), 4 (c), 4 (i)] of words 4t + c
+    (pack=4: byte i of the word in, byte i of each register out), joined (j) and permuted to (row, c, j, t, i) ->
+    [R, 128] in K order."""
+    rows = r0.shape[0]
+    b0, b1 = (torch.stack([(r >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(rows, 4, 4, 4) for r in (r0, r1))
+    return torch.stack([b0, b1], -1).permute(0, 2, 4, 1, 3).reshape(rows, 128)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_register_operand_bytes_are_in_k_order(signed):
+    codes = torch.randint(0, 16, (FRAG_PANEL, 256), dtype=torch.uint8)
+    words = from_panels(pack_frag(codes, a8=True), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & M32
+    for b in range(2):
+        r0, r1 = (_decode_signed if signed else _decode_unsigned)(words[:, 16 * b : 16 * (b + 1)])
+        got = _operand_bytes(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double() * 512
+        want = codes[:, 128 * b : 128 * (b + 1)].double() - (8 if signed else 0)
+        assert torch.equal(got, want)
+
+
+def test_register_operand_options_are_checked():
+    tw = to_triton_layout(quantize(torch.randn(256, 512), "w4a8"))
+    x = torch.randn(4, 512).half()
+    with pytest.raises(ValueError, match="wide=True"):
+        gemm_frag_ws_a8(x, tw, rs=True)
+    with pytest.raises(ValueError, match="tokens=128: only the register-operand kernel"):
+        gemm_frag_ws_a8(x, tw, wide=True, tokens=128)
+    with pytest.raises(ValueError, match="64, 128 or 256"):
+        gemm_frag_ws_a8(x, tw, wide=True, rs=True, tokens=96)
+
+
 @pytest.mark.parametrize("text, why", [("w4a8", "CUDA GPU")])  # on this machine: the CPU
 def test_why_not_on_the_cpu(text, why):
     tw = to_triton_layout(quantize(torch.randn(256, 512), text))
