@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from anybit.kernels.frag_ws_a8_kernel import _a8_asm
 from anybit.kernels.frag_ws_a8_wide_kernel import TINY
@@ -82,9 +87,9 @@ def _step_words(wq, sq, ready, ki, ME: gl.constexpr, rows_l: gl.constexpr):
 
 @gluon.jit
 def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, SIGNED: gl.constexpr,
-                RESCALE: gl.constexpr):
+                RESCALE: gl.constexpr, GATHER: gl.constexpr = False):
     """One warpgroup's K loop over its 64 weight rows and the tile's tokens: returns the fp32 [64, BM] accumulator
-    times the rows' scales (x's not applied)."""
+    times the rows' scales (x's not applied). GATHER: x came by cp.async (`moe_rs_a8_kernel`)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
     layout: gl.constexpr = _acc_layout(BM)
@@ -105,6 +110,8 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
         elif ki == 0:  # one scale row for every step
             last = sc
         mbarrier.wait(x_ready.index(s), (ki // STAGES) & 1)
+        if GATHER:
+            fence_async_shared()  # x came through the generic proxy; the wgmma reads it through the async one
         acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
         # waited for before the next step's decode: its registers must not be rewritten while the wgmma reads them
         # (the wait's deps cannot hold 8-bit operands: nothing else is computed between the two)

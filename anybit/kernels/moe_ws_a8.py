@@ -20,10 +20,16 @@ from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not
 from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 
 WS_A8_BLOCK_M = 128  # sorted rows a block: two MMA warpgroups of 64
+RS_A8_BLOCKS = (64, 128, 256)  # the register-operand kernel's sorted rows a block (its wgmma's N)
+RS_A8_STAGES = {64: 6, 128: 5, 256: 4}  # its ring: x's rows + 8 KB of words + scales a step
 
 
 @functools.cache
-def _kernel():
+def _kernel(rs: bool = False):
+    if rs:
+        from anybit.kernels.moe_rs_a8_kernel import moe_rs_a8_kernel
+
+        return moe_rs_a8_kernel
     from anybit.kernels.moe_ws_a8_kernel import moe_ws_a8_kernel
 
     return moe_ws_a8_kernel
@@ -52,15 +58,19 @@ def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device)
 
 def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k: int, x_scales, block_m: int = 128,
                    out=None, silu_mul: bool = False, routed_weights=None, out_dtype=None, x_group: int = 0,
-                   x_sums=None, block_n: int = 128, stages: int = 4, dq_warps: int = 4, dq_regs: int = 64,
-                   mma_regs: int = 192):  # fmt: skip
+                   x_sums=None, block_n: int = 128, stages: int | None = None, dq_warps: int = 4,
+                   dq_regs: int | None = None, mma_regs: int | None = None, rs: bool = False):  # fmt: skip
     """x [T or T*k, K] e4m3 with x_scales [rows] fp32 per row (`quantize_act`, per token; x_sums are not needed and
     ignored); tw: stacked experts `moe_ws_a8_why_not` accepts; sorted_ids, expert_ids, total: `anybit.moe.moe_align(
     ..., 128)`. Returns y [num_rows, N] (or [num_rows, N / 2] with silu_mul) in out_dtype (default bf16); rows of no
     valid slot are left as they were. Registers: the MMA warpgroups 192 a thread, the decoders 64 (sm_90a: no spill;
     the dense kernel's 176 / 80 spilled 24 bytes here, the gathered rows' offsets)."""
     n, k = tw.n, tw.k
-    if block_m != WS_A8_BLOCK_M:
+    if rs and block_m not in RS_A8_BLOCKS:
+        raise ValueError(f"block_m must be one of {RS_A8_BLOCKS} (the wgmma's N: tokens a block), got {block_m}")
+    if rs and not tw.rescale:
+        raise ValueError("the register-operand kernel (rs) takes group scales it may rescale by (TritonWeight.rescale)")
+    if not rs and block_m != WS_A8_BLOCK_M:
         raise ValueError(f"block_m must be {WS_A8_BLOCK_M} (two warpgroups of 64 wgmma rows), got {block_m}")
     if x_group:
         raise ValueError(f"x must be quantized per token (its scales per group of {x_group} are not supported)")
@@ -78,15 +88,21 @@ def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k
     grid_m = moe_grid_m(num_rows, sorted_ids.numel(), expert_ids.numel(), block_m)
     w_desc, s_desc = weight_descs(tw, block_n)
     words = tw.planes[0]
+    blocks = tw.group_k < k
+    consts = dict(BN=block_n, SCALE_PER_BLOCK=blocks, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
+                  PANEL=FRAG_PANEL, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=routed_weights is not None,
+                  num_warps=4)  # fmt: skip
+    if rs:  # loader warps, their registers, the MMA warpgroups'
+        consts.update(BM=block_m, STAGES=stages or RS_A8_STAGES[block_m], LD_WARPS=dq_warps, LD_REGS=dq_regs or 88,
+                      MMA_REGS=mma_regs or 232, RESCALE=blocks)  # fmt: skip
+    else:
+        consts.update(STAGES=stages or 4, DQ_WARPS=dq_warps, DQ_REGS=dq_regs or 64, MMA_REGS=mma_regs or 192,
+                      DEPTH=WS_WORD_DEPTH)  # fmt: skip
     # fmt: off
-    _kernel()[(grid_m * cdiv(n, block_n),)](
+    _kernel(rs)[(grid_m * cdiv(n, block_n),)](
         x.view(torch.int32), xs.contiguous(), w_desc, s_desc, y, sorted_ids, expert_ids, total,
         routed_weights if routed_weights is not None else xs, sorted_ids.numel(), num_rows, n, k, x.stride(0) // 4,
-        y.stride(0), words.stride(0) // 256, tw.scales.shape[1], words.shape[-1] // 16,
-        BN=block_n, STAGES=stages, DQ_WARPS=dq_warps, DQ_REGS=dq_regs, MMA_REGS=mma_regs,
-        SCALE_PER_BLOCK=tw.group_k < k, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
-        PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, TOP_K=top_k, SILU_MUL=silu_mul,
-        MUL_ROUTED=routed_weights is not None, num_warps=4,
+        y.stride(0), words.stride(0) // 256, tw.scales.shape[1], words.shape[-1] // 16, **consts,
     )
     # fmt: on
     return y

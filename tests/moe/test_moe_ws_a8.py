@@ -36,6 +36,9 @@ def test_block_m_is_two_warpgroups(experts):
     with pytest.raises(ValueError, match="block_m must be 128"):
         moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 64), block_m=64, num_rows=16,
                        top_k=2, x_scales=xs)  # fmt: skip
+    with pytest.raises(ValueError, match=r"block_m must be one of \(64, 128, 256\)"):  # the register-operand kernel
+        moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 32), block_m=32, num_rows=16,
+                       top_k=2, x_scales=xs, rs=True)  # fmt: skip
 
 
 def test_x_must_be_e4m3_of_the_experts_width(experts):

@@ -33,6 +33,14 @@ CASES = [
 ]  # (E, top-k, tokens, N, K)
 
 
+# the warp-specialised kernel (128-row blocks), the register-operand one with 64 / 128 / 256-row blocks
+KERNELS = pytest.mark.parametrize(
+    "kernel",
+    [dict(block_m=128), dict(rs=True, block_m=64), dict(rs=True, block_m=128), dict(rs=True, block_m=256)],
+    ids=["ws", "rs64", "rs128", "rs256"],
+)
+
+
 def _quantized_x(t, kk, act, g):
     x = torch.randn(t, kk, generator=g, device="cuda").bfloat16()
     xq, xs = quantize_act(x, act)
@@ -41,18 +49,19 @@ def _quantized_x(t, kk, act, g):
 
 @pytest.mark.parametrize("text", ["w4a8", "w4a8:int4:ch:fp32:e4m3-token"])
 @pytest.mark.parametrize("e, k, t, n, kk", CASES)
-def test_rows_match_their_experts(text, e, k, t, n, kk):
+@KERNELS
+def test_rows_match_their_experts(text, e, k, t, n, kk, kernel):
     g = torch.Generator(device="cuda").manual_seed(e + t)
     qw = quantize(torch.randn(e, n, kk, generator=g, device="cuda") * 0.05, text)
     tw = stack_experts(qw)
     assert moe_ws_a8_why_not(tw, torch.device("cuda")) is None
     xq, xs, xd = _quantized_x(t, kk, qw.scheme.act, g)
     ids = _ids(t, k, e, g)
-    sorted_ids, expert_ids, total = moe_align(ids, e, 128)
+    sorted_ids, expert_ids, total = moe_align(ids, e, kernel["block_m"])
     routed = torch.rand(t * k, generator=g, device="cuda")
     out = torch.full((t * k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     y = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs, out=out,
-                       routed_weights=routed)  # fmt: skip
+                       routed_weights=routed, **kernel)  # fmt: skip
     w = qw.dequantize().double()
     flat = ids.reshape(-1).long()
     ref = torch.einsum("rk,rnk->rn", xd[torch.arange(t * k, device="cuda") // k], w[flat.clamp(min=0)])
@@ -61,19 +70,21 @@ def test_rows_match_their_experts(text, e, k, t, n, kk):
     assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
     assert torch.isnan(y[~valid]).all()  # slots of expert -1: left as they were
     again = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs,
-                           routed_weights=routed)  # fmt: skip
+                           routed_weights=routed, **kernel)  # fmt: skip
     assert torch.equal(y[valid], again[valid])
 
 
-def test_silu_mul_of_interleaved_gate_up():
+@KERNELS
+def test_silu_mul_of_interleaved_gate_up(kernel):
     g = torch.Generator(device="cuda").manual_seed(5)
     e, k, t, h, i = 8, 2, 1500, 1024, 384
     qw = quantize(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05, "w4a8")
     tw = stack_experts(interleave_gate_up(qw))
     xq, xs, xd = _quantized_x(t, h, qw.scheme.act, g)
     ids = _ids(t, k, e, g)
-    sorted_ids, expert_ids, total = moe_align(ids, e, 128)
-    y = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs, silu_mul=True)
+    sorted_ids, expert_ids, total = moe_align(ids, e, kernel["block_m"])
+    y = moe_gemm_ws_a8(xq, tw, sorted_ids, expert_ids, total, num_rows=t * k, top_k=k, x_scales=xs, silu_mul=True,
+                       **kernel)  # fmt: skip
     w = qw.dequantize().double()
     flat = ids.reshape(-1).long()
     hid = torch.einsum("rk,rnk->rn", xd[torch.arange(t * k, device="cuda") // k], w[flat.clamp(min=0)])
