@@ -79,6 +79,11 @@ class Settings:
     (`anybit.kernels.moe_rs`: x gathered into the sorted order, token tiles by the rows an expert sees) instead of
     `moe_gemm`. Off by default: H200 w4a16 layers slower in every cell measured (DeepSeek-V3 M=4096 8473 vs 7911 µs,
     M=1024 4374 vs 3150; Qwen3-30B-A3B 1336 vs 890, 557 vs 326)."""
+    moe_rs_a8_min_rows: int
+    """ANYBIT_MOE_RS_A8_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of W4A8 experts whose group scales allow
+    a rescaled accumulator and whose experts see at least this many rows on average runs both grouped GEMMs through
+    the register-operand FP8 Gluon kernel (`anybit.kernels.moe_rs_a8_kernel`: 128 weight rows by 128 sorted rows a
+    tile, 256 from 256 rows an expert) instead of `moe_gemm`."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs
@@ -222,6 +227,11 @@ def moe_ws_a8_min_rows() -> int:
     return _rows("ANYBIT_MOE_WS_A8_MIN_ROWS", 0, "rows per expert")
 
 
+def moe_rs_a8_min_rows() -> int:
+    """ANYBIT_MOE_RS_A8_MIN_ROWS alone (see `Settings.moe_rs_a8_min_rows`)."""
+    return _rows("ANYBIT_MOE_RS_A8_MIN_ROWS", 0, "rows per expert")
+
+
 def moe_rs_min_rows() -> int:
     """ANYBIT_MOE_RS_MIN_ROWS alone (see `Settings.moe_rs_min_rows`)."""
     return _rows("ANYBIT_MOE_RS_MIN_ROWS", 0, "rows per expert")
@@ -285,8 +295,8 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`,
-    `moe_ws_min_rows`, `moe_ws_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`,
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `moe_ws_min_rows`,
+    `moe_ws_a8_min_rows`, `moe_rs_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`,
     `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
@@ -302,6 +312,7 @@ def load() -> Settings:
         frag_ws_a8_wide_max_m=frag_ws_a8_wide_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         moe_ws_a8_min_rows=moe_ws_a8_min_rows(),
+        moe_rs_a8_min_rows=moe_rs_a8_min_rows(),
         moe_rs_min_rows=moe_rs_min_rows(),
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),

@@ -45,14 +45,20 @@ def moe_ws_a8_why_not(tw, device: torch.device) -> str | None:
 def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device) -> tuple:
     """(tile, None) when a `QuantMoE` call of `rows` token x slot rows runs both stacked W4A8 projections through
     `moe_gemm_ws_a8`, else (None, why not): Hopper, experts `moe_ws_a8_why_not` accepts, and at least
-    `settings.moe_ws_a8_min_rows()` rows per expert (0, the default: off — slower than `moe_gemm` on the H200 in
-    every cell measured, `Settings.moe_ws_a8_min_rows`)."""
+    `settings.moe_rs_a8_min_rows()` rows per expert for the register-operand kernel (experts whose scales allow its
+    rescale; 256-row blocks from 256 rows an expert) or `settings.moe_ws_a8_min_rows()` for the warp-specialised one
+    (both 0 by default: off — the latter slower than `moe_gemm` on the H200 in every cell measured,
+    `Settings.moe_ws_a8_min_rows`)."""
+    why = moe_ws_a8_why_not(gate_up, device) or moe_ws_a8_why_not(down, device)
+    per_expert = rows / experts
+    least = settings.moe_rs_a8_min_rows()
+    if least and per_expert >= least and not why and gate_up.rescale and down.rescale:
+        return dict(rs=True, block_m=256 if per_expert >= 256 else 128), None
     least = settings.moe_ws_a8_min_rows()
     if not least:
-        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, the default: slower than moe_gemm on the H200)"
-    if rows < least * experts:
-        return None, f"{rows / experts:.1f} rows per expert < ANYBIT_MOE_WS_A8_MIN_ROWS={least}"
-    why = moe_ws_a8_why_not(gate_up, device) or moe_ws_a8_why_not(down, device)
+        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, ANYBIT_MOE_RS_A8_MIN_ROWS=0, the defaults)"
+    if per_expert < least:
+        return None, f"{per_expert:.1f} rows per expert < ANYBIT_MOE_WS_A8_MIN_ROWS={least}"
     return (None, why) if why else (dict(block_m=WS_A8_BLOCK_M), None)
 
 

@@ -93,9 +93,12 @@ def test_silu_mul_of_interleaved_gate_up(kernel):
     assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
 
 
-def test_quant_moe_takes_it_at_large_m_and_captures(monkeypatch):
-    monkeypatch.setenv("ANYBIT_MOE_WS_A8_MIN_ROWS", "96")
+@pytest.mark.parametrize("switch", ["ANYBIT_MOE_WS_A8_MIN_ROWS", "ANYBIT_MOE_RS_A8_MIN_ROWS"])
+def test_quant_moe_takes_it_at_large_m_and_captures(switch, monkeypatch):
+    monkeypatch.setenv(switch, "96")
     moe, x, w, ids, y = large_m_layer("w4a8", moe_gemm_ws_a8)
+    rs = "RS" in switch
+    assert any(isinstance(p, tuple) and p[1].get("rs", False) == rs for p in moe._plans.values())
     exact = QuantMoE.from_quantized(moe.gate_up, moe.down)
     exact.backend = "torch"
     assert rel_err(y, exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.bfloat16]
