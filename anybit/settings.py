@@ -103,6 +103,10 @@ class Settings:
     registers) where `rs_tile`'s rule says it is faster than the warp-specialised kernel, the frag kernel or
     dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
     40.6 -> 21.9); read when a prepared weight first sees an M."""
+    frag_rs_a8: bool
+    """ANYBIT_FRAG_RS_A8 (default 0: off until timed on a GPU; 1 on), Hopper: the W4A8 calls the wide warp-specialised
+    kernel takes (`frag_ws_a8_wide_max_m`) run its register-operand twin instead (`anybit.kernels.frag_rs_a8_kernel`:
+    the MMA warpgroups decode the words straight into the wgmma's A registers, no decoder partitions)."""
     frag_rs_parts: bool
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
@@ -252,6 +256,11 @@ def frag_rs() -> bool:
     return _level("ANYBIT_FRAG_RS", 1, (0, 1)) == 1
 
 
+def frag_rs_a8() -> bool:
+    """ANYBIT_FRAG_RS_A8 alone (see `Settings.frag_rs_a8`)."""
+    return _level("ANYBIT_FRAG_RS_A8", 0, (0, 1)) == 1
+
+
 def frag_rs_parts() -> bool:
     """ANYBIT_FRAG_RS_PARTS alone (see `Settings.frag_rs_parts`)."""
     return _level("ANYBIT_FRAG_RS_PARTS", 1, (0, 1)) == 1
@@ -296,7 +305,8 @@ def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
     `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `moe_ws_min_rows`,
-    `moe_ws_a8_min_rows`, `moe_rs_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_parts`, `rs_wide`, `rs_w2`,
+    `moe_ws_a8_min_rows`, `moe_rs_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_a8`,
+    `frag_rs_parts`, `rs_wide`, `rs_w2`,
     `ws_int`, `fast_launch`)."""
     return Settings(
         backends=_names(os.environ.get("ANYBIT_BACKENDS", "triton,humming,torch")),
@@ -317,6 +327,7 @@ def load() -> Settings:
         frag_ptx=frag_ptx(),
         frag_settle=frag_settle(),
         frag_rs=frag_rs(),
+        frag_rs_a8=frag_rs_a8(),
         frag_rs_parts=frag_rs_parts(),
         rs_wide=rs_wide(),
         rs_w2=rs_w2(),

@@ -133,8 +133,8 @@ def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
     """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
     weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
     defaults."""
-    if wide:
-        return {"wide": True}
+    if wide:  # ANYBIT_FRAG_RS_A8: its register-operand twin
+        return {"wide": True, "rs": True} if settings.frag_rs_a8() else {"wide": True}
     return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
 

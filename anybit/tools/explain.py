@@ -116,6 +116,14 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
         from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, ws_a8_plan
 
         tile, why = ws_a8_plan(scheme, m, n, k, device, _sm_count(device) if cuda else 132)
+        if tile is not None and tile.get("rs"):
+            return (
+                f"FP8 activations, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M, ANYBIT_FRAG_RS_A8=1: e4m3 x per "
+                "token, then the register-operand W4A8 Gluon kernel (two MMA warpgroups of 64 weight rows x 256 "
+                "tokens decode W's words straight into the wgmma's e4m3 A registers and keep the accumulator in units "
+                "of each block's scale; group scales must be positive, normal and within 64 binades, else the codes "
+                "pass + cuBLAS)"
+            )
         if tile is not None and tile.get("wide"):
             return (
                 f"FP8 activations, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M: e4m3 x per token, then the "

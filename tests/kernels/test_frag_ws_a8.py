@@ -10,7 +10,7 @@ from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, ws_a8_plan
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, ws_a8_plan, ws_a8_tile
 
 M32 = 0xFFFFFFFF
 
@@ -105,6 +105,16 @@ def test_plan_names_why_not(monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "lots")
     with pytest.raises(ValueError, match="ANYBIT_FRAG_WS_A8_MAX_M='lots'"):
         ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)
+
+
+def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True}
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True}
+    assert "rs" not in ws_a8_tile(128, 8192)  # the narrow kernel's tiles are its own
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_RS_A8"):
+        ws_a8_tile(1024, 8192, wide=True)
 
 
 def test_explain_says_why_the_w4a8_kernel_is_not_used():

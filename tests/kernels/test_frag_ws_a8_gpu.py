@@ -96,6 +96,25 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
 
 
+def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(monkeypatch):
+    from anybit import prepare
+    from anybit.backends import get_backend
+
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
+    x, qw, _ = _case("w4a8", 1024, 8192, 1024, seed=9)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y = be.gemm(x, p)
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=True, rs=True))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = be.gemm(x, p)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
 @pytest.mark.parametrize("rs", [False, True])
 def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(rs):
     """Each (weight row, 128-K block) times 2**u, u in [-8, 8]: the accumulator's units change by up to 2**16 from
