@@ -142,6 +142,25 @@ def _rs_a8_loader(w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty,
 
 
 @gluon.jit
+def _rs_a8_rings(x_layout: gl.constexpr, w_desc, s_desc, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                 X_ARRIVALS: gl.constexpr):
+    """The register-operand W4A8 kernels' shared memory: STAGES slots of x (e4m3 [BM, 128]; its barrier counts
+    X_ARRIVALS: 1 for TMA, every loader thread for gathered rows), of the tile's words (64-row panels of 4 x 256
+    int32) and of its scale row, their ready barriers and one empty barrier a slot (both MMA warpgroups)."""
+    x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, 128], x_layout)
+    wq = gl.allocate_shared_memory(gl.int32, [STAGES, BN // 16, 256], w_desc.layout)
+    sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(x_ready.index(i), count=X_ARRIVALS)
+        mbarrier.init(empty.index(i), count=2)
+    return x_bufs, wq, sq, ready, x_ready, empty
+
+
+@gluon.jit
 def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                       SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -151,16 +170,8 @@ def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
     gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
     off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
-    wq = gl.allocate_shared_memory(gl.int32, [STAGES, BN // 16, 256], w_desc.layout)  # 64-row panels of 4 x 256
-    sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both MMA warpgroups
+    x_layout: gl.constexpr = x_desc.layout
+    x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 1)
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), loader
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,

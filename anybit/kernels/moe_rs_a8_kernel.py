@@ -19,10 +19,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from anybit.kernels.frag_rs_a8_kernel import _rs_a8_loop
+from anybit.kernels.frag_rs_a8_kernel import _rs_a8_loop, _rs_a8_rings
 from anybit.kernels.frag_ws_a8_kernel import _x_step, gather_layout
 from anybit.kernels.frag_ws_kernel import _w_fetch
-from anybit.kernels.moe_ws_kernel import _moe_store
+from anybit.kernels.moe_ws_kernel import _moe_block, _moe_store
 
 
 # fmt: off
@@ -69,28 +69,12 @@ def moe_rs_a8_kernel(x_ptr, xs_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr,
                      MUL_ROUTED: gl.constexpr, RESCALE: gl.constexpr):
     BK: gl.constexpr = 128  # a K step is one 128-K frag block
     gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
-    # N tiles fastest: the CTAs in flight share a few blocks' x rows and their experts' whole weights in L2
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(N, BN)
-    pid_m = pid // num_n
-    off_m = pid_m * BM
-    off_n = (pid % num_n) * BN
-    e = gl.load(expert_ptr + pid_m)
-    valid = (off_m < gl.load(total_ptr)) & (e >= 0)
-    e = gl.maximum(e, 0)
+    off_m, off_n, e, valid = _moe_block(expert_ptr, total_ptr, N, BM, BN)
     num_k = gl.where(valid, gl.cdiv(K, BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv)
-    x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], x_layout)
-    wq = gl.allocate_shared_memory(gl.int32, [STAGES, BN // 16, 256], w_desc.layout)  # 64-row panels of 4 x 256
-    sq = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(x_ready.index(i), count=32 * LD_WARPS)  # every loader thread, once its copies have landed
-        mbarrier.init(empty.index(i), count=2)  # both MMA warpgroups
+    # every loader thread arrives on x's barrier once its copies have landed
+    x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 32 * LD_WARPS)
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127 of the tile), loader
         (_rs_a8_mma_moe, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, y_ptr, rows_ptr, rw_ptr, off_m, off_n,
                           n_rows, num_rows, N, stride_ym, num_k, valid, SIGNED, TOP_K, SILU_MUL, MUL_ROUTED,

@@ -18,7 +18,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_loop, _a8_rings, gather_layout
-from anybit.kernels.moe_ws_kernel import _moe_store
+from anybit.kernels.moe_ws_kernel import _moe_block, _moe_store
 
 
 # fmt: off
@@ -54,15 +54,7 @@ def moe_ws_a8_kernel(x_ptr, xs_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr,
                      MUL_ROUTED: gl.constexpr):
     BMH: gl.constexpr = 64  # rows per MMA warpgroup; a block has two
     BK: gl.constexpr = 128  # a K step is one 128-K frag block
-    # N tiles fastest: the CTAs in flight share a few blocks' x rows and their experts' whole weights in L2
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(N, BN)
-    pid_m = pid // num_n
-    off_m = pid_m * 2 * BMH
-    off_n = (pid % num_n) * BN
-    e = gl.load(expert_ptr + pid_m)
-    valid = (off_m < gl.load(total_ptr)) & (e >= 0)
-    e = gl.maximum(e, 0)
+    off_m, off_n, e, valid = _moe_block(expert_ptr, total_ptr, N, 2 * BMH, BN)
     num_k = gl.where(valid, gl.cdiv(K, BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BMH, BK], gl.float8e4nv)

@@ -55,6 +55,21 @@ def _moe_store(acc, xs_ptr, y_ptr, rows_ptr, rw_ptr, off_m, off_n, n_rows, num_r
 
 
 @gluon.jit
+def _moe_block(expert_ptr, total_ptr, N, BM: gl.constexpr, BN: gl.constexpr):
+    """This CTA's block of sorted rows and N tile, N tiles fastest (the CTAs in flight share a few blocks' x rows and
+    their experts' whole weights in L2): (off_m, off_n, expert, valid) — a block past the padded total or of expert
+    -1 is not valid (its expert read as 0: it runs no K step and stores nothing)."""
+    pid = gl.program_id(0)
+    num_n = gl.cdiv(N, BN)
+    pid_m = pid // num_n
+    off_m = pid_m * BM
+    off_n = (pid % num_n) * BN
+    e = gl.load(expert_ptr + pid_m)
+    valid = (off_m < gl.load(total_ptr)) & (e >= 0)
+    return off_m, off_n, gl.maximum(e, 0), valid
+
+
+@gluon.jit
 def moe_ws_kernel(x_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr, total_ptr, rw_ptr, n_rows, num_rows, N, K,
                   stride_xm, stride_ym, w_rows_e, s_rows_e, nb,
                   BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, DQ_WARPS: gl.constexpr,
@@ -63,15 +78,7 @@ def moe_ws_kernel(x_ptr, w_desc, s_desc, y_ptr, rows_ptr, expert_ptr, total_ptr,
                   DEPTH: gl.constexpr):
     BK: gl.constexpr = 64  # a K step is half a 128-K frag block
     dtype: gl.constexpr = x_ptr.dtype.element_ty
-    # N tiles fastest: the CTAs in flight share a few blocks' x rows and their experts' whole weights in L2
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(N, BN)
-    pid_m = pid // num_n
-    off_m = pid_m * BM
-    off_n = (pid % num_n) * BN
-    e = gl.load(expert_ptr + pid_m)
-    valid = (off_m < gl.load(total_ptr)) & (e >= 0)
-    e = gl.maximum(e, 0)
+    off_m, off_n, e, valid = _moe_block(expert_ptr, total_ptr, N, BM, BN)
     num_blocks = gl.where(valid, gl.cdiv(K, 2 * BK), 0)  # a skipped block runs no K step and stores nothing
 
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)

@@ -43,18 +43,6 @@ def _slot_bytes(r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
     return torch.stack([(v >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(rows, 128)
 
 
-@pytest.mark.parametrize("signed", [True, False])
-def test_decoder_bytes_are_e4m3_of_the_codes_over_512(signed):
-    codes = torch.randint(0, 16, (FRAG_PANEL, 256), dtype=torch.uint8)
-    codes[0, :16] = torch.arange(16)  # every code once
-    words = from_panels(pack_frag(codes, a8=True), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & M32
-    for b in range(2):
-        r0, r1 = (_decode_signed if signed else _decode_unsigned)(words[:, 16 * b : 16 * (b + 1)])
-        got = _slot_bytes(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double() * 512
-        want = codes[:, 128 * b : 128 * (b + 1)].double() - (8 if signed else 0)
-        assert torch.equal(got, want)
-
-
 def _operand_bytes(r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
     """The register-operand kernel's `_a8_operand` after the decode: bytes [R, 4 (t), 4 (c), 4 (i)] of words 4t + c
     (pack=4: byte i of the word in, byte i of each register out), joined (j) and permuted to (row, c, j, t, i) ->
@@ -65,12 +53,15 @@ def _operand_bytes(r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("signed", [True, False])
-def test_register_operand_bytes_are_in_k_order(signed):
+@pytest.mark.parametrize("order", [_slot_bytes, _operand_bytes], ids=["w-slot", "register-operand"])
+def test_decoded_bytes_are_e4m3_of_the_codes_over_512_in_k_order(signed, order):
+    """The decode, then the shared-memory kernels' w slot order or the register-operand kernel's A operand order."""
     codes = torch.randint(0, 16, (FRAG_PANEL, 256), dtype=torch.uint8)
+    codes[0, :16] = torch.arange(16)  # every code once
     words = from_panels(pack_frag(codes, a8=True), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & M32
     for b in range(2):
         r0, r1 = (_decode_signed if signed else _decode_unsigned)(words[:, 16 * b : 16 * (b + 1)])
-        got = _operand_bytes(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double() * 512
+        got = order(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double() * 512
         want = codes[:, 128 * b : 128 * (b + 1)].double() - (8 if signed else 0)
         assert torch.equal(got, want)
 

@@ -72,6 +72,16 @@ def test_not_taken_with_a_reason():
         assert "per token only" in frag_ws_a8_why_not(scheme, 512, 256, torch.device("cuda"))
 
 
+def _captured_on_fresh_x(be, x, p, qw):
+    """The backend's call captured in a CUDA graph and replayed on fresh x: still the exact product."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = be.gemm(x, p)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
 @pytest.mark.parametrize("m", [65, 200, 256, 513, 1024])
 def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     from anybit import prepare
@@ -85,12 +95,7 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert p.data.ws_ok.get("a8-wide" if wide else "a8") is True
     assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=wide))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = be.gemm(x, p)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    _captured_on_fresh_x(be, x, p, qw)
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", "0")
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
@@ -107,12 +112,7 @@ def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(m
     y = be.gemm(x, p)
     assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=True, rs=True))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = be.gemm(x, p)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert rel_err(yg, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    _captured_on_fresh_x(be, x, p, qw)
 
 
 @pytest.mark.parametrize("rs", [False, True])
