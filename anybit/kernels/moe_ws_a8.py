@@ -49,17 +49,25 @@ def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device)
     rescale; 256-row blocks from 256 rows an expert) or `settings.moe_ws_a8_min_rows()` for the warp-specialised one
     (both 0 by default: off — the latter slower than `moe_gemm` on the H200 in every cell measured,
     `Settings.moe_ws_a8_min_rows`)."""
+    rs_least, ws_least = settings.moe_rs_a8_min_rows(), settings.moe_ws_a8_min_rows()
+    if not (rs_least or ws_least):
+        return None, "off (ANYBIT_MOE_RS_A8_MIN_ROWS=0 and ANYBIT_MOE_WS_A8_MIN_ROWS=0, the defaults)"
     why = moe_ws_a8_why_not(gate_up, device) or moe_ws_a8_why_not(down, device)
     per_expert = rows / experts
-    least = settings.moe_rs_a8_min_rows()
-    if least and per_expert >= least and not why and gate_up.rescale and down.rescale:
-        return dict(rs=True, block_m=256 if per_expert >= 256 else 128), None
-    least = settings.moe_ws_a8_min_rows()
-    if not least:
-        return None, "off (ANYBIT_MOE_WS_A8_MIN_ROWS=0, ANYBIT_MOE_RS_A8_MIN_ROWS=0, the defaults)"
-    if per_expert < least:
-        return None, f"{per_expert:.1f} rows per expert < ANYBIT_MOE_WS_A8_MIN_ROWS={least}"
-    return (None, why) if why else (dict(block_m=WS_A8_BLOCK_M), None)
+    rs_why = None
+    if rs_least and per_expert >= rs_least:
+        rs_why = why
+        if why is None and not (gate_up.rescale and down.rescale):
+            rs_why = "group scales the register-operand kernel cannot rescale by (zero, subnormal or over 64 binades)"
+        if rs_why is None:
+            return dict(rs=True, block_m=256 if per_expert >= 256 else 128), None
+    if ws_least and per_expert >= ws_least:
+        return (None, why) if why else (dict(block_m=WS_A8_BLOCK_M), None)
+    if rs_why is not None:  # enough rows for the register-operand kernel, which cannot take these experts here
+        return None, rs_why
+    least = " and ".join(f"{name}={v}" for name, v in (("ANYBIT_MOE_RS_A8_MIN_ROWS", rs_least),
+                                                        ("ANYBIT_MOE_WS_A8_MIN_ROWS", ws_least)) if v)  # fmt: skip
+    return None, f"{per_expert:.1f} rows per expert < {least}"
 
 
 def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k: int, x_scales, block_m: int = 128,

@@ -297,6 +297,14 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
         ]
     if gate_up.scheme.act.quantized:
         ws, ws_why = moe_ws_a8_plan(gate_up, down, rows, experts, dev)
+        if ws and ws.get("rs"):
+            return lines + [
+                "  path: register-operand grouped FP8 Gluon GEMMs (moe_rs_a8, ANYBIT_MOE_RS_A8_MIN_ROWS: a loader "
+                "gathers each block's sorted x rows by cp.async, two MMA warpgroups of 64 weight rows decode W's words "
+                f"into the wgmma's e4m3 registers and rescale the accumulator per 128-K block), {ws['block_m']}-row "
+                "blocks; "
+                "epilogues x scales, silu(gate)*up, top-k weights"
+            ]
         if ws:
             return lines + [
                 "  path: warp-specialised grouped FP8 Gluon GEMMs (moe_ws_a8: two MMA warpgroups gather 64 sorted x "

@@ -67,6 +67,22 @@ def test_plan_is_off_unless_asked(experts, monkeypatch):
         plan()
 
 
+def test_register_operand_plan_is_off_unless_asked(experts, monkeypatch):
+    def plan():
+        return moe_ws_a8_plan(experts, experts, 1200, 4, torch.device("cpu"))
+
+    monkeypatch.delenv("ANYBIT_MOE_WS_A8_MIN_ROWS", raising=False)
+    monkeypatch.setenv("ANYBIT_MOE_RS_A8_MIN_ROWS", "400")
+    assert "300.0 rows per expert < ANYBIT_MOE_RS_A8_MIN_ROWS=400" in plan()[1]
+    monkeypatch.setenv("ANYBIT_MOE_WS_A8_MIN_ROWS", "500")
+    assert "< ANYBIT_MOE_RS_A8_MIN_ROWS=400 and ANYBIT_MOE_WS_A8_MIN_ROWS=500" in plan()[1]
+    monkeypatch.setenv("ANYBIT_MOE_RS_A8_MIN_ROWS", "96")
+    assert "CUDA GPU" in plan()[1]  # enough rows: the GPU is what is missing here
+    monkeypatch.setenv("ANYBIT_MOE_RS_A8_MIN_ROWS", "bad")
+    with pytest.raises(ValueError, match="ANYBIT_MOE_RS_A8_MIN_ROWS='bad'"):
+        plan()
+
+
 def test_explain_names_the_w4a8_kernel(interpret, monkeypatch):
     from anybit.tools.explain import moe_lines
 

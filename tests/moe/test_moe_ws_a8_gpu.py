@@ -103,3 +103,11 @@ def test_quant_moe_takes_it_at_large_m_and_captures(switch, monkeypatch):
     exact.backend = "torch"
     assert rel_err(y, exact(x, w, ids)) < 4 * GEMM_REL_ERR[torch.bfloat16]
     assert torch.equal(replayed(lambda: moe(x, w, ids)), y)
+
+
+def test_explain_names_the_register_operand_kernel(monkeypatch):
+    from anybit.tools.explain import moe_lines
+
+    monkeypatch.setenv("ANYBIT_MOE_RS_A8_MIN_ROWS", "96")
+    line = moe_lines("w4a8", 16, 4, 600, 512, 256, "cuda", "bf16")[-1]  # 150 rows an expert
+    assert "moe_rs_a8" in line and "128-row blocks" in line
