@@ -5,6 +5,9 @@
     python tools/probe_ws_a8.py [--shapes 8192x8192,28672x8192,8192x28672] [--m 256,1024,4096,8192]
                                 [--tiles "stages=5;stages=6"] [--peers humming] [--graph] [--out DIR]
 
+Tiles are `gemm_frag_ws_a8` options, ";" between variants and ":" inside one: "" the narrow kernel, "wide=1" the
+wide one, "wide=1:rs=1" its register-operand twin (`frag_rs_a8_kernel`; "tokens=128", "stages=5" …).
+
 Every ws variant is first checked against the exact product (float64, the kernel's own quantized x and
 `dequantize()`, 64 rows) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do
 not fit L2 together. Prints µs and TF/s per cell, writes DIR/probe_ws_a8.json.
