@@ -76,9 +76,11 @@ def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k
                    dq_regs: int | None = None, mma_regs: int | None = None, rs: bool = False):  # fmt: skip
     """x [T or T*k, K] e4m3 with x_scales [rows] fp32 per row (`quantize_act`, per token; x_sums are not needed and
     ignored); tw: stacked experts `moe_ws_a8_why_not` accepts; sorted_ids, expert_ids, total: `anybit.moe.moe_align(
-    ..., 128)`. Returns y [num_rows, N] (or [num_rows, N / 2] with silu_mul) in out_dtype (default bf16); rows of no
-    valid slot are left as they were. Registers: the MMA warpgroups 192 a thread, the decoders 64 (sm_90a: no spill;
-    the dense kernel's 176 / 80 spilled 24 bytes here, the gathered rows' offsets)."""
+    ..., block_m)`. Returns y [num_rows, N] (or [num_rows, N / 2] with silu_mul) in out_dtype (default bf16); rows of
+    no valid slot are left as they were. Registers: the MMA warpgroups 192 a thread, the decoders 64 (sm_90a: no
+    spill; the dense kernel's 176 / 80 spilled 24 bytes here, the gathered rows' offsets). rs: the register-operand
+    kernel (`moe_rs_a8_kernel`: block_m 64, 128 or 256 sorted rows as the wgmma's N, experts `TritonWeight.rescale`;
+    dq_warps and dq_regs are its loader's, default 4 warps of 88 registers)."""
     n, k = tw.n, tw.k
     if rs and block_m not in RS_A8_BLOCKS:
         raise ValueError(f"block_m must be one of {RS_A8_BLOCKS} (the wgmma's N: tokens a block), got {block_m}")
