@@ -87,9 +87,11 @@ def _step_words(wq, sq, ready, ki, ME: gl.constexpr, rows_l: gl.constexpr):
 
 @gluon.jit
 def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, SIGNED: gl.constexpr,
-                RESCALE: gl.constexpr, GATHER: gl.constexpr = False):
+                RESCALE: gl.constexpr, GATHER: gl.constexpr = False, DIAG: gl.constexpr = 0):
     """One warpgroup's K loop over its 64 weight rows and the tile's tokens: returns the fp32 [64, BM] accumulator
-    times the rows' scales (x's not applied). GATHER: x came by cp.async (`moe_rs_a8_kernel`)."""
+    times the rows' scales (x's not applied). GATHER: x came by cp.async (`moe_rs_a8_kernel`). DIAG (timing only,
+    wrong results): 1 the words' bytes as the operand, not decoded; 2 that and no rescale — what the decode and the
+    rescale cost (`tools/probe_ws_a8.py --tiles wide=1:rs=1:diag=1`)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
     layout: gl.constexpr = _acc_layout(BM)
@@ -102,8 +104,12 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
         # the step's words here, not a step ahead over the back edge: carried there as bytes, each was taken apart
         # and packed again for the decode (sm_90a: 64 PRMT and 32 LOP3 a step)
         words, sc = _step_words(wq, sq, ready, ki, ME, rows_l)
-        a = _a8_operand(words, SIGNED, a_layout)
-        if RESCALE:  # acc in units of this step's scales (the last step's wgmma has retired)
+        if DIAG:
+            v = gl.permute(gl.join(words, words).to(gl.float8e4nv, bitcast=True), [0, 2, 4, 1, 3])
+            a = gl.convert_layout(gl.reshape(v, [64, 128]), a_layout)
+        else:
+            a = _a8_operand(words, SIGNED, a_layout)
+        if RESCALE and DIAG < 2:  # acc in units of this step's scales (the last step's wgmma has retired)
             sc = gl.maximum(sc, TINY)
             acc = acc * gl.expand_dims(last / sc, 1)
             last = sc
@@ -122,9 +128,10 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
 
 @gluon.jit
 def _rs_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-               off_m, off_n, num_k, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr):
+               off_m, off_n, num_k, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr,
+               DIAG: gl.constexpr):
     """One warpgroup's 64 weight rows of the tile: the K loop (`_rs_a8_loop`), then y = acc * x scale (+ bias)."""
-    acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, num_k, SIGNED, RESCALE)
+    acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, num_k, SIGNED, RESCALE, False, DIAG)
     _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, True, HAS_BIAS, SWAPPED=True)
 
 
@@ -164,7 +171,7 @@ def _rs_a8_rings(x_layout: gl.constexpr, w_desc, s_desc, BM: gl.constexpr, BN: g
 def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                       SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      PANEL: gl.constexpr, RESCALE: gl.constexpr):
+                      PANEL: gl.constexpr, RESCALE: gl.constexpr, DIAG: gl.constexpr = 0):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
     BK: gl.constexpr = x_desc.block_type.shape[1]
     gl.static_assert(BK == 128, "a K step is one 128-K frag block")
@@ -175,9 +182,9 @@ def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
     num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), loader
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
-                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE)),
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG)),
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
-                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE)),
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG)),
         (_rs_a8_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_k,
                          SCALE_PER_BLOCK, GB, PANEL)),
     ], [4, 1], [MMA_REGS, 48])

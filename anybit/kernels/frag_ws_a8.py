@@ -148,7 +148,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
     group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's); rs
     (with wide): its register-operand twin (`frag_rs_a8_kernel`: the MMA warpgroups decode the words themselves),
-    `tokens` a tile (64, 128 or 256: the wgmma's N)."""
+    `tokens` a tile (64, 128 or 256: the wgmma's N), diag its timing-only variants (`_rs_a8_loop`)."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -190,7 +190,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         if rs:
             for name in ("DQ_WARPS", "DQ_REGS", "DEPTH"):
                 del consts[name]
-            consts.update(RESCALE=blocks)
+            consts.update(RESCALE=blocks, DIAG=diag)
         elif wide:
             consts.update(RESCALE=blocks)
         else:
