@@ -1,7 +1,8 @@
-"""The warp-specialised large-M W4A8 Gluon kernels (narrow and wide) on a Hopper GPU: against float64 products of the
-kernels' own quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K block), int4 / uint4,
-channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option, poisoned outputs, bit-equal
-relaunches; the wide kernel's rescale over many binades and its refusal, the backend's routing to both."""
+"""The large-M W4A8 Gluon kernels (narrow, wide and its register-operand twin) on a Hopper GPU: against float64
+products of the kernels' own quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K
+block), int4 / uint4, channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option, poisoned
+outputs, bit-equal relaunches; the wide kernels' rescale over many binades and their refusal, the backend's routing
+to each."""
 
 import pytest
 import torch
