@@ -155,3 +155,13 @@ def test_the_wide_kernel_refuses_scales_it_cannot_rescale_by():
     y = get_backend("triton").gemm(x, p)  # the codes pass + cuBLAS instead
     assert p.data.ws_ok["a8-wide"] is False
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+
+
+def test_explain_names_the_register_operand_kernel_when_asked(monkeypatch):
+    from anybit.tools.explain import triton_plan
+
+    device = torch.device("cuda")
+    assert "wide warp-specialised W4A8" in triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
+    plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
+    assert "register-operand W4A8 Gluon kernel" in plan and "ANYBIT_FRAG_RS_A8=1" in plan
