@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from anybit.kernels.frag_ws_a8_kernel import _a8_asm
-from anybit.kernels.frag_ws_a8_wide_kernel import TINY
-from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch, _x_issue
+from anybit.kernels.frag_ws_a8_wide_kernel import TINY, _wide_tile
+from anybit.kernels.frag_ws_kernel import _store_tile, _w_fetch, _x_issue
 
 
 @gluon.constexpr_function
@@ -59,15 +59,22 @@ def _acc_layout(tokens):
 
 # fmt: off
 @gluon.jit
+def _k_order(lo, hi, a_layout: gl.constexpr):
+    """A step's bytes [64, 4 (t), 4 (c), 4 (i)] of k = 32c + 4t + i (lo) and k + 16 (hi), int8 -> [64, 128] e4m3 in
+    K order as the wgmma's register operand (`a_layout`): a register renaming."""
+    v = gl.join(lo, hi).to(gl.float8e4nv, bitcast=True)  # [64, t, c, i, j]: k = 32c + 16j + 4t + i
+    v = gl.permute(v, [0, 2, 4, 1, 3])  # (row, c, j, t, i)
+    return gl.convert_layout(gl.reshape(v, [64, 128]), a_layout)
+
+
+@gluon.jit
 def _a8_operand(words, SIGNED: gl.constexpr, a_layout: gl.constexpr):
     """A step's bytes [64, 4 (t), 4 (c), 4 (i)] (`_bytes_layout`; byte i of word 4t + c holds the codes of k = 32c +
     4t + i (low nibble) and k + 16 (high)) -> the step [64, 128] in e4m3 (q - 8) / 512 as the wgmma's register
-    operand: `frag_ws_a8_kernel`'s decode, four bytes a register (pack=4), then a register renaming."""
+    operand: `frag_ws_a8_kernel`'s decode, four bytes a register (pack=4), then `_k_order`."""
     r0, r1 = gl.inline_asm_elementwise(_a8_asm(SIGNED), "=r,=r,r", [words], dtype=(gl.int8, gl.int8),
                                        is_pure=True, pack=4)
-    v = gl.join(r0, r1).to(gl.float8e4nv, bitcast=True)  # [64, t, c, i, j]: k = 32c + 16j + 4t + i
-    v = gl.permute(v, [0, 2, 4, 1, 3])  # (row, c, j, t, i)
-    return gl.convert_layout(gl.reshape(v, [64, 128]), a_layout)
+    return _k_order(r0, r1, a_layout)
 
 
 @gluon.jit
@@ -105,8 +112,7 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
         # and packed again for the decode (sm_90a: 64 PRMT and 32 LOP3 a step)
         words, sc = _step_words(wq, sq, ready, ki, ME, rows_l)
         if DIAG:
-            v = gl.permute(gl.join(words, words).to(gl.float8e4nv, bitcast=True), [0, 2, 4, 1, 3])
-            a = gl.convert_layout(gl.reshape(v, [64, 128]), a_layout)
+            a = _k_order(words, words, a_layout)
         else:
             a = _a8_operand(words, SIGNED, a_layout)
         if RESCALE and DIAG < 2:  # acc in units of this step's scales (the last step's wgmma has retired)
@@ -173,13 +179,9 @@ def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, 
                       SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
                       PANEL: gl.constexpr, RESCALE: gl.constexpr, DIAG: gl.constexpr = 0):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
-    BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 128, "a K step is one 128-K frag block")
-    gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
-    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
+    off_m, off_n, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 1)
-    num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA, the frag codes there are 0
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), loader
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
                       off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG)),

@@ -183,18 +183,19 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
-            BN=block_n, STAGES=stages, GROUP_M=group_m, DQ_WARPS=dq_warps, DQ_REGS=dq_regs, MMA_REGS=mma_regs,
-            SCALE_PER_BLOCK=blocks, GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]),
-            HAS_BIAS=bias is not None, PANEL=FRAG_PANEL, DEPTH=WS_WORD_DEPTH, num_warps=4,
+            BN=block_n, STAGES=stages, GROUP_M=group_m, MMA_REGS=mma_regs, SCALE_PER_BLOCK=blocks,
+            GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL,
+            num_warps=4,
         )  # fmt: skip
-        if rs:
-            for name in ("DQ_WARPS", "DQ_REGS", "DEPTH"):
-                del consts[name]
+        if rs:  # no decoder partitions (its loader's warp and registers are the kernel's own)
             consts.update(RESCALE=blocks, DIAG=diag)
-        elif wide:
-            consts.update(RESCALE=blocks)
         else:
-            consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag, EARLY_SCALES=bool(early_scales))
+            consts.update(DQ_WARPS=dq_warps, DQ_REGS=dq_regs, DEPTH=WS_WORD_DEPTH)
+            if wide:
+                consts.update(RESCALE=blocks)
+            else:
+                consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag,
+                              EARLY_SCALES=bool(early_scales))  # fmt: skip
         # live: x's descriptor, its scales, bias (or y), y, M, y's row stride
         launch = tw.launches[key] = Launcher(_kernel(wide, rs), consts, live=(0, 3, 4, 5, 6, 10))
     # fmt: off

@@ -78,20 +78,29 @@ def _wide_mma(x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, ME: gl.constexp
 
 
 @gluon.jit
+def _wide_tile(x_desc, M, N, K, BN: gl.constexpr, GROUP_M: gl.constexpr):
+    """The wide kernels' tile (both `frag_ws_a8_wide_kernel` and `frag_rs_a8_kernel`): (off_m, off_n, its 128-K
+    steps) for BN = 128 weight rows by x's box of tokens (x past K is zero-filled by TMA, the frag codes there are
+    0)."""
+    BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    gl.static_assert(BK == 128, "a K step is one 128-K frag block")
+    gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
+    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
+    return off_m, off_n, gl.cdiv(K, BK)
+
+
+@gluon.jit
 def frag_ws_a8_wide_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                            BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                            DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                            GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
                            DEPTH: gl.constexpr, RESCALE: gl.constexpr):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
-    BK: gl.constexpr = x_desc.block_type.shape[1]
-    gl.static_assert(BK == 128, "a K step is one 128-K frag block")
-    gl.static_assert(BN == 128, "two warpgroups of 64 weight rows")
-    off_m, off_n = _tile_origin(M, N, BM, BN, GROUP_M)
+    off_m, off_n, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, _, x_ready, _, w_bufs, s_bufs, w_ready, w_empty, wq, sq, wq_bar = _a8_rings(
         x_layout, w_desc, s_desc, BM, BN, STAGES, DEPTH, 1, ONE_X=True)
-    num_k = gl.cdiv(K, BK)  # x past K is zero-filled by TMA
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), decoders (even, odd steps; x by TMA)
         (_wide_mma, (x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                      off_m, off_n, num_k, STAGES, HAS_BIAS, RESCALE)),

@@ -56,9 +56,9 @@ def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device)
     per_expert = rows / experts
     rs_why = None
     if rs_least and per_expert >= rs_least:
-        rs_why = why
-        if why is None and not (gate_up.rescale and down.rescale):
-            rs_why = "group scales the register-operand kernel cannot rescale by (zero, subnormal or over 64 binades)"
+        rescalable = gate_up.rescale and down.rescale
+        rs_why = why or (None if rescalable else "group scales the register-operand kernel cannot rescale by (zero, "
+                                                  "subnormal or over 64 binades)")  # fmt: skip
         if rs_why is None:
             return dict(rs=True, block_m=256 if per_expert >= 256 else 128), None
     if ws_least and per_expert >= ws_least:
