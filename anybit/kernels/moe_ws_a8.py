@@ -84,6 +84,9 @@ def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k
     n, k = tw.n, tw.k
     if rs and block_m not in RS_A8_BLOCKS:
         raise ValueError(f"block_m must be one of {RS_A8_BLOCKS} (the wgmma's N: tokens a block), got {block_m}")
+    if rs and block_n != 128:
+        raise ValueError(f"the register-operand kernel (rs) takes block_n=128 (two warpgroups of 64 weight rows), "
+                         f"got {block_n}")  # fmt: skip
     if rs and not tw.rescale:
         raise ValueError("the register-operand kernel (rs) takes group scales it may rescale by (TritonWeight.rescale)")
     if not rs and block_m != WS_A8_BLOCK_M:

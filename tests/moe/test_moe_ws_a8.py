@@ -39,6 +39,9 @@ def test_block_m_is_two_warpgroups(experts):
     with pytest.raises(ValueError, match=r"block_m must be one of \(64, 128, 256\)"):  # the register-operand kernel
         moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 32), block_m=32, num_rows=16,
                        top_k=2, x_scales=xs, rs=True)  # fmt: skip
+    with pytest.raises(ValueError, match="takes block_n=128 .* got 64"):
+        moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 128), block_m=128, num_rows=16,
+                       top_k=2, x_scales=xs, rs=True, block_n=64)  # fmt: skip
 
 
 def test_x_must_be_e4m3_of_the_experts_width(experts):
