@@ -103,10 +103,12 @@ class Settings:
     registers) where `rs_tile`'s rule says it is faster than the warp-specialised kernel, the frag kernel or
     dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
     40.6 -> 21.9); read when a prepared weight first sees an M."""
-    frag_rs_a8: bool
-    """ANYBIT_FRAG_RS_A8 (default 0: off until timed on a GPU; 1 on), Hopper: the W4A8 calls the wide warp-specialised
-    kernel takes (`frag_ws_a8_wide_max_m`) run its register-operand twin instead (`anybit.kernels.frag_rs_a8_kernel`:
-    the MMA warpgroups decode the words straight into the wgmma's A registers, no decoder partitions)."""
+    frag_rs_a8: int
+    """ANYBIT_FRAG_RS_A8 (default 0: off until timed on a GPU; 1 on; 2 its stream-K form), Hopper: the W4A8 calls the
+    wide warp-specialised kernel takes (`frag_ws_a8_wide_max_m`) run its register-operand twin instead
+    (`anybit.kernels.frag_rs_a8_kernel`: the MMA warpgroups decode the words straight into the wgmma's A registers,
+    no decoder partitions); 2: that kernel's persistent stream-K form (`frag_rsw_a8_kernel`: one CTA an SM sharing
+    every tile's 128-K steps evenly, so a call's last wave does not run part-full)."""
     frag_rs_parts: bool
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
@@ -256,9 +258,9 @@ def frag_rs() -> bool:
     return _level("ANYBIT_FRAG_RS", 1, (0, 1)) == 1
 
 
-def frag_rs_a8() -> bool:
+def frag_rs_a8() -> int:
     """ANYBIT_FRAG_RS_A8 alone (see `Settings.frag_rs_a8`)."""
-    return _level("ANYBIT_FRAG_RS_A8", 0, (0, 1)) == 1
+    return _level("ANYBIT_FRAG_RS_A8", 0, (0, 1, 2))
 
 
 def frag_rs_parts() -> bool:

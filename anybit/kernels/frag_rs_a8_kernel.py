@@ -94,11 +94,12 @@ def _step_words(wq, sq, ready, ki, ME: gl.constexpr, rows_l: gl.constexpr):
 
 @gluon.jit
 def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, SIGNED: gl.constexpr,
-                RESCALE: gl.constexpr, GATHER: gl.constexpr = False, DIAG: gl.constexpr = 0):
+                RESCALE: gl.constexpr, GATHER: gl.constexpr = False, DIAG: gl.constexpr = 0, g0=0):
     """One warpgroup's K loop over its 64 weight rows and the tile's tokens: returns the fp32 [64, BM] accumulator
     times the rows' scales (x's not applied). GATHER: x came by cp.async (`moe_rs_a8_kernel`). DIAG (timing only,
     wrong results): 1 the words' bytes as the operand, not decoded; 2 that and no rescale — what the decode and the
-    rescale cost (`tools/probe_ws_a8.py --tiles wide=1:rs=1:diag=1`)."""
+    rescale cost (`tools/probe_ws_a8.py --tiles wide=1:rs=1:diag=1`). g0: the ring's step count before this loop's
+    first step (the persistent kernel's segments run on along one ring)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
     layout: gl.constexpr = _acc_layout(BM)
@@ -106,7 +107,8 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
     acc = gl.zeros((64, BM), dtype=gl.float32, layout=layout)
     last = gl.full((64, ), 1.0, dtype=gl.float32, layout=rows_l)
-    for ki in range(num_k):
+    for i in range(num_k):
+        ki = g0 + i
         s = ki % STAGES
         # the step's words here, not a step ahead over the back edge: carried there as bytes, each was taken apart
         # and packed again for the decode (sm_90a: 64 PRMT and 32 LOP3 a step)
@@ -119,7 +121,7 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
             sc = gl.maximum(sc, TINY)
             acc = acc * gl.expand_dims(last / sc, 1)
             last = sc
-        elif ki == 0:  # one scale row for every step
+        elif i == 0:  # one scale row for every step
             last = sc
         mbarrier.wait(x_ready.index(s), (ki // STAGES) & 1)
         if GATHER:

@@ -38,9 +38,9 @@ def shares(tiles: int, nb: int, ctas: int, pairs: bool = True) -> list[list[tupl
     return runs
 
 
-def _workspace(x: torch.Tensor, floats: int, tiles: int, workspace, counters) -> tuple:
-    """The fp32 workspace and zeroed int32 counters of a launch — the Triton backend's shared ones when not given —
-    after checking their sizes."""
+def stream_k_workspace(x: torch.Tensor, floats: int, tiles: int, workspace, counters) -> tuple:
+    """The fp32 workspace and zeroed int32 counters of a persistent stream-K launch (this module's kernels and
+    `frag_ws_a8`'s) — the Triton backend's shared ones when not given — after checking their sizes."""
     if workspace is None or counters is None:
         from anybit.backends import get_backend
 
@@ -66,7 +66,7 @@ def gemm_frag_rsp(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
                          f"got {tw.k}")  # fmt: skip
     tiles = cdiv(x.shape[0], block_m) * cdiv(tw.n, 64)
     grid = (min(ctas or sm_count(x.device) or 1, tiles * (cdiv(tw.k, 128) // 2)),)  # (at most a CTA a unit)
-    workspace, counters = _workspace(x, 2 * grid[0] * 64 * block_m, tiles, workspace, counters)
+    workspace, counters = stream_k_workspace(x, 2 * grid[0] * 64 * block_m, tiles, workspace, counters)
     return _launch("rsp", x, tw, bias, out, block_m, stages, group_m, mma_regs, x_scales, grid, workspace, counters)
 
 
@@ -125,7 +125,8 @@ def gemm_frag_rsw(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, out:
     if times is not None and (times.dtype != torch.int64 or times.numel() < 20 * panels * grid[0]):
         raise ValueError(f"times: an int64 buffer of >= {20 * panels} x {grid[0]} CTAs = {20 * panels * grid[0]} "
                          f"stamps, got {times.dtype} x {times.numel()}")  # fmt: skip
-    workspace, counters = _workspace(x, 2 * panels * grid[0] * 64 * block_m, panels * tiles, workspace, counters)
+    floats = 2 * panels * grid[0] * 64 * block_m
+    workspace, counters = stream_k_workspace(x, floats, panels * tiles, workspace, counters)
     cvt = block_m >= RSW_CVT_MIN_M if cvt is None else cvt
     head = block_m <= RSW_HEAD_MAX_M if head is None else head
     late = head if late is None else late

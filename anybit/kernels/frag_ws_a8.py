@@ -36,7 +36,11 @@ RS_STAGES = 4  # the register-operand wide kernel's ring: 40.5 KB a step of x, w
 
 
 @functools.cache
-def _kernel(wide: bool = False, rs: bool = False):
+def _kernel(wide: bool = False, rs: bool = False, persistent: bool = False):
+    if persistent:
+        from anybit.kernels.frag_rsw_a8_kernel import frag_rsw_a8_kernel
+
+        return frag_rsw_a8_kernel
     if rs:
         from anybit.kernels.frag_rs_a8_kernel import frag_rs_a8_kernel
 
@@ -133,8 +137,9 @@ def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
     """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
     weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
     defaults."""
-    if wide:  # ANYBIT_FRAG_RS_A8: its register-operand twin
-        return {"wide": True, "rs": True} if settings.frag_rs_a8() else {"wide": True}
+    if wide:  # ANYBIT_FRAG_RS_A8: its register-operand twin (2: in the stream-K form)
+        level = settings.frag_rs_a8()
+        return {"wide": True} | ({"rs": True} if level else {}) | ({"persistent": True} if level == 2 else {})
     return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
 
@@ -142,13 +147,19 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                     block_n: int = 128, stages: int | None = None, group_m: int = 8,
                     dq_warps: int | None = None, dq_regs: int | None = None, mma_regs: int | None = None,
                     order: int = 0, promote: bool = True, early_scales: bool = True, diag: int = 0,
-                    wide: bool = False, rs: bool = False, tokens: int = WIDE_TOKENS) -> torch.Tensor:  # fmt: skip
+                    wide: bool = False, rs: bool = False, tokens: int = WIDE_TOKENS, persistent: bool = False,
+                    head: bool = False, ctas: int | None = None, workspace: torch.Tensor | None = None,
+                    counters: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]. wide: the large-M kernel
     (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
     group scales must be `TritonWeight.rescale`; order, promote, early_scales and diag are the narrow kernel's); rs
     (with wide): its register-operand twin (`frag_rs_a8_kernel`: the MMA warpgroups decode the words themselves),
-    `tokens` a tile (64, 128 or 256: the wgmma's N), diag its timing-only variants (`_rs_a8_loop`)."""
+    `tokens` a tile (64, 128 or 256: the wgmma's N), diag its timing-only variants (`_rs_a8_loop`); persistent (with
+    rs): its stream-K form (`frag_rsw_a8_kernel`: `ctas` CTAs, default the SMs, share every tile's 128-K steps
+    evenly; a shared tile summed by the last CTA in, or with `head` by the one holding its first step, through
+    `workspace` (fp32, >= 4 ctas x 64 x tokens) and zeroed int32 `counters` (>= 2 x the tiles; left zero) — the
+    Triton backend's shared ones when not given)."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -159,6 +170,13 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     blocks = tw.group_k < tw.k  # a scale row per 128-K block (or per several), else per channel
     if rs and not wide:
         raise ValueError("rs=True is the wide W4A8 kernel's register-operand variant: it takes wide=True")
+    if persistent and not rs:
+        raise ValueError("persistent=True is the register-operand W4A8 kernel's stream-K form: it takes wide=True, "
+                         "rs=True")  # fmt: skip
+    if head and not persistent:
+        raise ValueError("head=True is a way of the stream-K form to sum a shared tile: it takes persistent=True")
+    if persistent and diag:
+        raise ValueError(f"diag={diag}: the timing-only variants are the one-tile kernel's (persistent=False)")
     if tokens != WIDE_TOKENS and not rs:
         raise ValueError(f"tokens={tokens}: only the register-operand kernel (rs=True) takes other than {WIDE_TOKENS}")
     if tokens not in (64, 128, 256):
@@ -179,7 +197,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     x_desc = gluon_api()[1].from_tensor(xq, [rows, A8_BK], _x_layout(rows))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
     key = ("ws_a8", wide, rs, tokens, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote,
-           early_scales, diag, x.dtype, bias is None)  # fmt: skip
+           early_scales, diag, persistent, head, x.dtype, bias is None)  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
@@ -187,7 +205,9 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             GB=max(1, tw.group_k // 128), SIGNED=bool(tw.fmt["W_SIGNED"]), HAS_BIAS=bias is not None, PANEL=FRAG_PANEL,
             num_warps=4,
         )  # fmt: skip
-        if rs:  # no decoder partitions (its loader's warp and registers are the kernel's own)
+        if persistent:
+            consts.update(RESCALE=blocks, HEAD=head)
+        elif rs:  # no decoder partitions (its loader's warp and registers are the kernel's own)
             consts.update(RESCALE=blocks, DIAG=diag)
         else:
             consts.update(DQ_WARPS=dq_warps, DQ_REGS=dq_regs, DEPTH=WS_WORD_DEPTH)
@@ -196,8 +216,12 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             else:
                 consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag,
                               EARLY_SCALES=bool(early_scales))  # fmt: skip
-        # live: x's descriptor, its scales, bias (or y), y, M, y's row stride
-        launch = tw.launches[key] = Launcher(_kernel(wide, rs), consts, live=(0, 3, 4, 5, 6, 10))
+        # live: x's descriptor, its scales, bias (or y), y, (workspace, counters,) M, y's row stride
+        live = (0, 3, 4, 5, 6, 7, 8, 12) if persistent else (0, 3, 4, 5, 6, 10)
+        launch = tw.launches[key] = Launcher(_kernel(wide, rs, persistent), consts, live=live)
+    if persistent:
+        _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace, counters)
+        return y
     # fmt: off
     launch(
         (cdiv(m, rows if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,
@@ -205,3 +229,25 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     )
     # fmt: on
     return y
+
+
+def _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace,
+                       counters) -> None:  # fmt: skip
+    """`frag_rsw_a8_kernel` on `ctas` CTAs (default the SMs; at most one a 128-K step of the call), its workspace
+    slots two a CTA for each of the two MMA warpgroups, a counter a tile and warpgroup."""
+    from anybit.kernels.frag import sm_count
+    from anybit.kernels.frag_rsp import stream_k_workspace
+
+    m = y.shape[0]
+    tiles = cdiv(m, tokens) * cdiv(tw.n, 128)
+    sms = sm_count(y.device)
+    grid = (min(ctas or sms or 1, tiles * cdiv(tw.k, A8_BK)),)
+    if head and sms and grid[0] > sms:  # a tile's first CTA waits for the later ones: all must be resident
+        raise ValueError(f"head=True waits across CTAs: it takes ctas <= the {sms} SMs, got {ctas}")
+    workspace, counters = stream_k_workspace(y, 4 * grid[0] * 64 * tokens, 2 * tiles, workspace, counters)
+    # fmt: off
+    launch(
+        grid, x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, workspace, counters, m, tw.n, tw.k,
+        tw.planes[0].shape[-1] // 16, y.stride(0),
+    )
+    # fmt: on

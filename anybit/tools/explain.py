@@ -117,12 +117,14 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
 
         tile, why = ws_a8_plan(scheme, m, n, k, device, _sm_count(device) if cuda else 132)
         if tile is not None and tile.get("rs"):
+            level, form = (2, "; its persistent stream-K form, one CTA an SM sharing every tile's 128-K steps") if (
+                tile.get("persistent")) else (1, "")  # fmt: skip
             return (
-                f"FP8 activations, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M, ANYBIT_FRAG_RS_A8=1: e4m3 x per "
-                "token, then the register-operand W4A8 Gluon kernel (two MMA warpgroups of 64 weight rows x 256 "
+                f"FP8 activations, {WIDE_MIN_M} < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M, ANYBIT_FRAG_RS_A8={level}: e4m3 "
+                "x per token, then the register-operand W4A8 Gluon kernel (two MMA warpgroups of 64 weight rows x 256 "
                 "tokens decode W's words straight into the wgmma's e4m3 A registers and keep the accumulator in units "
-                "of each block's scale; group scales must be positive, normal and within 64 binades, else the codes "
-                "pass + cuBLAS)"
+                f"of each block's scale{form}; group scales must be positive, normal and within 64 binades, else the "
+                "codes pass + cuBLAS)"
             )
         if tile is not None and tile.get("wide"):
             return (

@@ -75,6 +75,12 @@ def test_register_operand_options_are_checked():
         gemm_frag_ws_a8(x, tw, wide=True, tokens=128)
     with pytest.raises(ValueError, match="64, 128 or 256"):
         gemm_frag_ws_a8(x, tw, wide=True, rs=True, tokens=96)
+    with pytest.raises(ValueError, match="persistent=True is the register-operand .* rs=True"):
+        gemm_frag_ws_a8(x, tw, wide=True, persistent=True)
+    with pytest.raises(ValueError, match="head=True .* persistent=True"):
+        gemm_frag_ws_a8(x, tw, wide=True, rs=True, head=True)
+    with pytest.raises(ValueError, match="diag=1: the timing-only variants are the one-tile kernel's"):
+        gemm_frag_ws_a8(x, tw, wide=True, rs=True, persistent=True, diag=1)
 
 
 @pytest.mark.parametrize("text, why", [("w4a8", "CUDA GPU")])  # on this machine: the CPU
@@ -103,8 +109,10 @@ def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
     assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True}
     assert "rs" not in ws_a8_tile(128, 8192)  # the narrow kernel's tiles are its own
-    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")
-    with pytest.raises(ValueError, match="ANYBIT_FRAG_RS_A8"):
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")  # its stream-K form
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True, "persistent": True}
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "3")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_RS_A8='3': expected one of 0, 1, 2"):
         ws_a8_tile(1024, 8192, wide=True)
 
 

@@ -1,6 +1,7 @@
-"""The large-M W4A8 Gluon kernels (narrow, wide and its register-operand twin) on a Hopper GPU: against float64
-products of the kernels' own quantized x and `dequantize()`, awkward shapes (M, N off the tile, K off the 128-K
-block), int4 / uint4, channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option, poisoned
+"""The large-M W4A8 Gluon kernels (narrow, wide, its register-operand twin and that one's stream-K form) on a Hopper
+GPU: against float64 products of the kernels' own quantized x and `dequantize()`, awkward shapes (M, N off the tile,
+K off the 128-K block), int4 / uint4, channel / 128 / 256-K scales in fp32 and bf16, fp16 x, bias, every tile option
+(the stream-K form on few CTAs, so tiles are summed from three parts and more, and on more CTAs than SMs), poisoned
 outputs, bit-equal relaunches; the wide kernels' rescale over many binades and their refusal, the backend's routing
 to each."""
 
@@ -16,9 +17,10 @@ from tests.tolerances import GEMM_REL_ERR, rel_err
 
 pytestmark = SM90_GPU
 
-# the narrow kernel, the wide one, the wide one with the weight as the register operand
+# the narrow kernel, the wide one, the wide one with the weight as the register operand, its stream-K form
+RSW = dict(wide=True, rs=True, persistent=True)
 KERNELS = pytest.mark.parametrize(
-    "kernel", [{}, dict(wide=True), dict(wide=True, rs=True)], ids=["narrow", "wide", "rs"]
+    "kernel", [{}, dict(wide=True), dict(wide=True, rs=True), RSW], ids=["narrow", "wide", "rs", "rsw"]
 )
 
 
@@ -51,7 +53,9 @@ def test_fp16_x_and_a_k_tail(kernel):
 
 @pytest.mark.parametrize("tile", [dict(stages=3), dict(stages=5), dict(group_m=1), dict(order=1), dict(order=2),
                                   dict(early_scales=False), dict(block_n=64), dict(wide=True, rs=True, stages=2),
-                                  dict(wide=True, rs=True, stages=5, group_m=1)])  # fmt: skip
+                                  dict(wide=True, rs=True, stages=5, group_m=1), RSW | dict(head=True),
+                                  RSW | dict(ctas=7), RSW | dict(ctas=7, head=True), RSW | dict(tokens=128, stages=3),
+                                  RSW | dict(ctas=200)])  # fmt: skip
 def test_every_tile_with_bias(tile):
     x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
     b = torch.randn(3000, device="cuda").bfloat16()
@@ -102,22 +106,23 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
 
 
-def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(monkeypatch):
+@pytest.mark.parametrize("level, kernel", [("1", dict(rs=True)), ("2", dict(rs=True, persistent=True))])
+def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(level, kernel, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
 
-    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", level)
     x, qw, _ = _case("w4a8", 1024, 8192, 1024, seed=9)
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
     y = be.gemm(x, p)
-    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=True, rs=True))
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=True, **kernel))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     _captured_on_fresh_x(be, x, p, qw)
 
 
-@pytest.mark.parametrize("rs", [False, True])
-def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(rs):
+@pytest.mark.parametrize("kernel", [{}, dict(rs=True), dict(rs=True, persistent=True)], ids=["wide", "rs", "rsw"])
+def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(kernel):
     """Each (weight row, 128-K block) times 2**u, u in [-8, 8]: the accumulator's units change by up to 2**16 from
     one block to the next; fp16 x; bias."""
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -132,7 +137,7 @@ def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(rs):
     assert tw.rescale
     x = torch.randn(m, k, generator=g, device="cuda").half()
     b = torch.randn(n, generator=g, device="cuda").half()
-    y = gemm_frag_ws_a8(x, tw, b, wide=True, rs=rs, stages=2)
+    y = gemm_frag_ws_a8(x, tw, b, wide=True, stages=2, **kernel)
     assert rel_err(y, a8_reference(x, qw) + b.double()) < GEMM_REL_ERR[torch.float16]
 
 
@@ -165,3 +170,6 @@ def test_explain_names_the_register_operand_kernel_when_asked(monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
     plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
     assert "register-operand W4A8 Gluon kernel" in plan and "ANYBIT_FRAG_RS_A8=1" in plan
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")
+    plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
+    assert "stream-K" in plan and "ANYBIT_FRAG_RS_A8=2" in plan
