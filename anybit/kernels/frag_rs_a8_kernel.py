@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from anybit.kernels.frag_ws_a8_kernel import _a8_asm
-from anybit.kernels.frag_ws_a8_wide_kernel import TINY, _wide_tile
-from anybit.kernels.frag_ws_kernel import _store_tile, _w_fetch, _x_issue
+from anybit.kernels.frag_ws_a8_wide_kernel import TINY, _a8_store, _wide_tile
+from anybit.kernels.frag_ws_kernel import _w_fetch, _x_issue
 
 
 @gluon.constexpr_function
@@ -137,10 +137,10 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
 @gluon.jit
 def _rs_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
                off_m, off_n, num_k, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr,
-               DIAG: gl.constexpr):
+               DIAG: gl.constexpr, CVT: gl.constexpr):
     """One warpgroup's 64 weight rows of the tile: the K loop (`_rs_a8_loop`), then y = acc * x scale (+ bias)."""
     acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, num_k, SIGNED, RESCALE, False, DIAG)
-    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, True, HAS_BIAS, SWAPPED=True)
+    _a8_store(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, HAS_BIAS, CVT)
 
 
 @gluon.jit
@@ -179,16 +179,16 @@ def _rs_a8_rings(x_layout: gl.constexpr, w_desc, s_desc, BM: gl.constexpr, BN: g
 def frag_rs_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N, K, nb, stride_ym,
                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                       SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      PANEL: gl.constexpr, RESCALE: gl.constexpr, DIAG: gl.constexpr = 0):
+                      PANEL: gl.constexpr, RESCALE: gl.constexpr, DIAG: gl.constexpr = 0, CVT: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
     off_m, off_n, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
     x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 1)
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), loader
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
-                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG)),
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG, CVT)),
         (_rs_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m,
-                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG)),
+                      off_n, num_k, SIGNED, HAS_BIAS, RESCALE, DIAG, CVT)),
         (_rs_a8_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, off_m, off_n, nb, num_k,
                          SCALE_PER_BLOCK, GB, PANEL)),
     ], [4, 1], [MMA_REGS, 48])

@@ -28,8 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from anybit.kernels.frag_rs_a8_kernel import _rs_a8_loop, _rs_a8_rings
 from anybit.kernels.frag_rsp_kernel import _fixup, _run, _segment
-from anybit.kernels.frag_ws_a8_wide_kernel import _wide_tile
-from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin, _w_fetch, _x_issue
+from anybit.kernels.frag_ws_a8_wide_kernel import _a8_store, _wide_tile
+from anybit.kernels.frag_ws_kernel import _tile_origin, _w_fetch, _x_issue
 
 
 # fmt: off
@@ -57,7 +57,7 @@ def _rsw_a8_loader(w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty
 @gluon.jit
 def _rsw_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                 M, N, stride_ym, tiles, num_k, GROUP_M: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                RESCALE: gl.constexpr, HEAD: gl.constexpr):
+                RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr):
     """MMA warpgroup ME (64 weight rows of each tile): every segment of the CTA's run (`_rs_a8_loop` from ring step
     g), then its rows' products stored, or summed with the other CTAs' parts of the tile (`_fixup`, lane ME)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
@@ -70,15 +70,14 @@ def _rsw_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr,
         stores, acc, _ = _fixup(acc, acc, ws_ptr, cnt_ptr, t, num_k, tiles, False, False, ME, 2, HEAD)
         if stores:
             off_m, off_n = _tile_origin(M, N, BM, 2 * 64, GROUP_M, t)
-            _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, True, HAS_BIAS,
-                        SWAPPED=True)
+            _a8_store(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, HAS_BIAS, CVT)
 
 
 @gluon.jit
 def frag_rsw_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb, stride_ym,
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                        SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       PANEL: gl.constexpr, RESCALE: gl.constexpr, HEAD: gl.constexpr):
+                       PANEL: gl.constexpr, RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
     _, _, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
@@ -86,9 +85,9 @@ def frag_rsw_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, ws_ptr, 
     x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 1)
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127 of each tile), loader
         (_rsw_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD)),
+                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT)),
         (_rsw_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 1, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD)),
+                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT)),
         (_rsw_a8_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, M, N, nb, tiles, num_k,
                           GROUP_M, SCALE_PER_BLOCK, GB, PANEL)),
     ], [4, 1], [MMA_REGS, 48])

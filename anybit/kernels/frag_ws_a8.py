@@ -149,7 +149,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                     order: int = 0, promote: bool = True, early_scales: bool = True, diag: int = 0,
                     wide: bool = False, rs: bool = False, tokens: int = WIDE_TOKENS, persistent: bool = False,
                     head: bool = False, ctas: int | None = None, workspace: torch.Tensor | None = None,
-                    counters: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    counters: torch.Tensor | None = None, cvt: bool = False) -> torch.Tensor:  # fmt: skip
     """y [M, N] = quantize(x) @ dequantize(W)^T (+ bias) in x's dtype for an FP8-fragment weight whose scheme
     `frag_ws_a8_why_not` accepts (the caller checks). x: contiguous bf16/fp16 [M, K]. wide: the large-M kernel
     (`frag_ws_a8_wide_kernel`: 128 weight rows by WIDE_TOKENS tokens a tile, the accumulator rescaled per block —
@@ -159,7 +159,8 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     rs): its stream-K form (`frag_rsw_a8_kernel`: `ctas` CTAs, default the SMs, share every tile's 128-K steps
     evenly; a shared tile summed by the last CTA in, or with `head` by the one holding its first step, through
     `workspace` (fp32, >= 4 ctas x 64 x tokens) and zeroed int32 `counters` (>= 2 x the tiles; left zero) — the
-    Triton backend's shared ones when not given)."""
+    Triton backend's shared ones when not given); cvt (the wide kernels): y stored through a layout conversion, 16
+    bytes a thread along y's rows, not the wgmma layout's 2 bytes a token."""
     m, k = x.shape
     n = tw.n
     if not (tw.frag and tw.scheme.act.quantized):
@@ -175,6 +176,8 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
                          "rs=True")  # fmt: skip
     if head and not persistent:
         raise ValueError("head=True is a way of the stream-K form to sum a shared tile: it takes persistent=True")
+    if cvt and not wide:
+        raise ValueError("cvt=True is the wide W4A8 kernels' y store (16 bytes a thread): it takes wide=True")
     if persistent and diag:
         raise ValueError(f"diag={diag}: the timing-only variants are the one-tile kernel's (persistent=False)")
     if tokens != WIDE_TOKENS and not rs:
@@ -197,7 +200,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     x_desc = gluon_api()[1].from_tensor(xq, [rows, A8_BK], _x_layout(rows))  # TensorDescriptor
     w_desc, s_desc = weight_descs(tw, block_n)
     key = ("ws_a8", wide, rs, tokens, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote,
-           early_scales, diag, persistent, head, x.dtype, bias is None)  # fmt: skip
+           early_scales, diag, persistent, head, cvt, x.dtype, bias is None)  # fmt: skip
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
@@ -206,13 +209,13 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             num_warps=4,
         )  # fmt: skip
         if persistent:
-            consts.update(RESCALE=blocks, HEAD=head)
+            consts.update(RESCALE=blocks, HEAD=head, CVT=cvt)
         elif rs:  # no decoder partitions (its loader's warp and registers are the kernel's own)
-            consts.update(RESCALE=blocks, DIAG=diag)
+            consts.update(RESCALE=blocks, DIAG=diag, CVT=cvt)
         else:
             consts.update(DQ_WARPS=dq_warps, DQ_REGS=dq_regs, DEPTH=WS_WORD_DEPTH)
             if wide:
-                consts.update(RESCALE=blocks)
+                consts.update(RESCALE=blocks, CVT=cvt)
             else:
                 consts.update(ORDER=int(order), PROMOTE=promote or blocks, DIAG=diag,
                               EARLY_SCALES=bool(early_scales))  # fmt: skip

@@ -25,6 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
+from anybit.kernels.frag_rsp_kernel import _store_tile_cvt
 from anybit.kernels.frag_ws_a8_kernel import _a8_decoder, _a8_rings
 from anybit.kernels.frag_ws_kernel import _store_tile, _tile_origin
 
@@ -70,11 +71,24 @@ def _wide_loop(x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, ME: gl.constex
 
 
 @gluon.jit
+def _a8_store(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr, CVT: gl.constexpr):
+    """y of a wide tile's 64 weight rows from off_n: acc [64, tokens] * x's scales (+ bias); CVT: through a layout
+    conversion, 16 bytes a thread along y's rows (`frag_rsp_kernel._store_tile_cvt`: the wgmma layout stores 2 bytes
+    a token — 128 half-used stores a thread for a 256-token tile; the A16 wide kernel's y store was 6-8.5 µs a tile
+    that way, session 39), else in the wgmma layout."""
+    if CVT:
+        _store_tile_cvt(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, True, HAS_BIAS, None, 1.0, False)
+    else:
+        _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n, True, HAS_BIAS, SWAPPED=True)
+
+
+@gluon.jit
 def _wide_mma(x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, M, N,
-              stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr):
+              stride_ym, off_m, off_n, num_k, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, RESCALE: gl.constexpr,
+              CVT: gl.constexpr):
     """One warpgroup's 64 weight rows of the tile: the K loop (`_wide_loop`), then y = acc * x scale (+ bias)."""
     acc = _wide_loop(x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, ME, num_k, STAGES, RESCALE)
-    _store_tile(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, True, HAS_BIAS, SWAPPED=True)
+    _a8_store(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, HAS_BIAS, CVT)
 
 
 @gluon.jit
@@ -95,7 +109,7 @@ def frag_ws_a8_wide_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N
                            BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DQ_WARPS: gl.constexpr,
                            DQ_REGS: gl.constexpr, MMA_REGS: gl.constexpr, SCALE_PER_BLOCK: gl.constexpr,
                            GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr, PANEL: gl.constexpr,
-                           DEPTH: gl.constexpr, RESCALE: gl.constexpr):
+                           DEPTH: gl.constexpr, RESCALE: gl.constexpr, CVT: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
     off_m, off_n, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     x_layout: gl.constexpr = x_desc.layout
@@ -103,9 +117,9 @@ def frag_ws_a8_wide_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, M, N
         x_layout, w_desc, s_desc, BM, BN, STAGES, DEPTH, 1, ONE_X=True)
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127), decoders (even, odd steps; x by TMA)
         (_wide_mma, (x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, 0, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-                     off_m, off_n, num_k, STAGES, HAS_BIAS, RESCALE)),
+                     off_m, off_n, num_k, STAGES, HAS_BIAS, RESCALE, CVT)),
         (_wide_mma, (x_bufs, x_ready, w_bufs, s_bufs, w_ready, w_empty, 1, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym,
-                     off_m, off_n, num_k, STAGES, HAS_BIAS, RESCALE)),
+                     off_m, off_n, num_k, STAGES, HAS_BIAS, RESCALE, CVT)),
         (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 0, 2,
                        SCALE_PER_BLOCK, GB, SIGNED, STAGES, PANEL, 0, 0, 0, x_desc, x_bufs, x_ready, off_m)),
         (_a8_decoder, (w_desc, s_desc, wq, sq, wq_bar, nb, w_bufs, s_bufs, w_ready, w_empty, off_n, num_k, 1, 2,

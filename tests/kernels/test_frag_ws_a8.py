@@ -81,6 +81,8 @@ def test_register_operand_options_are_checked():
         gemm_frag_ws_a8(x, tw, wide=True, rs=True, head=True)
     with pytest.raises(ValueError, match="diag=1: the timing-only variants are the one-tile kernel's"):
         gemm_frag_ws_a8(x, tw, wide=True, rs=True, persistent=True, diag=1)
+    with pytest.raises(ValueError, match="cvt=True .* wide=True"):
+        gemm_frag_ws_a8(x, tw, cvt=True)
 
 
 @pytest.mark.parametrize("text, why", [("w4a8", "CUDA GPU")])  # on this machine: the CPU

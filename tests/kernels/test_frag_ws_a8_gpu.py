@@ -55,7 +55,8 @@ def test_fp16_x_and_a_k_tail(kernel):
                                   dict(early_scales=False), dict(block_n=64), dict(wide=True, rs=True, stages=2),
                                   dict(wide=True, rs=True, stages=5, group_m=1), RSW | dict(head=True),
                                   RSW | dict(ctas=7), RSW | dict(ctas=7, head=True), RSW | dict(tokens=128, stages=3),
-                                  RSW | dict(ctas=200)])  # fmt: skip
+                                  RSW | dict(ctas=200), RSW | dict(cvt=True), RSW | dict(cvt=True, tokens=128),
+                                  dict(wide=True, rs=True, cvt=True), dict(wide=True, cvt=True)])  # fmt: skip
 def test_every_tile_with_bias(tile):
     x, qw, tw = _case("w4a8", 777, 3000, 2048, seed=3)
     b = torch.randn(3000, device="cuda").bfloat16()
