@@ -100,12 +100,28 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
     wrong results): 1 the words' bytes as the operand, not decoded; 2 that and no rescale — what the decode and the
     rescale cost (`tools/probe_ws_a8.py --tiles wide=1:rs=1:diag=1`). g0: the ring's step count before this loop's
     first step (the persistent kernel's segments run on along one ring)."""
+    acc, _ = _rs_a8_steps(wq, sq, x_bufs, x_bufs, ready, x_ready, empty, ME, num_k, SIGNED, RESCALE, GATHER, DIAG,
+                          g0, False, False)
+    return acc
+
+
+@gluon.jit
+def _rs_a8_steps(wq, sq, x_bufs, x2_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, SIGNED: gl.constexpr,
+                 RESCALE: gl.constexpr, GATHER: gl.constexpr, DIAG: gl.constexpr, g0, TWO: gl.constexpr, two):
+    """`_rs_a8_loop`, and with TWO a second part of the tile's tokens (x2_bufs, [BM2, 128] a slot: the grouped
+    kernel's blocks of two parts, 144 = 128 + 16 rows) multiplied by the same decoded operand into a second
+    accumulator where `two` (its rows hold any); returns both (the second zero without TWO)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
+    BM2: gl.constexpr = x2_bufs.type.shape[1]
     STAGES: gl.constexpr = wq.type.shape[0]
     layout: gl.constexpr = _acc_layout(BM)
+    layout2: gl.constexpr = _acc_layout(BM2)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=4)
+    a2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout2, k_width=4)
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+    rows2_l: gl.constexpr = gl.SliceLayout(1, layout2)
     acc = gl.zeros((64, BM), dtype=gl.float32, layout=layout)
+    acc2 = gl.zeros((64, BM2), dtype=gl.float32, layout=layout2)
     last = gl.full((64, ), 1.0, dtype=gl.float32, layout=rows_l)
     for i in range(num_k):
         ki = g0 + i
@@ -119,7 +135,10 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
             a = _a8_operand(words, SIGNED, a_layout)
         if RESCALE and DIAG < 2:  # acc in units of this step's scales (the last step's wgmma has retired)
             sc = gl.maximum(sc, TINY)
-            acc = acc * gl.expand_dims(last / sc, 1)
+            ratio = last / sc
+            acc = acc * gl.expand_dims(ratio, 1)
+            if TWO:  # (the rows' layout is the same at any N: a renaming)
+                acc2 = acc2 * gl.expand_dims(gl.convert_layout(ratio, rows2_l), 1)
             last = sc
         elif i == 0:  # one scale row for every step
             last = sc
@@ -129,9 +148,12 @@ def _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, num_k, 
         acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
         # waited for before the next step's decode: its registers must not be rewritten while the wgmma reads them
         # (the wait's deps cannot hold 8-bit operands: nothing else is computed between the two)
+        if TWO:  # (an async wgmma's result cannot leave a branch: this one waits for both)
+            if two:
+                acc2 = warpgroup_mma(gl.convert_layout(a, a2_layout), x2_bufs.index(s).permute((1, 0)), acc2)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(s), count=1)  # done with the step's x, words and scales
-    return acc * gl.expand_dims(last, 1)
+    return acc * gl.expand_dims(last, 1), acc2 * gl.expand_dims(gl.convert_layout(last, rows2_l), 1)
 
 
 @gluon.jit

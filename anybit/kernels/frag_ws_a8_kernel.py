@@ -138,6 +138,19 @@ def gather_layout(num_warps):
 
 
 @gluon.jit
+def _x_gather(x_slot, ki, x_ptr, src_off, xmask, cols, K4):
+    """cp.async of x's K step ki of the rows at `src_off` (x_ptr: e4m3 x viewed as int32, K4 words a row; rows not
+    in `xmask` and the K tail zero-filled) into `x_slot` (e4m3 [rows, 128], viewed as int32 with x's 128-byte
+    swizzle), 16 bytes a thread (`gather_layout`); the caller arrives on the slot's barrier."""
+    rows: gl.constexpr = x_slot.type.shape[0]
+    x32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    k = ki * 32 + cols
+    ptrs = x_ptr + gl.expand_dims(src_off, 1) + gl.expand_dims(k, 0)
+    async_copy.async_copy_global_to_shared(x_slot._reinterpret(gl.int32, [rows, 32], x32), ptrs,
+                                           mask=gl.expand_dims(xmask, 1) & gl.expand_dims(k < K4, 0))
+
+
+@gluon.jit
 def _x_step(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, GATHER: gl.constexpr, x_ptr, src_off,
             xmask, cols, K4):
     """x's K step ki (none past num_k) into slot ki % STAGES: by TMA from rows off_m on, or (GATHER) by cp.async
@@ -147,12 +160,7 @@ def _x_step(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES: gl.constexpr, GAT
     if GATHER:
         if ki < num_k:
             s = ki % STAGES
-            BMH: gl.constexpr = x_bufs.type.shape[1]
-            x32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-            k = ki * 32 + cols
-            ptrs = x_ptr + gl.expand_dims(src_off, 1) + gl.expand_dims(k, 0)
-            async_copy.async_copy_global_to_shared(x_bufs.index(s)._reinterpret(gl.int32, [BMH, 32], x32), ptrs,
-                                                   mask=gl.expand_dims(xmask, 1) & gl.expand_dims(k < K4, 0))
+            _x_gather(x_bufs.index(s), ki, x_ptr, src_off, xmask, cols, K4)
             async_copy.mbarrier_arrive(x_ready.index(s), increment_count=False)
     else:
         _x_issue(x_desc, x_bufs, x_ready, off_m, ki, num_k, STAGES)

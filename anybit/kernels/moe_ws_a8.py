@@ -20,8 +20,33 @@ from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not
 from anybit.kernels.moe_gemm import check_aligned, moe_grid_m
 
 WS_A8_BLOCK_M = 128  # sorted rows a block: two MMA warpgroups of 64
-RS_A8_BLOCKS = (64, 128, 256)  # the register-operand kernel's sorted rows a block (its wgmma's N)
-RS_A8_STAGES = {64: 6, 128: 5, 256: 4}  # its ring: x's rows + 8 KB of words + scales a step
+RS_A8_BLOCKS = (64, 128, 256)  # the register-operand kernel's sorted rows a block (its wgmma's N) ...
+RS_A8_SECOND = (16, 32)  # ... and the rows of a block's second part (a second wgmma: 144 = 128 + 16)
+RS_A8_STAGES = {64: 6, 128: 5, 256: 4}  # its ring by the first part: x's rows + 8 KB of words + scales a step
+
+
+def rs_a8_parts(block_m: int) -> tuple[int, int]:
+    """The register-operand grouped kernel's block of block_m sorted rows as (first part, second part): a power of
+    two of RS_A8_BLOCKS alone, or one and RS_A8_SECOND rows after it (80 = 64 + 16, 144 = 128 + 16, 160 = 128 + 32,
+    272 = 256 + 16) — or a clear error."""
+    for first in RS_A8_BLOCKS:
+        if block_m - first in (0, *RS_A8_SECOND):
+            return first, block_m - first
+    sizes = sorted({a + b for a in RS_A8_BLOCKS for b in (0, *RS_A8_SECOND)})
+    raise ValueError(f"block_m={block_m}: the register-operand kernel takes blocks of {sizes} sorted rows (a power "
+                     f"of two of {RS_A8_BLOCKS} and {RS_A8_SECOND} rows more)")  # fmt: skip
+
+
+def rs_a8_block_m(per_expert: float) -> int:
+    """The register-operand kernel's block for `per_expert` token x slot rows an expert (not yet timed on a GPU; the
+    Triton kernel's measured rule for such experts, `moe_tiles`, picks 144 = 128 + 16 at 97-192 rows): 256 from 256
+    rows, 144 from 97 to 191 (an expert's ~128 rows in one block, not a second one of 128 rows for a few of them),
+    128 at 192-255, 80 = 64 + 16 below."""
+    if per_expert >= 256:
+        return 256
+    if per_expert >= 192:
+        return 128
+    return 144 if per_expert > 96 else 80
 
 
 @functools.cache
@@ -60,7 +85,7 @@ def moe_ws_a8_plan(gate_up, down, rows: int, experts: int, device: torch.device)
         rs_why = why or (None if rescalable else "group scales the register-operand kernel cannot rescale by (zero, "
                                                   "subnormal or over 64 binades)")  # fmt: skip
         if rs_why is None:
-            return dict(rs=True, block_m=256 if per_expert >= 256 else 128), None
+            return dict(rs=True, block_m=rs_a8_block_m(per_expert)), None
     if ws_least and per_expert >= ws_least:
         return (None, why) if why else (dict(block_m=WS_A8_BLOCK_M), None)
     if rs_why is not None:  # enough rows for the register-operand kernel, which cannot take these experts here
@@ -79,11 +104,11 @@ def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k
     ..., block_m)`. Returns y [num_rows, N] (or [num_rows, N / 2] with silu_mul) in out_dtype (default bf16); rows of
     no valid slot are left as they were. Registers: the MMA warpgroups 192 a thread, the decoders 64 (sm_90a: no
     spill; the dense kernel's 176 / 80 spilled 24 bytes here, the gathered rows' offsets). rs: the register-operand
-    kernel (`moe_rs_a8_kernel`: block_m 64, 128 or 256 sorted rows as the wgmma's N, experts `TritonWeight.rescale`;
-    dq_warps and dq_regs are its loader's, default 4 warps of 88 registers)."""
+    kernel (`moe_rs_a8_kernel`: block_m 64, 128 or 256 sorted rows as the wgmma's N, or one of them and 16 or 32 rows
+    more as a second wgmma's, `rs_a8_parts`; experts `TritonWeight.rescale`; dq_warps and dq_regs are its loader's,
+    default 4 warps of 88 registers)."""
     n, k = tw.n, tw.k
-    if rs and block_m not in RS_A8_BLOCKS:
-        raise ValueError(f"block_m must be one of {RS_A8_BLOCKS} (the wgmma's N: tokens a block), got {block_m}")
+    first, second = rs_a8_parts(block_m) if rs else (block_m, 0)
     if rs and block_n != 128:
         raise ValueError(f"the register-operand kernel (rs) takes block_n=128 (two warpgroups of 64 weight rows), "
                          f"got {block_n}")  # fmt: skip
@@ -112,8 +137,8 @@ def moe_gemm_ws_a8(x, tw, sorted_ids, expert_ids, total, *, num_rows: int, top_k
                   PANEL=FRAG_PANEL, TOP_K=top_k, SILU_MUL=silu_mul, MUL_ROUTED=routed_weights is not None,
                   num_warps=4)  # fmt: skip
     if rs:  # loader warps, their registers, the MMA warpgroups'
-        consts.update(BM=block_m, STAGES=stages or RS_A8_STAGES[block_m], LD_WARPS=dq_warps, LD_REGS=dq_regs or 88,
-                      MMA_REGS=mma_regs or 232, RESCALE=blocks)  # fmt: skip
+        consts.update(BM=first, BM2=second, STAGES=stages or RS_A8_STAGES[first], LD_WARPS=dq_warps,
+                      LD_REGS=dq_regs or 88, MMA_REGS=mma_regs or 232, RESCALE=blocks)  # fmt: skip
     else:
         consts.update(STAGES=stages or 4, DQ_WARPS=dq_warps, DQ_REGS=dq_regs or 64, MMA_REGS=mma_regs or 192,
                       DEPTH=WS_WORD_DEPTH)  # fmt: skip

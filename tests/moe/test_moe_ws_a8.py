@@ -7,7 +7,7 @@ import torch
 
 from anybit import quantize
 from anybit.backends.triton_layout import stack_experts
-from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8, moe_ws_a8_plan, moe_ws_a8_why_not
+from anybit.kernels.moe_ws_a8 import moe_gemm_ws_a8, moe_ws_a8_plan, moe_ws_a8_why_not, rs_a8_block_m, rs_a8_parts
 from anybit.kernels.quant_act import quantize_act
 from anybit.moe import moe_align
 
@@ -36,12 +36,22 @@ def test_block_m_is_two_warpgroups(experts):
     with pytest.raises(ValueError, match="block_m must be 128"):
         moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 64), block_m=64, num_rows=16,
                        top_k=2, x_scales=xs)  # fmt: skip
-    with pytest.raises(ValueError, match=r"block_m must be one of \(64, 128, 256\)"):  # the register-operand kernel
+    with pytest.raises(ValueError, match=r"block_m=32: the register-operand kernel takes blocks of \[64, 80, 96, 128"):
         moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 32), block_m=32, num_rows=16,
                        top_k=2, x_scales=xs, rs=True)  # fmt: skip
     with pytest.raises(ValueError, match="takes block_n=128 .* got 64"):
         moe_gemm_ws_a8(xq, experts, *moe_align(torch.randint(0, 4, (8, 2)), 4, 128), block_m=128, num_rows=16,
                        top_k=2, x_scales=xs, rs=True, block_n=64)  # fmt: skip
+
+
+def test_register_operand_blocks_of_two_parts():
+    assert [rs_a8_parts(b) for b in (64, 80, 96, 128, 144, 160, 256, 272, 288)] == [
+        (64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (256, 0), (256, 16), (256, 32)]  # fmt: skip
+    with pytest.raises(ValueError, match="block_m=192"):
+        rs_a8_parts(192)
+    # an expert's ~128 rows in one block of 144, not 128 and a second block for a few rows
+    assert [rs_a8_block_m(r) for r in (40, 96, 97, 128, 191, 192, 255, 256, 600)] == [
+        80, 80, 144, 144, 144, 128, 128, 256, 256]  # fmt: skip
 
 
 def test_x_must_be_e4m3_of_the_experts_width(experts):

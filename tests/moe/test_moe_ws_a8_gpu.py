@@ -1,7 +1,8 @@
-"""The warp-specialised grouped W4A8 MoE kernel on a Hopper GPU: each sorted row against a float64 product of its
-token's quantized x (the quantizer's own codes and scales) and its expert's `dequantize()`, with ids of -1, experts
-without rows, a warpgroup of only padding rows, N and K off the tile, gate/up fused, top-k weights, poisoned
-outputs, bit-equal relaunches; and `QuantMoE` taking it at large M, captured in a CUDA graph."""
+"""The warp-specialised grouped W4A8 MoE kernel and its register-operand twin on a Hopper GPU: each sorted row against
+a float64 product of its token's quantized x (the quantizer's own codes and scales) and its expert's `dequantize()`,
+with ids of -1, experts without rows, a warpgroup of only padding rows, blocks of two parts whose second part is
+padding or not, N and K off the tile, gate/up fused, top-k weights, poisoned outputs, bit-equal relaunches; and
+`QuantMoE` taking it at large M, captured in a CUDA graph."""
 
 import pytest
 import torch
@@ -33,12 +34,14 @@ CASES = [
 ]  # (E, top-k, tokens, N, K)
 
 
-# the warp-specialised kernel (128-row blocks), the register-operand one with 64 / 128 / 256-row blocks
+# the warp-specialised kernel (128-row blocks), the register-operand one with 64 / 128 / 256-row blocks and blocks of
+# two parts (80 = 64 + 16, 144 = 128 + 16)
 KERNELS = pytest.mark.parametrize(
     "kernel",
-    [dict(block_m=128), dict(rs=True, block_m=64), dict(rs=True, block_m=128), dict(rs=True, block_m=256)],
-    ids=["ws", "rs64", "rs128", "rs256"],
-)
+    [dict(block_m=128), dict(rs=True, block_m=64), dict(rs=True, block_m=128), dict(rs=True, block_m=256),
+     dict(rs=True, block_m=80), dict(rs=True, block_m=144)],
+    ids=["ws", "rs64", "rs128", "rs256", "rs80", "rs144"],
+)  # fmt: skip
 
 
 def _quantized_x(t, kk, act, g):
@@ -93,6 +96,11 @@ def test_silu_mul_of_interleaved_gate_up(kernel):
     assert rel_err(y[valid], ref[valid]) < GEMM_REL_ERR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("block_m", [96, 160, 272])
+def test_the_other_blocks_of_two_parts(block_m):
+    test_rows_match_their_experts("w4a8", 4, 2, 300, 200, 1024, dict(rs=True, block_m=block_m))
+
+
 @pytest.mark.parametrize("switch", ["ANYBIT_MOE_WS_A8_MIN_ROWS", "ANYBIT_MOE_RS_A8_MIN_ROWS"])
 def test_quant_moe_takes_it_at_large_m_and_captures(switch, monkeypatch):
     monkeypatch.setenv(switch, "96")
@@ -110,4 +118,4 @@ def test_explain_names_the_register_operand_kernel(monkeypatch):
 
     monkeypatch.setenv("ANYBIT_MOE_RS_A8_MIN_ROWS", "96")
     line = moe_lines("w4a8", 16, 4, 600, 512, 256, "cuda", "bf16")[-1]  # 150 rows an expert
-    assert "moe_rs_a8" in line and "128-row blocks" in line
+    assert "moe_rs_a8" in line and "144-row blocks" in line
