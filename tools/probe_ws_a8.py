@@ -6,7 +6,9 @@
                                 [--tiles "stages=5;stages=6"] [--peers humming] [--graph] [--out DIR]
 
 Tiles are `gemm_frag_ws_a8` options, ";" between variants and ":" inside one: "" the narrow kernel, "wide=1" the
-wide one, "wide=1:rs=1" its register-operand twin (`frag_rs_a8_kernel`; "tokens=128", "stages=5" …).
+wide one, "wide=1:rs=1" its register-operand twin (`frag_rs_a8_kernel`; "tokens=128", "stages=5" …),
+"wide=1:rs=1:persistent=1" that one's stream-K form (`frag_rsw_a8_kernel`; "head=1", "ctas=…"), ":cvt=1" on any wide
+kernel its y stored 16 bytes a thread.
 
 Every ws variant is first checked against the exact product (float64, the kernel's own quantized x and
 `dequantize()`, 64 rows) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do
