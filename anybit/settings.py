@@ -59,6 +59,12 @@ class Settings:
     (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's block-scaled GEMM. H200, CUDA
     graphs, at M=1024 faster on all four shapes measured (8192^2 180 -> 163 µs, 7168^2 156 -> 142, 28672x8192 599 ->
     585, 18432x7168 354 -> 344); at 512 and 2048 level (-8 .. +2 %), at 4096 two shapes faster and two slower."""
+    frag_rsw_a8_max_m: int
+    """ANYBIT_FRAG_RSW_A8_MAX_M (default 0: off until timed on a GPU), Hopper: W4A8 calls of 33 to this many rows (at
+    most 256) whose scales allow the rescale run the register-operand W4A8 kernel's stream-K form
+    (`frag_rsw_a8_kernel`, tokens a tile the next power of two from 64) ahead of the other routes: one CTA an SM
+    shares every 128-row weight tile's 128-K steps, so a few tokens stream the weight on every SM (the A16 side's wide
+    stream-K kernel, `rs_wide`, for W4A8)."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
@@ -223,6 +229,11 @@ def frag_ws_a8_wide_max_m() -> int:
     return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", 1536, "a row count")
 
 
+def frag_rsw_a8_max_m() -> int:
+    """ANYBIT_FRAG_RSW_A8_MAX_M alone (see `Settings.frag_rsw_a8_max_m`)."""
+    return _rows("ANYBIT_FRAG_RSW_A8_MAX_M", 0, "a row count")
+
+
 def moe_ws_min_rows() -> int:
     """ANYBIT_MOE_WS_MIN_ROWS alone (see `Settings.moe_ws_min_rows`)."""
     return _rows("ANYBIT_MOE_WS_MIN_ROWS", 0, "rows per expert")
@@ -306,7 +317,8 @@ def launch_check() -> bool:
 def load() -> Settings:
     """Read the environment now (call sites read it per call, so tests can change it; the per-call
     paths of the kernels read only the variables they need: `triton_interpret`, `pdl`, `frag_ptx`, `frag_settle`,
-    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `moe_ws_min_rows`,
+    `frag_ws_max_m`, `frag_mid_max_m`, `frag_ws_a8_max_m`, `frag_ws_a8_wide_max_m`, `frag_rsw_a8_max_m`,
+    `moe_ws_min_rows`,
     `moe_ws_a8_min_rows`, `moe_rs_a8_min_rows`, `moe_rs_min_rows`, `frag_rs`, `frag_rs_a8`,
     `frag_rs_parts`, `rs_wide`, `rs_w2`,
     `ws_int`, `fast_launch`)."""
@@ -322,6 +334,7 @@ def load() -> Settings:
         frag_mid_max_m=frag_mid_max_m(),
         frag_ws_a8_max_m=frag_ws_a8_max_m(),
         frag_ws_a8_wide_max_m=frag_ws_a8_wide_max_m(),
+        frag_rsw_a8_max_m=frag_rsw_a8_max_m(),
         moe_ws_min_rows=moe_ws_min_rows(),
         moe_ws_a8_min_rows=moe_ws_a8_min_rows(),
         moe_rs_a8_min_rows=moe_rs_a8_min_rows(),

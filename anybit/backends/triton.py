@@ -44,8 +44,10 @@ from anybit.kernels.frag_rs import (
 from anybit.kernels.frag_rsp import gemm_frag_rsw, rsw_tile
 from anybit.kernels.frag_ws import frag_ws_scheme_why_not, frag_ws_weight_why_not, gemm_frag_ws, ws_takes, ws_tile
 from anybit.kernels.frag_ws_a8 import (
+    RSW_A8_MIN_M,
     WIDE_MIN_M,
     gemm_frag_ws_a8,
+    rsw_a8_tile,
     ws_a8_route_why_not,
     ws_a8_tile,
     ws_a8_wide_why_not,
@@ -434,7 +436,7 @@ class TritonBackend:
         large = large or (tile is not None and "rs" in tile)
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, x, tile)):
             return self.dequant_matmul(x, tw, bias, x_scales, tile)
-        if config is None and a8 and tw.frag and m > FRAG_MAX_M and x.is_cuda:
+        if config is None and a8 and tw.frag and m >= RSW_A8_MIN_M and x.is_cuda:  # (the stream-K form from 33 rows)
             y = self._ws_a8(x, tw, bias)
             if y is not None:
                 return y
@@ -555,10 +557,13 @@ class TritonBackend:
         """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan`'s rule takes it (the weight's part decided once),
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
         m = x.shape[0]
-        narrow = m <= settings.frag_ws_a8_max_m()
-        if not narrow and not WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
+        tile = rsw_a8_tile(m)  # (ANYBIT_FRAG_RSW_A8_MAX_M: the stream-K form at 33-256 rows, off by default)
+        narrow = tile is None and m <= settings.frag_ws_a8_max_m()
+        if m <= FRAG_MAX_M and tile is None:
             return None
-        key = "a8" if narrow else "a8-wide"
+        if tile is None and not narrow and not WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
+            return None
+        key = "a8" if narrow else "a8-wide"  # (the stream-K form asks what the wide kernels ask)
         ok = tw.ws_ok.get(key)
         if ok is None:
             why = (ws_a8_route_why_not(tw.scheme, tw.k, tw.n, x.device) if narrow else
@@ -566,7 +571,7 @@ class TritonBackend:
             ok = tw.ws_ok[key] = why is None
         if not ok:
             return None
-        tile = ws_a8_tile(m, tw.n, _sm_count(x.device), wide=not narrow)
+        tile = tile or ws_a8_tile(m, tw.n, _sm_count(x.device), wide=not narrow)
         try:
             return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:

@@ -32,7 +32,10 @@ A8_BK = 128  # K per step: one frag block
 WIDE_TOKENS = 256  # the wide kernel's tokens a tile (the wgmma's N)
 WIDE_MIN_M = 512  # it takes calls of more rows than this (and than ANYBIT_FRAG_WS_A8_MAX_M): at 512 it ties the route
 WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % faster than 3 at M = 1024 / 4096)
-RS_STAGES = 4  # the register-operand wide kernel's ring: 40.5 KB a step of x, words and scales
+# the register-operand wide kernel's ring by tokens a tile: x's [tokens, 128] + 8 KB of words + scales a step (256:
+# 40.5 KB, 4 stages; 64: 16.5 KB, 8 — a few tokens stream the weight, so more of it in flight)
+RS_STAGES = {64: 8, 128: 6, 256: 4}
+RSW_A8_MIN_M = 33  # the stream-K form's smallest call on the route (`rsw_a8_tile`); the decode kernels below
 
 
 @functools.cache
@@ -133,6 +136,17 @@ def ws_a8_wide_why_not(scheme, k: int, n: int, device: torch.device, rescale: bo
     return why
 
 
+def rsw_a8_tile(m: int) -> dict | None:
+    """The register-operand kernel's stream-K form for a W4A8 call of M rows where `settings.frag_rsw_a8_max_m()`
+    takes it (RSW_A8_MIN_M <= M <= it, at most 256; the caller checks the weight: `ws_a8_wide_why_not`), else None:
+    tokens a tile the next power of two from 64, y stored 16 bytes a thread from 128 tokens (as the A16 wide kernel,
+    `frag_rsp.RSW_CVT_MIN_M`). Not yet timed on a GPU."""
+    if not RSW_A8_MIN_M <= m <= min(settings.frag_rsw_a8_max_m(), WIDE_TOKENS):
+        return None
+    tokens = max(64, 1 << (m - 1).bit_length())
+    return dict(wide=True, rs=True, persistent=True, tokens=tokens, cvt=tokens >= 128)
+
+
 def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
     """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
     weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
@@ -190,7 +204,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             "(positive, normal, within 64 binades: TritonWeight.rescale)"
         )
     # the wide kernel's 128-register accumulators need 154+ registers where ptxas compiles it: 12 warps, not 16
-    defaults = (RS_STAGES, 1, 48, 232) if rs else (WIDE_STAGES, 2, 128, 192) if wide else (4, 4, 80, 176)
+    defaults = (RS_STAGES[tokens], 1, 48, 232) if rs else (WIDE_STAGES, 2, 128, 192) if wide else (4, 4, 80, 176)
     stages, dq_warps, dq_regs, mma_regs = (
         v or d for v, d in zip((stages, dq_warps, dq_regs, mma_regs), defaults, strict=True)
     )

@@ -112,6 +112,19 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if cuda and m > DEQUANT_MATMUL_MIN_M and not a8_mma(scheme):
         return f"M > {DEQUANT_MATMUL_MIN_M}: one-pass Triton dequantize to the activation dtype, then cuBLAS"
     ws_a8_note = ""
+    if frag and a8_mma(scheme) and cuda:
+        from anybit.kernels.frag_ws_a8 import RSW_A8_MIN_M, rsw_a8_tile, ws_a8_wide_why_not
+
+        t = rsw_a8_tile(m)
+        if t is not None and ws_a8_wide_why_not(scheme, k, n, device, True) is None:
+            return (
+                f"FP8 activations, {RSW_A8_MIN_M} <= M <= ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}: "
+                "e4m3 x per token, then the register-operand W4A8 Gluon kernel's stream-K form (one CTA an SM sharing "
+                f"every 128-row weight tile's 128-K steps, {t['tokens']} tokens a tile; two MMA warpgroups of 64 "
+                "weight rows decode W's words straight into the wgmma's e4m3 A registers and keep the accumulator in "
+                "units of each block's scale; group scales must be positive, normal and within 64 binades, else the "
+                "other routes)"
+            )
     if frag and a8_mma(scheme) and m > FRAG_MAX_M:
         from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, ws_a8_plan
 

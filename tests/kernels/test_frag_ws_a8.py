@@ -10,7 +10,7 @@ from anybit import quantize
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
 from anybit.kernels.frag_layout import FRAG_PANEL, from_panels, pack_frag
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, ws_a8_plan, ws_a8_tile
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, rsw_a8_tile, ws_a8_plan, ws_a8_tile
 
 M32 = 0xFFFFFFFF
 
@@ -116,6 +116,19 @@ def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "3")
     with pytest.raises(ValueError, match="ANYBIT_FRAG_RS_A8='3': expected one of 0, 1, 2"):
         ws_a8_tile(1024, 8192, wide=True)
+
+
+def test_the_stream_k_form_takes_33_to_the_setting_rows_when_asked(monkeypatch):
+    monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
+    assert rsw_a8_tile(64) is None  # off by default
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "512")  # (at most 256: its largest token tile)
+    assert [rsw_a8_tile(m) and rsw_a8_tile(m)["tokens"] for m in (32, 33, 64, 65, 128, 200, 256, 257)] == [
+        None, 64, 64, 128, 128, 256, 256, None]  # fmt: skip
+    assert rsw_a8_tile(100) == dict(wide=True, rs=True, persistent=True, tokens=128, cvt=True)
+    assert rsw_a8_tile(40)["cvt"] is False
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "many")
+    with pytest.raises(ValueError, match="ANYBIT_FRAG_RSW_A8_MAX_M='many'"):
+        rsw_a8_tile(64)
 
 
 def test_explain_says_why_the_w4a8_kernel_is_not_used():

@@ -122,6 +122,23 @@ def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(l
     _captured_on_fresh_x(be, x, p, qw)
 
 
+@pytest.mark.parametrize("m", [33, 64, 100, 256])
+def test_the_backend_takes_the_stream_k_form_at_few_rows_when_asked_and_captures(m, monkeypatch):
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag_ws_a8 import rsw_a8_tile
+
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "256")
+    x, qw, _ = _case("w4a8", m, 7168, 2048, seed=m)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y = be.gemm(x, p)
+    assert p.data.ws_ok.get("a8-wide") is True
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **rsw_a8_tile(m)))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    _captured_on_fresh_x(be, x, p, qw)
+
+
 @pytest.mark.parametrize("kernel", [{}, dict(rs=True), dict(rs=True, persistent=True)], ids=["wide", "rs", "rsw"])
 def test_the_wide_kernel_rescales_blocks_over_many_binades_with_bias(kernel):
     """Each (weight row, 128-K block) times 2**u, u in [-8, 8]: the accumulator's units change by up to 2**16 from
@@ -174,3 +191,6 @@ def test_explain_names_the_register_operand_kernel_when_asked(monkeypatch):
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")
     plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
     assert "stream-K" in plan and "ANYBIT_FRAG_RS_A8=2" in plan
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "256")
+    plan = triton_plan(Scheme.parse("w4a8"), 64, 8192, 8192, device, torch.bfloat16)
+    assert "stream-K form" in plan and "ANYBIT_FRAG_RSW_A8_MAX_M=256" in plan and "64 tokens a tile" in plan
