@@ -47,6 +47,7 @@ from anybit.kernels.frag_ws_a8 import (
     RSW_A8_MIN_M,
     WIDE_MIN_M,
     gemm_frag_ws_a8,
+    rs_e2m1_why_not,
     rsw_a8_tile,
     ws_a8_route_why_not,
     ws_a8_tile,
@@ -423,6 +424,10 @@ class TritonBackend:
         a8 = tw.mma_a8
         x_scales = None
         rowwise_min = ROWWISE_MIN_M_A8 if tw.e2m1_a8 else ROWWISE_MIN_M
+        if config is None and tw.e2m1_a8 and m >= RSW_A8_MIN_M and x.is_cuda:  # MXFP4: the register-operand
+            y = self._ws_a8(x, tw, bias)  # kernels where a switch asks (off by default)
+            if y is not None:
+                return y
         if config is None and m > rowwise_min and rowwise_why_not(tw, x.device, x.dtype) is None:
             return rowwise_gemm(x, tw, bias)
         if config is None and tw.a16 is not None and m > settings.frag_ws_max_m() and self._blockscaled(tw, x):
@@ -436,7 +441,7 @@ class TritonBackend:
         large = large or (tile is not None and "rs" in tile)
         if config is None and large and not a8 and not (tw.frag and self._mid(tw, x, tile)):
             return self.dequant_matmul(x, tw, bias, x_scales, tile)
-        if config is None and a8 and tw.frag and m >= RSW_A8_MIN_M and x.is_cuda:  # (the stream-K form from 33 rows)
+        if config is None and a8 and tw.frag and not tw.e2m1_a8 and m >= RSW_A8_MIN_M and x.is_cuda:  # (33: rsw)
             y = self._ws_a8(x, tw, bias)
             if y is not None:
                 return y
@@ -558,6 +563,14 @@ class TritonBackend:
         else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
         m = x.shape[0]
         tile = rsw_a8_tile(m)  # (ANYBIT_FRAG_RSW_A8_MAX_M: the stream-K form at 33-256 rows, off by default)
+        if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its switch asks
+            if tile is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
+                tile = ws_a8_tile(m, tw.n, _sm_count(x.device), wide=True)
+            if tile is None:
+                return None
+            if tw.ws_ok.get("a8-e2m1") is None:
+                tw.ws_ok["a8-e2m1"] = rs_e2m1_why_not(tw, x.device) is None
+            return TritonBackend._ws_a8_run(x, tw, bias, tile, "a8-e2m1") if tw.ws_ok["a8-e2m1"] else None
         narrow = tile is None and m <= settings.frag_ws_a8_max_m()
         if m <= FRAG_MAX_M and tile is None:
             return None
@@ -572,12 +585,18 @@ class TritonBackend:
         if not ok:
             return None
         tile = tile or ws_a8_tile(m, tw.n, _sm_count(x.device), wide=not narrow)
+        return TritonBackend._ws_a8_run(x, tw, bias, tile, key)
+
+    @staticmethod
+    def _ws_a8_run(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None, tile: dict, key: str):
+        """`gemm_frag_ws_a8` with `tile`; a kernel failure warns once and leaves this weight's `key` off it (None:
+        the caller's other route)."""
         try:
             return gemm_frag_ws_a8(x if x.is_contiguous() else x.contiguous(), tw, bias, **tile)
         except _triton_errors() as e:
             tw.ws_ok[key] = False
-            warnings.warn(f"frag_ws_a8 kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using the block-scaled "
-                          f"route: {type(e).__name__}: {e}", FallbackWarning, stacklevel=4)  # fmt: skip
+            warnings.warn(f"frag_ws_a8 kernel failed for {tw.scheme} N={tw.n} K={tw.k}, using the other "
+                          f"route: {type(e).__name__}: {e}", FallbackWarning, stacklevel=5)  # fmt: skip
             return None
 
     def dequant_matmul(

@@ -57,7 +57,7 @@ def _rsw_a8_loader(w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty
 @gluon.jit
 def _rsw_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr,
                 M, N, stride_ym, tiles, num_k, GROUP_M: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr):
+                RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr, E2M1: gl.constexpr, rs_ptr):
     """MMA warpgroup ME (64 weight rows of each tile): every segment of the CTA's run (`_rs_a8_loop` from ring step
     g), then its rows' products stored, or summed with the other CTAs' parts of the tile (`_fixup`, lane ME)."""
     BM: gl.constexpr = x_bufs.type.shape[1]
@@ -65,19 +65,21 @@ def _rsw_a8_mma(wq, sq, x_bufs, ready, x_ready, empty, ME: gl.constexpr, xs_ptr,
     g = 0
     for t in range(t0, t1 + 1):
         kb_lo, kb_hi = _segment(t, u0, u1, num_k, False)
-        acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, kb_hi - kb_lo, SIGNED, RESCALE, False, 0, g)
+        off_m, off_n = _tile_origin(M, N, BM, 2 * 64, GROUP_M, t)
+        acc = _rs_a8_loop(wq, sq, x_bufs, ready, x_ready, empty, ME, kb_hi - kb_lo, SIGNED, RESCALE, False, 0, g,
+                          E2M1, rs_ptr, N, off_n)
         g += kb_hi - kb_lo
         stores, acc, _ = _fixup(acc, acc, ws_ptr, cnt_ptr, t, num_k, tiles, False, False, ME, 2, HEAD)
         if stores:
-            off_m, off_n = _tile_origin(M, N, BM, 2 * 64, GROUP_M, t)
             _a8_store(acc, xs_ptr, bias_ptr, y_ptr, M, N, stride_ym, off_m, off_n + ME * 64, HAS_BIAS, CVT)
 
 
 @gluon.jit
 def frag_rsw_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, nb, stride_ym,
-                       BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
+                       rs_ptr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                        SCALE_PER_BLOCK: gl.constexpr, GB: gl.constexpr, SIGNED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       PANEL: gl.constexpr, RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr = False):
+                       PANEL: gl.constexpr, RESCALE: gl.constexpr, HEAD: gl.constexpr, CVT: gl.constexpr = False,
+                       E2M1: gl.constexpr = False):
     BM: gl.constexpr = x_desc.block_type.shape[0]  # tokens: the wgmma's N
     _, _, num_k = _wide_tile(x_desc, M, N, K, BN, GROUP_M)
     tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
@@ -85,9 +87,9 @@ def frag_rsw_a8_kernel(x_desc, w_desc, s_desc, xs_ptr, bias_ptr, y_ptr, ws_ptr, 
     x_bufs, wq, sq, ready, x_ready, empty = _rs_a8_rings(x_layout, w_desc, s_desc, BM, BN, STAGES, 1)
     gl.warp_specialize([  # MMA warpgroups (weight rows 0-63, 64-127 of each tile), loader
         (_rsw_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 0, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT)),
+                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT, E2M1, rs_ptr)),
         (_rsw_a8_mma, (wq, sq, x_bufs, ready, x_ready, empty, 1, xs_ptr, bias_ptr, y_ptr, ws_ptr, cnt_ptr, M, N,
-                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT)),
+                       stride_ym, tiles, num_k, GROUP_M, SIGNED, HAS_BIAS, RESCALE, HEAD, CVT, E2M1, rs_ptr)),
         (_rsw_a8_loader, (w_desc, s_desc, x_desc, wq, sq, x_bufs, ready, x_ready, empty, M, N, nb, tiles, num_k,
                           GROUP_M, SCALE_PER_BLOCK, GB, PANEL)),
     ], [4, 1], [MMA_REGS, 48])

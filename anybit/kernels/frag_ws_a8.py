@@ -147,6 +147,17 @@ def rsw_a8_tile(m: int) -> dict | None:
     return dict(wide=True, rs=True, persistent=True, tokens=tokens, cvt=tokens >= 128)
 
 
+def rs_e2m1_why_not(tw, device: torch.device) -> str | None:
+    """None when the register-operand kernels run this MXFP4 weight under e4m3 x (`TritonWeight.e2m1_a8`: by its
+    groups' tables), else why not: a Hopper GPU with Gluon, N a multiple of 16 (its uint8 scale rows by TMA)."""
+    if not tw.e2m1_a8:
+        return "e2m1 weights on the FP8 MMA only (TritonWeight.e2m1_a8: MXFP4 rows within 11 binades)"
+    why = gluon_hopper_why_not(device)
+    if why is None and tw.n % 16:
+        why = f"N={tw.n} must be a multiple of 16 (TMA reads its uint8 scale rows 16-byte aligned)"
+    return why
+
+
 def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
     """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
     weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
@@ -198,7 +209,14 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         raise ValueError(f"tokens={tokens}: only the register-operand kernel (rs=True) takes other than {WIDE_TOKENS}")
     if tokens not in (64, 128, 256):
         raise ValueError(f"tokens={tokens}: the register-operand kernel takes 64, 128 or 256 tokens a tile")
-    if wide and (block_n != 128 or not tw.rescale):
+    e2m1 = tw.e2m1_a8  # MXFP4 by its groups' tables: the register-operand kernels alone
+    if e2m1 and not rs:
+        raise ValueError(f"{tw.scheme}: e2m1 weights on the FP8 MMA run on the register-operand kernel only "
+                         "(wide=True, rs=True)")  # fmt: skip
+    if e2m1 and n % 16:
+        raise ValueError(f"N={n}: e2m1 weights' uint8 scale rows are read by TMA 16-byte aligned (N a multiple of "
+                         "16)")  # fmt: skip
+    if wide and (block_n != 128 or not (tw.rescale or e2m1)):
         raise ValueError(
             f"the wide W4A8 kernel takes block_n=128 (not {block_n}) and group scales it may rescale by "
             "(positive, normal, within 64 binades: TritonWeight.rescale)"
@@ -215,6 +233,7 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
     w_desc, s_desc = weight_descs(tw, block_n)
     key = ("ws_a8", wide, rs, tokens, block_n, stages, group_m, dq_warps, dq_regs, mma_regs, order, promote,
            early_scales, diag, persistent, head, cvt, x.dtype, bias is None)  # fmt: skip
+    rs_ptr = tw.rowwise[1] if e2m1 else y  # e2m1: the rows' powers of two after the K loop
     launch = tw.launches.get(key)
     if launch is None:
         consts = dict(
@@ -223,9 +242,9 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
             num_warps=4,
         )  # fmt: skip
         if persistent:
-            consts.update(RESCALE=blocks, HEAD=head, CVT=cvt)
+            consts.update(RESCALE=blocks and not e2m1, HEAD=head, CVT=cvt, E2M1=e2m1)
         elif rs:  # no decoder partitions (its loader's warp and registers are the kernel's own)
-            consts.update(RESCALE=blocks, DIAG=diag, CVT=cvt)
+            consts.update(RESCALE=blocks and not e2m1, DIAG=diag, CVT=cvt, E2M1=e2m1)
         else:
             consts.update(DQ_WARPS=dq_warps, DQ_REGS=dq_regs, DEPTH=WS_WORD_DEPTH)
             if wide:
@@ -237,19 +256,22 @@ def gemm_frag_ws_a8(x: torch.Tensor, tw, bias: torch.Tensor | None = None, *, ou
         live = (0, 3, 4, 5, 6, 7, 8, 12) if persistent else (0, 3, 4, 5, 6, 10)
         launch = tw.launches[key] = Launcher(_kernel(wide, rs, persistent), consts, live=live)
     if persistent:
-        _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace, counters)
+        _launch_persistent(
+            launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace, counters, rs_ptr
+        )
         return y
     # fmt: off
     launch(
         (cdiv(m, rows if wide else 128) * cdiv(n, block_n),), x_desc, w_desc, s_desc, xs,
         bias if bias is not None else y, y, m, n, k, tw.planes[0].shape[-1] // 16, y.stride(0),
+        *((rs_ptr,) if rs else ()),
     )
     # fmt: on
     return y
 
 
-def _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace,
-                       counters) -> None:  # fmt: skip
+def _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, ctas, head, workspace, counters,
+                       rs_ptr) -> None:  # fmt: skip
     """`frag_rsw_a8_kernel` on `ctas` CTAs (default the SMs; at most one a 128-K step of the call), its workspace
     slots two a CTA for each of the two MMA warpgroups, a counter a tile and warpgroup."""
     from anybit.kernels.frag import sm_count
@@ -265,6 +287,6 @@ def _launch_persistent(launch, x_desc, w_desc, s_desc, xs, bias, y, tw, tokens, 
     # fmt: off
     launch(
         grid, x_desc, w_desc, s_desc, xs, bias if bias is not None else y, y, workspace, counters, m, tw.n, tw.k,
-        tw.planes[0].shape[-1] // 16, y.stride(0),
+        tw.planes[0].shape[-1] // 16, y.stride(0), rs_ptr,
     )
     # fmt: on

@@ -68,6 +68,10 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
                    "instead" if cuda else "; the row-wise FP8 route needs a CUDA device")  # fmt: skip
     via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
            if codes else "")  # fmt: skip
+    if rows and cuda and settings.e2m1_a8():
+        rs_e2m1 = _rs_e2m1_plan(m, n, device)
+        if rs_e2m1:
+            return rs_e2m1
     bits = scheme.weight.bits
     rs = rs_scheme_why_not(scheme) is None  # the route sends these codes to the register-operand kernel
     # the register-operand kernel runs these weights (zero points, 2/3-bit codes: it alone)
@@ -383,3 +387,27 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
     return lines + [f"  register-operand grouped kernel (moe_rs) not used: {rs_why}",
                     f"  warp-specialised grouped kernel ({'moe_ws_a8' if gate_up.scheme.act.quantized else 'moe_ws'}) "
                     f"not used: {ws_why}"]  # fmt: skip
+
+
+def _rs_e2m1_plan(m: int, n: int, device: torch.device) -> str | None:
+    """The register-operand W4A8 kernels for an MXFP4 call under e4m3 x where a switch asks (`TritonBackend._ws_a8`:
+    the stream-K form at 33-`ANYBIT_FRAG_RSW_A8_MAX_M` rows, the one-tile or stream-K kernel in the wide range with
+    `ANYBIT_FRAG_RS_A8`), else None."""
+    from anybit.kernels.frag import sm_count
+    from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
+
+    t, switch = rsw_a8_tile(m), f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
+    if t is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
+        t, switch = ws_a8_tile(m, n, sm_count(device) or 132, wide=True), f"ANYBIT_FRAG_RS_A8={settings.frag_rs_a8()}"
+    if t is None:
+        return None
+    form = "one tile a CTA"
+    if t.get("persistent"):
+        form = "its stream-K form (one CTA an SM sharing every tile's 128-K steps)"
+    return (
+        f"FP8 activations (e4m3 per token), {switch}: MXFP4 weights whose rows' scales lie within 11 binades "
+        "(checked when prepared) and N a multiple of 16 run the register-operand W4A8 Gluon kernel, "
+        f"{form}, {t.get('tokens', 256)} tokens a tile: two MMA warpgroups of 64 weight rows decode the e2m1 words "
+        "by their groups' tables of e4m3 bytes straight into the wgmma's A registers, the FP8 MMA accumulating the "
+        "whole K, the rows' powers of two after it — else the routes below"
+    )

@@ -66,6 +66,39 @@ def test_decoded_bytes_are_e4m3_of_the_codes_over_512_in_k_order(signed, order):
         assert torch.equal(got, want)
 
 
+def _table(sel: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """prmt.b32 d, lo, hi, sel on int64 words (selector nibbles' bit 3 clear): byte n of d is byte (sel >> 4n) & 7 of
+    the eight bytes hi:lo."""
+    table = lo | (hi << 32)
+    return sum(((table >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n) for n in range(4))
+
+
+def test_e2m1_register_operand_bytes_are_e4m3_of_the_values_in_k_order():
+    """`frag_rs_a8_kernel._E2M1_RS` step by step (each word's group table from its row-relative code, then
+    `frag_decode._E2M1_A8`) and the register operand's byte order: e4m3 of each e2m1 value times 2**(r + 6)."""
+    from anybit.kernels.frag_decode import _LUT_HI_BASE, _LUT_HI_STEP, _LUT_LO_BASE, _LUT_LO_STEP, E2M1_A8_SHIFT
+
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (FRAG_PANEL, 256), dtype=torch.uint8, generator=g)
+    codes[0, :16] = torch.arange(16)  # every code once
+    rel = torch.randint(127 - 11, 128, (FRAG_PANEL, 256 // 32), generator=g)  # 127 + r, r in [-11, 0]
+    words = from_panels(pack_frag(codes, a8=True, e2m1=True), FRAG_PANEL, FRAG_PANEL).to(torch.int64) & M32
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    for b in range(2):
+        w = words[:, 16 * b : 16 * (b + 1)]
+        c = rel[:, 4 * b : 4 * (b + 1)].repeat(1, 4)  # word 4t + g is group g
+        lo = (c * _LUT_LO_STEP.value + _LUT_LO_BASE.value) & M32
+        hi = (c * _LUT_HI_STEP.value + _LUT_HI_BASE.value) & M32
+        m = w & 0x77777777
+        r0 = _table(m, lo, hi) | (w & 0x80808080)
+        r1 = _table(m >> 16, lo, hi) | ((w << 4) & 0x80808080)
+        got = _operand_bytes(r0, r1).to(torch.uint8).view(torch.float8_e4m3fn).double()
+        q = codes[:, 128 * b : 128 * (b + 1)].long()
+        r = rel[:, 4 * b : 4 * (b + 1)].repeat_interleave(32, 1) - 127
+        want = torch.where(q >= 8, -1.0, 1.0).double() * mags[q & 7] * torch.exp2((r + E2M1_A8_SHIFT).double())
+        assert torch.equal(got, want)
+
+
 def test_register_operand_options_are_checked():
     tw = to_triton_layout(quantize(torch.randn(256, 512), "w4a8"))
     x = torch.randn(4, 512).half()
@@ -83,6 +116,13 @@ def test_register_operand_options_are_checked():
         gemm_frag_ws_a8(x, tw, wide=True, rs=True, persistent=True, diag=1)
     with pytest.raises(ValueError, match="cvt=True .* wide=True"):
         gemm_frag_ws_a8(x, tw, cvt=True)
+    mx = to_triton_layout(quantize(torch.randn(256, 512) * 0.05, "w4a8-mxfp4"))
+    assert mx.e2m1_a8
+    with pytest.raises(ValueError, match="e2m1 weights on the FP8 MMA run on the register-operand kernel only"):
+        gemm_frag_ws_a8(x, mx, wide=True)
+    mx = to_triton_layout(quantize(torch.randn(1000, 512) * 0.05, "w4a8-mxfp4"))
+    with pytest.raises(ValueError, match="N=1000: e2m1 weights' uint8 scale rows"):
+        gemm_frag_ws_a8(x, mx, wide=True, rs=True)
 
 
 @pytest.mark.parametrize("text, why", [("w4a8", "CUDA GPU")])  # on this machine: the CPU

@@ -45,6 +45,22 @@ def test_matches_the_exact_product(text, m, n, k, kernel):
     assert torch.equal(y, gemm_frag_ws_a8(x, tw, **kernel))  # relaunch: the same bits
 
 
+@pytest.mark.parametrize("m, n, k", [(1, 256, 512), (257, 1008, 1536), (1024, 2048, 4224), (600, 4224, 7168),
+                                     (40, 3008, 2080)])  # fmt: skip
+@pytest.mark.parametrize("kernel", [dict(wide=True, rs=True), RSW, RSW | dict(tokens=64, cvt=True)],
+                         ids=["rs", "rsw", "rsw64"])  # fmt: skip
+def test_mxfp4_weights_by_their_groups_tables(m, n, k, kernel):
+    """W4A8-MXFP4 (e2m1 codes, ue8m0 scales per 32-K group) decoded into the register operand by each group's
+    table of e4m3 bytes (`TritonWeight.e2m1_a8`), the rows' powers of two after the K loop; N off the tile, K off
+    the 128-K block."""
+    x, qw, tw = _case("w4a8-mxfp4", m, n, k, seed=m + n)
+    assert tw.e2m1_a8
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
+    y = gemm_frag_ws_a8(x, tw, out=out, **kernel)
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    assert torch.equal(y, gemm_frag_ws_a8(x, tw, **kernel))
+
+
 @KERNELS
 def test_fp16_x_and_a_k_tail(kernel):
     x, qw, tw = _case("w4a8:int4:ch:fp32:e4m3-token", 300, 1000, 2880, torch.float16)  # 22.5 blocks of 128
@@ -137,6 +153,25 @@ def test_the_backend_takes_the_stream_k_form_at_few_rows_when_asked_and_captures
     assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **rsw_a8_tile(m)))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     _captured_on_fresh_x(be, x, p, qw)
+
+
+@pytest.mark.parametrize("m, switch, value", [(64, "ANYBIT_FRAG_RSW_A8_MAX_M", "256"), (1024, "ANYBIT_FRAG_RS_A8", "1"),
+                                              (1024, "ANYBIT_FRAG_RS_A8", "2")])  # fmt: skip
+def test_the_backend_takes_mxfp4_on_the_register_operand_kernels_when_asked(m, switch, value, monkeypatch):
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.tools.explain import triton_plan
+
+    monkeypatch.setenv(switch, value)
+    x, qw, _ = _case("w4a8-mxfp4", m, 8192, 1024, seed=m)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y = be.gemm(x, p)
+    assert p.data.ws_ok.get("a8-e2m1") is True
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    _captured_on_fresh_x(be, x, p, qw)
+    plan = triton_plan(Scheme.parse("w4a8-mxfp4"), m, 8192, 1024, x.device, torch.bfloat16)
+    assert "register-operand W4A8 Gluon kernel" in plan and f"{switch}={value}" in plan
 
 
 @pytest.mark.parametrize("kernel", [{}, dict(rs=True), dict(rs=True, persistent=True)], ids=["wide", "rs", "rsw"])
