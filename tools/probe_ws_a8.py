@@ -8,7 +8,8 @@
 Tiles are `gemm_frag_ws_a8` options, ";" between variants and ":" inside one: "" the narrow kernel, "wide=1" the
 wide one, "wide=1:rs=1" its register-operand twin (`frag_rs_a8_kernel`; "tokens=128", "stages=5" …),
 "wide=1:rs=1:persistent=1" that one's stream-K form (`frag_rsw_a8_kernel`; "head=1", "ctas=…"), ":cvt=1" on any wide
-kernel its y stored 16 bytes a thread.
+kernel its y stored 16 bytes a thread. `--scheme w4a8-mxfp4`: MXFP4 weights, on the register-operand kernels only
+("wide=1:rs=1[:persistent=1]"); the route there is the e4m3 pass + cuBLAS's row-wise GEMM (above 256 rows).
 
 Every ws variant is first checked against the exact product (float64, the kernel's own quantized x and
 `dequantize()`, 64 rows) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do
@@ -38,7 +39,7 @@ from anybit import prepare, quantize  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
 from anybit.bench.peers import torch_fp8  # noqa: E402
 from anybit.formats.scheme import Scheme  # noqa: E402
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8  # noqa: E402
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, rs_e2m1_why_not  # noqa: E402
 from anybit.kernels.quant_act import quantize_act  # noqa: E402
 from anybit.quant.activations import dequantize_activation  # noqa: E402
 
@@ -58,7 +59,8 @@ def main() -> int:
         qws = [quantize(w, scheme) for w in ws]
         preps = [prepare(qw, backend="triton") for qw in qws]
         tws = [p.data for p in preps]
-        why = frag_ws_a8_why_not(tws[0].scheme, tws[0].k, tws[0].n, dev)
+        e2m1 = tws[0].e2m1_a8  # MXFP4 (by its groups' tables): the register-operand kernels only
+        why = rs_e2m1_why_not(tws[0], dev) if e2m1 else frag_ws_a8_why_not(tws[0].scheme, tws[0].k, tws[0].n, dev)
         if why:
             errors[shape] = why
             continue
@@ -75,7 +77,8 @@ def main() -> int:
             ref = dequantize_activation(xq, xs, scheme.act).double() @ qws[0].dequantize().double().T
             cells = {name: [lambda f=f, x=x: f(x) for f in fns] for name, fns in peers.items()}
             if "route" in args.peers:
-                cells["route (codes + cuBLAS 1x128)"] = [lambda p=p, x=x: backend.gemm(x, p) for p in preps]
+                route = "route (e4m3 pass + cuBLAS row-wise)" if e2m1 else "route (codes + cuBLAS 1x128)"
+                cells[route] = [lambda p=p, x=x: backend.gemm(x, p) for p in preps]
             if "quantizer" in args.peers:
                 cells["quantizer alone"] = [lambda x=x: quantize_act(x, scheme.act)]
             for tile in tiles:
