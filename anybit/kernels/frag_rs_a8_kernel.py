@@ -16,7 +16,10 @@ Per CTA tile, three partitions:
   one 64 x 256 x 128 wgmma (four QGMMA) waited for before the next decode — no register operand is rewritten while a
   wgmma reads it (Triton #9433), and the other warpgroup's step keeps the tensor cores busy meanwhile.
 
-Weights with group scales must be `TritonWeight.rescale`; channel scales accumulate the whole K. Imported only where
+Weights with group scales must be `TritonWeight.rescale`; channel scales accumulate the whole K. MXFP4 weights
+(E2M1, `TritonWeight.e2m1_a8`) decode by their 32-K groups' tables of e4m3 bytes (`_e2m1_operand`) and accumulate
+the whole K with no rescale. The K loop (`_rs_a8_steps`) also serves the stream-K form (`frag_rsw_a8_kernel`: from
+ring step g0) and the grouped MoE kernel (`moe_rs_a8_kernel`: gathered x, blocks of two parts). Imported only where
 it runs (Gluon + Hopper).
 """
 

@@ -18,6 +18,9 @@ Per CTA, three partitions, as in the one-tile kernel:
   tile add as they are; then the tile stored, or summed through `frag_rsp_kernel._fixup` with a counter and
   workspace slots of the warpgroup's own (LANES 2): the last CTA in sums every part in CTA order (the same bits
   whichever is last) — or with HEAD the CTA holding the tile's first step, whose run ends there — and stores y.
+
+Also at 33-256 rows (`frag_ws_a8.rsw_a8_tile`: 64-256 tokens a tile, where a few tokens must stream the weight on
+every SM) and for MXFP4 weights (E2M1, as the one-tile kernel).
 """
 
 from __future__ import annotations
