@@ -560,7 +560,10 @@ class TritonBackend:
     @staticmethod
     def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
         """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan`'s rule takes it (the weight's part decided once),
-        else None: the block-scaled route. A kernel failure warns once and leaves this weight on that route."""
+        or at 33-256 rows its register-operand kernel's stream-K form where `rsw_a8_tile` does; MXFP4 weights under
+        e4m3 x (`TritonWeight.e2m1_a8`) only on the register-operand kernels, where ANYBIT_FRAG_RSW_A8_MAX_M or
+        ANYBIT_FRAG_RS_A8 asks (`rs_e2m1_why_not`); else None: the other routes. A kernel failure warns once and
+        leaves this weight on them."""
         m = x.shape[0]
         tile = rsw_a8_tile(m)  # (ANYBIT_FRAG_RSW_A8_MAX_M: the stream-K form at 33-256 rows, off by default)
         if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its switch asks
