@@ -67,6 +67,51 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from anybit.bench.evaluate import INPUTS, evaluate, summary, table
+    from anybit.bench.recipe import load_recipe
+
+    recipe = _with_overrides(load_recipe(args.recipe), args)
+    kinds = args.inputs.split(",")
+    bad = [k for k in kinds if k not in INPUTS]
+    if bad:
+        raise anybit.AnybitError(f"--inputs {bad}: valid kinds are {list(INPUTS)}")
+    if args.backends:
+        recipe.backends = args.backends.split(",")
+    result = evaluate(recipe, kinds, m=args.rows, device=args.device)
+    header, lines = table(result)
+    _print_table(f"anybit eval — {recipe.name}: relative error against the float layer", header, lines)
+    for s in summary(result):
+        print(s)
+    out = args.out or recipe.out
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "eval.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print("wrote", path)
+    return 1 if any(r.get("status") == "WRONG" for r in result["rows"]) else 0
+
+
+def _print_table(title: str, header: list[str], lines: list[list[str]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=title)
+        for h in header:
+            t.add_column(h)
+        for line in lines:
+            t.add_row(*line)
+        Console(width=200).print(t)
+    except ImportError:
+        print(title)
+        for line in [header, *lines]:
+            print(" | ".join(line))
+
+
 def _tune(args: argparse.Namespace) -> int:
     from anybit.bench.recipe import load_recipe
     from anybit.tuning.tune import print_rows, run_tune
@@ -135,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shapes", default=None, help="only these recipe shapes (comma-separated names)")
     b.add_argument("--m", default=None, help="only these M (comma-separated)")
     b.set_defaults(func=_bench)
+    v = sub.add_parser("eval", help="each scheme's error against the float layer, anybit's beside its peers'")
+    v.add_argument("recipe", nargs="?", default=None, help=RECIPE_HELP)
+    v.add_argument("--schemes", default=None, help="only these schemes (comma-separated)")
+    v.add_argument("--shapes", default=None, help="only these recipe shapes (comma-separated names)")
+    v.add_argument("--m", dest="rows", type=int, default=None, help="rows of x a cell uses (default 64)")
+    v.add_argument("--inputs", default="gaussian,outliers", help="input kinds: gaussian, outliers (LLM-like)")
+    v.add_argument("--backends", default=None, help="anybit backends (default: the recipe's, e.g. auto)")
+    v.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
+    v.add_argument("--out", default=None, help="output directory for eval.json (default: the recipe's `out`)")
+    v.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
+    v.set_defaults(func=_eval)
     t = sub.add_parser("tune", help="measure tiles and backends for a recipe's problems into the tuning cache")
     t.add_argument("recipe", nargs="?", default=None, help=RECIPE_HELP)
     t.add_argument("--schemes", default=None, help="only these schemes (comma-separated)")

@@ -1,0 +1,190 @@
+"""`anybit eval`: how far each scheme's output is from the float layer, anybit's and its peers' side by side.
+
+For every recipe shape and scheme, one float weight and activations of each input kind go through `quantize()` and
+every anybit backend asked for, and through the peers that quantize the same float weight themselves (Humming in the
+same format, torch FP8 `_scaled_mm`, tinygemm int4). Each output is compared with the float64 product of the
+unquantized weight and activations (what the user loses); anybit's also with the exact product of its own quantized
+weight and activations (the kernel's error alone, which must stay within `MAX_REL_ERR`, else the cell says WRONG).
+
+Input kinds: `gaussian` (w ~ N(0, 0.02), x ~ N(0, 1)) and `outliers`, closer to a trained LLM layer: w with
+heavy tails (Student t, 4 degrees of freedom) and x with a few input channels 50x larger than the rest, the
+activation outliers that per-token FP8 quantization and small weight groups have to live with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+import anybit
+from anybit.backends import get_backend
+from anybit.backends.base import Problem
+from anybit.backends.registry import choose_with_reason
+from anybit.bench import peers as peer_lib
+from anybit.bench.main import cpu_shapes
+from anybit.bench.provenance import provenance
+from anybit.bench.recipe import Recipe, Shape
+from anybit.bench.runner import MAX_REL_ERR
+from anybit.errors import AnybitError
+from anybit.formats.scheme import Scheme
+
+INPUTS = ("gaussian", "outliers")
+OUTLIER_CHANNELS = 0.01  # the share of x's input channels that are outliers
+OUTLIER_GAIN = 50.0
+UNQUANTIZED = "unquantized"  # the scheme column of the float weight in the activations' dtype: rounding alone
+EVAL_M = 64  # rows of x a cell uses where --m does not say (the error does not depend on M: per-row quantization)
+
+
+def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight (n, k) and float32 activations (m, k) of one input kind, the same for every scheme."""
+    if kind not in INPUTS:
+        raise AnybitError(f"input kind {kind!r}: valid kinds are {list(INPUTS)}")
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919 * n + k)
+    if kind == "gaussian":
+        w, x = torch.randn(n, k, generator=g) * 0.02, torch.randn(m, k, generator=g)
+    else:
+        t = torch.distributions.StudentT(4.0)
+        torch.manual_seed(seed + 31 * n + k)  # StudentT draws from the global generator
+        w = t.sample((n, k)) * 0.02
+        x = torch.randn(m, k, generator=g)
+        chans = torch.randperm(k, generator=g)[: max(1, int(k * OUTLIER_CHANNELS))]
+        x[:, chans] *= OUTLIER_GAIN
+    return w.to(device), x.to(device)
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm().clamp(min=1e-300))
+
+
+def _anybit_outputs(recipe: Recipe, qw, scheme: Scheme, shape: Shape, x: torch.Tensor) -> list[tuple]:
+    """(name, output or the reason there is none, exact product) per recipe backend, "auto" as the chooser picks."""
+    exact = get_backend("torch").gemm(x, anybit.prepare(qw, backend="torch")).double()
+    out, seen = [], set()
+    for b in recipe.backends:
+        try:
+            chosen, _ = choose_with_reason(Problem(scheme, shape.n, shape.k, x.shape[0], x.device, x.dtype), b)
+            if chosen in seen:  # "auto" picked a backend the recipe also names
+                continue
+            seen.add(chosen)
+            be = get_backend(chosen)
+            out.append((f"anybit:{chosen}", be.gemm(x, be.prepare(qw)), exact))
+        except Exception as e:  # a backend that cannot run the cell says why in it
+            out.append((f"anybit:{b}", f"{type(e).__name__}: {e}"[:200], exact))
+    return out
+
+
+def _peer_outputs(recipe: Recipe, w: torch.Tensor, scheme: Scheme, x: torch.Tensor) -> list[tuple]:
+    builders: dict[str, Callable] = {
+        "humming": lambda: peer_lib.humming(w, scheme),
+        "tinygemm": lambda: peer_lib.tinygemm(w, scheme),
+        "torch-fp8": lambda: peer_lib.torch_fp8(w),
+    }
+    out = []
+    for name, build in builders.items():
+        if name not in recipe.peers or not x.is_cuda:  # every peer needs a CUDA GPU
+            continue
+        try:
+            out.append((name, build()(x), None))
+        except peer_lib.Unsupported as e:
+            out.append((name, f"unsupported: {e}", None))
+        except Exception as e:
+            out.append((name, f"{type(e).__name__}: {e}"[:200], None))
+    return out
+
+
+def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str | None = None) -> dict:
+    """The rows of an eval run: one per (shape, scheme, input kind, system)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shapes = recipe.shapes
+    if dev.type != "cuda":  # cut to the CPU version's size; shapes that become one are evaluated once
+        shapes = list({(s.n, s.k): s for s in reversed(cpu_shapes(recipe))}.values())[::-1]
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    m = m or EVAL_M
+    rows, t0 = [], time.time()
+    for shape in shapes:
+        for kind in kinds:
+            w, xf = inputs(kind, shape.n, shape.k, m, recipe.seed, dev)
+            x = xf.to(dtype)
+            ref = x.double() @ w.double().T  # the float layer on the activations as the model holds them
+            base = dict(shape=shape.name, n=shape.n, k=shape.k, m=m, inputs=kind)
+            rows.append(base | dict(scheme=UNQUANTIZED, system="unquantized", err=_rel(x @ w.to(dtype).T, ref)))
+            for text in recipe.schemes:
+                scheme = Scheme.parse(text)
+                qw = anybit.quantize(w, scheme)
+                w_err = _rel(qw.dequantize(), w.double())
+                for name, y, exact in _anybit_outputs(recipe, qw, scheme, shape, x) + _peer_outputs(
+                    recipe, w, scheme, x
+                ):
+                    row = base | dict(scheme=text, system=name, weight_err=w_err)
+                    if isinstance(y, str):
+                        row["status"] = y
+                    else:
+                        row["err"] = _rel(y, ref)
+                        if exact is not None:
+                            row["kernel_err"] = _rel(y, exact)
+                            row["status"] = _kernel_status(row["kernel_err"], scheme, name, dev)
+                        else:
+                            row["status"] = "ok"
+                    rows.append(row)
+                del qw
+    return dict(env=provenance(dev, recipe.sha256, recipe.seed), recipe=recipe.to_dict(), inputs=kinds, m=m,
+                rows=rows, wall_s=round(time.time() - t0, 1))  # fmt: skip
+
+
+def _kernel_status(err: float, scheme: Scheme, system: str, dev: torch.device) -> str:
+    if err < MAX_REL_ERR:
+        return "ok"
+    if dev.type == "cpu" and scheme.act.quantized and system == "anybit:triton" and os.environ.get("TRITON_INTERPRET"):
+        # Triton's interpreter rounds a few % of fp32 -> fp8 conversions wrongly (a whole step, measured 2.4 % of
+        # the elements): the activations the kernel quantized differ from torch's; the GPU checks this cell
+        return "unchecked: the interpreter's fp8 rounding"
+    return "WRONG"
+
+
+def table(result: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and lines, one per (shape, input kind, scheme): the weight's error, then each system's output error
+    against the float layer ("–" where it did not run: see the JSON's status) and anybit's worst kernel error."""
+    systems = list(dict.fromkeys(r["system"] for r in result["rows"] if r["scheme"] != UNQUANTIZED and "err" in r))
+    header = ["shape", "N×K", "inputs", "scheme", "weight err", *(s.removeprefix("anybit:") for s in systems),
+              "kernel err", "status"]  # fmt: skip
+    cells: dict[tuple, dict] = {}
+    for r in result["rows"]:
+        cells.setdefault((r["shape"], f"{r['n']}×{r['k']}", r["inputs"], r["scheme"]), {})[r["system"]] = r
+    lines = []
+    for key, by_system in cells.items():
+        rows = list(by_system.values())
+        kernel = [r["kernel_err"] for r in rows if "kernel_err" in r]
+        wrong = [r["system"] for r in rows if r.get("status") == "WRONG"]
+        if key[3] == UNQUANTIZED:  # the float weight in x's dtype (the output's rounding alone): in the summary
+            continue
+        errs = [_e(by_system[s].get("err")) if s in by_system else "–" for s in systems]
+        odd = sorted({r["status"] for r in rows if r.get("status") not in ("ok", "WRONG")})
+        status = "WRONG: " + ", ".join(wrong) if wrong else (odd[0] if odd else "ok")
+        lines.append([*key, _e(rows[0].get("weight_err")), *errs, _e(max(kernel) if kernel else None), status])
+    return header, lines
+
+
+def summary(result: dict) -> list[str]:
+    """anybit's output error against Humming's, in the cells both ran (same scheme, same float weight)."""
+    by_cell: dict[tuple, dict] = {}
+    for r in result["rows"]:
+        if "err" in r and r["scheme"] != UNQUANTIZED:
+            by_cell.setdefault((r["shape"], r["scheme"], r["inputs"]), {})[r["system"]] = r["err"]
+    out = [f"{r['shape']} {r['inputs']}: the float weight in x's dtype {r['err']:.2e} (the output's rounding alone)"
+           for r in result["rows"] if r["scheme"] == UNQUANTIZED]  # fmt: skip
+    for (shape, scheme, kind), errs in by_cell.items():
+        ours = [v for s, v in errs.items() if s.startswith("anybit:")]
+        if ours and "humming" in errs:
+            ratio = min(ours) / errs["humming"]
+            out.append(f"{shape} {scheme} {kind}: anybit's error {ratio:.2f}x Humming's")
+    wrong = [r for r in result["rows"] if r.get("status") == "WRONG"]
+    out += [f"WRONG: {r['shape']} {r['scheme']} {r['inputs']} {r['system']} kernel_err {r['kernel_err']:.2e}"
+            for r in wrong]  # fmt: skip
+    return out
+
+
+def _e(v) -> str:
+    return "–" if v is None else f"{v:.2e}"

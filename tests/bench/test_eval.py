@@ -1,0 +1,97 @@
+"""anybit eval on the CPU: input kinds, rows against the float layer, the kernel-error gate, the command."""
+
+import json
+
+import pytest
+import torch
+
+import anybit.bench.evaluate as ev
+from anybit.bench.recipe import parse_recipe
+from anybit.cli import main as cli
+from anybit.errors import AnybitError
+
+
+def _recipe(schemes=("w4a16", "nvfp4", "w8a8-fp8"), backends=("torch",)):
+    return parse_recipe(
+        {
+            "name": "tiny",
+            "shapes": [{"name": "a", "n": 128, "k": 256}, {"name": "b", "n": 256, "k": 384}],
+            "schemes": list(schemes),
+            "m": [1],
+            "backends": list(backends),
+            "peers": ["humming", "torch-fp8"],
+        }
+    )
+
+
+def test_inputs_are_the_same_for_every_scheme_and_the_outliers_stand_out():
+    w1, x1 = ev.inputs("outliers", 128, 256, 13, 0, torch.device("cpu"))
+    w2, x2 = ev.inputs("outliers", 128, 256, 13, 0, torch.device("cpu"))
+    assert torch.equal(w1, w2) and torch.equal(x1, x2)
+    col = x1.abs().amax(dim=0)
+    assert (col > 20).sum() == max(1, int(256 * ev.OUTLIER_CHANNELS))  # a N(0,1) column stays far below 20
+    w3, x3 = ev.inputs("gaussian", 128, 256, 13, 0, torch.device("cpu"))
+    assert x3.abs().max() < 8 and not torch.equal(w3, w1)
+    with pytest.raises(AnybitError, match="'uniform'.*gaussian.*outliers"):
+        ev.inputs("uniform", 128, 256, 13, 0, torch.device("cpu"))
+
+
+def test_rows_hold_each_scheme_against_the_float_layer():
+    res = ev.evaluate(_recipe(), ["gaussian", "outliers"], m=7, device="cpu")
+    rows = res["rows"]
+    assert res["m"] == 7 and res["inputs"] == ["gaussian", "outliers"] and res["env"]["commit"]
+    floats = [r for r in rows if r["scheme"] == ev.UNQUANTIZED]
+    assert len(floats) == 4 and all(r["err"] < 2e-3 for r in floats)  # fp16 output rounding alone
+    ours = [r for r in rows if r["scheme"] != ev.UNQUANTIZED]
+    assert len(ours) == 2 * 2 * 3 and {r["system"] for r in ours} == {"anybit:torch"}  # no GPU: no peer runs
+    for r in ours:
+        assert r["status"] == "ok" and r["kernel_err"] == 0.0  # the torch backend is the exact path
+        # the user's loss: about the weight's own error, 4-bit far above 8-bit
+        assert 0.5 * r["weight_err"] < r["err"] < 2 * r["weight_err"] + 0.05
+    by = {(r["shape"], r["inputs"], r["scheme"]): r["err"] for r in ours}
+    assert by[("a", "gaussian", "w4a16")] > 2 * by[("a", "gaussian", "w8a8-fp8")]
+    header, lines = ev.table(res)
+    assert header[:5] == ["shape", "N×K", "inputs", "scheme", "weight err"] and "torch" in header
+    assert len(lines) == 12 and all(line[-1] == "ok" for line in lines)
+    assert sum("the output's rounding alone" in s for s in ev.summary(res)) == 4
+
+
+def test_a_kernel_past_the_error_budget_is_wrong_and_the_command_fails(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    one = _recipe(schemes=("w4a16",)).to_dict() | {"shapes": [{"name": "a", "n": 128, "k": 256}]}
+    recipe.write_text(json.dumps(one))
+    assert cli(["eval", str(recipe), "--out", str(tmp_path / "ok"), "--inputs", "gaussian", "--m", "3"]) == 0
+    written = json.loads((tmp_path / "ok" / "eval.json").read_text())
+    assert [r["status"] for r in written["rows"] if r["scheme"] == "w4a16"] == ["ok"]
+
+    real = ev._anybit_outputs
+
+    def off_by_a_tenth(*args):
+        return [(name, y * 1.1, exact) for name, y, exact in real(*args)]
+
+    monkeypatch.setattr(ev, "_anybit_outputs", off_by_a_tenth)
+    assert cli(["eval", str(recipe), "--out", str(tmp_path / "bad"), "--inputs", "gaussian", "--m", "3"]) == 1
+    row = next(r for r in json.loads((tmp_path / "bad" / "eval.json").read_text())["rows"] if r["scheme"] == "w4a16")
+    assert row["status"] == "WRONG" and row["kernel_err"] == pytest.approx(0.1, rel=1e-3)
+    assert any(s.startswith("WRONG: a w4a16 gaussian anybit:torch") for s in ev.summary({"rows": [row]}))
+
+
+def test_the_command_names_a_bad_input_kind(tmp_path, capsys):
+    assert cli(["eval", "--inputs", "gaussian,real", "--out", str(tmp_path)]) == 2
+    assert "--inputs ['real']: valid kinds are ['gaussian', 'outliers']" in capsys.readouterr().err
+
+
+def test_the_triton_kernels_pass_under_the_interpreter(interpret):
+    res = ev.evaluate(_recipe(schemes=("w4a16", "mxfp4"), backends=("triton", "torch")), ["outliers"], m=13,
+                      device="cpu")  # fmt: skip
+    tri = [r for r in res["rows"] if r["system"] == "anybit:triton"]
+    assert len(tri) == 4 and all(r["status"] == "ok" and r["kernel_err"] < 2e-3 for r in tri)
+
+
+@pytest.mark.gpu
+def test_every_kernel_within_budget_on_the_gpu():
+    """bf16 on the GPU, the A8 schemes' in-kernel quantizer included (the interpreter cannot check it)."""
+    res = ev.evaluate(_recipe(schemes=("w4a16", "w4a8", "w8a8-fp8", "fp8-block", "w4a8-mxfp4"), backends=("auto",)),
+                      ["gaussian", "outliers"], m=33, device="cuda")  # fmt: skip
+    ours = [r for r in res["rows"] if r["system"].startswith("anybit:")]
+    assert len(ours) == 2 * 2 * 5 and all(r["status"] == "ok" for r in ours), [r for r in ours if r["status"] != "ok"]
