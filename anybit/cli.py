@@ -71,22 +71,31 @@ def _eval(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from anybit.bench.evaluate import INPUTS, evaluate, summary, table
+    from anybit.bench.evaluate import INPUTS, evaluate, evaluate_checkpoint, summary, table
     from anybit.bench.recipe import load_recipe
 
-    recipe = _with_overrides(load_recipe(args.recipe), args)
     kinds = args.inputs.split(",")
     bad = [k for k in kinds if k not in INPUTS]
     if bad:
         raise anybit.AnybitError(f"--inputs {bad}: valid kinds are {list(INPUTS)}")
-    if args.backends:
-        recipe.backends = args.backends.split(",")
-    result = evaluate(recipe, kinds, m=args.rows, device=args.device)
+    if args.checkpoint:
+        if args.recipe or args.schemes or args.shapes:
+            raise anybit.AnybitError("--checkpoint evaluates the checkpoint's own layers: give no recipe, --schemes "
+                                     "or --shapes with it")  # fmt: skip
+        backends = (args.backends or "auto").split(",")
+        result = evaluate_checkpoint(args.checkpoint, backends, kinds, m=args.rows, device=args.device)
+        title, out = f"anybit eval — {args.checkpoint}: each layer's error against its exact product", args.out
+    else:
+        recipe = _with_overrides(load_recipe(args.recipe), args)
+        if args.backends:
+            recipe.backends = args.backends.split(",")
+        result = evaluate(recipe, kinds, m=args.rows, device=args.device)
+        title, out = f"anybit eval — {recipe.name}: relative error against the float layer", args.out or recipe.out
     header, lines = table(result)
-    _print_table(f"anybit eval — {recipe.name}: relative error against the float layer", header, lines)
+    _print_table(title, header, lines)
     for s in summary(result):
         print(s)
-    out = args.out or recipe.out
+    out = out or "eval-out"
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "eval.json")
     with open(path, "w") as f:
@@ -188,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inputs", default="gaussian,outliers", help="input kinds: gaussian, outliers (LLM-like)")
     v.add_argument("--backends", default=None, help="anybit backends (default: the recipe's, e.g. auto)")
     v.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when there is one)")
+    v.add_argument("--checkpoint", default=None, metavar="DIR", help="a quantized checkpoint instead of a recipe: "
+                   "each layer's anybit output against its exact product")  # fmt: skip
     v.add_argument("--out", default=None, help="output directory for eval.json (default: the recipe's `out`)")
     v.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
     v.set_defaults(func=_eval)

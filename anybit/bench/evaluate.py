@@ -144,27 +144,72 @@ def _kernel_status(err: float, scheme: Scheme, system: str, dev: torch.device) -
     return "WRONG"
 
 
+def evaluate_checkpoint(model_dir: str, backends: list[str], kinds: list[str], m: int | None = None,
+                        device: str | None = None, seed: int = 0) -> dict:  # fmt: skip
+    """A quantized checkpoint's layers (`anybit.checkpoints.load`): each anybit backend's output against the exact
+    product of the layer's own weight (no float weight to compare with), on activations of each input kind — whether
+    anybit runs this checkpoint correctly here. Expert stacks are listed, not evaluated (the MoE layer's own tests
+    and `tools/moe_bench.py` check them)."""
+    from anybit.checkpoints import load
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    m = m or EVAL_M
+    recipe = Recipe(name=model_dir, shapes=[], schemes=[], m=[m], backends=list(backends))
+    rows, t0 = [], time.time()
+    for layer in load(model_dir):
+        qw = layer.qweight.to(dev)
+        shape = Shape(layer.name, qw.n, qw.k)
+        for kind in kinds:
+            base = dict(shape=layer.name, n=qw.n, k=qw.k, m=m, inputs=kind, scheme=str(qw.scheme))
+            if qw.lead:
+                rows.append(base | dict(system="-", status=f"expert stack {tuple(qw.lead)}: not evaluated"))
+                continue
+            _, xf = inputs(kind, 1, qw.k, m, seed, dev)
+            x = xf.to(dtype)  # an act-order layer's x is permuted first: the same x for both sides here
+            for name, y, exact in _anybit_outputs(recipe, qw, qw.scheme, shape, x):
+                row = base | dict(system=name)
+                if isinstance(y, str):
+                    row["status"] = y
+                else:
+                    row["kernel_err"] = _rel(y, exact)
+                    row["status"] = _kernel_status(row["kernel_err"], qw.scheme, name, dev)
+                rows.append(row)
+        del qw
+    if not rows:
+        raise AnybitError(f"{model_dir}: the checkpoint holds no quantized layer")
+    return dict(env=provenance(dev), checkpoint=model_dir, inputs=kinds, m=m, rows=rows,
+                wall_s=round(time.time() - t0, 1))  # fmt: skip
+
+
 def table(result: dict) -> tuple[list[str], list[list[str]]]:
     """Header and lines, one per (shape, input kind, scheme): the weight's error, then each system's output error
-    against the float layer ("–" where it did not run: see the JSON's status) and anybit's worst kernel error."""
-    systems = list(dict.fromkeys(r["system"] for r in result["rows"] if r["scheme"] != UNQUANTIZED and "err" in r))
-    header = ["shape", "N×K", "inputs", "scheme", "weight err", *(s.removeprefix("anybit:") for s in systems),
-              "kernel err", "status"]  # fmt: skip
+    against the float layer ("–" where it did not run: see the JSON's status) and anybit's worst kernel error. A
+    checkpoint's (no float weight): one per (layer, input kind), each anybit backend's kernel error."""
+    checkpoint = "checkpoint" in result
+    value = "kernel_err" if checkpoint else "err"
+    systems = list(dict.fromkeys(r["system"] for r in result["rows"] if r["scheme"] != UNQUANTIZED and value in r))
+    names = [s.removeprefix("anybit:") for s in systems]
+    header = ["layer", "N×K", "inputs", "scheme", *names] if checkpoint else \
+        ["shape", "N×K", "inputs", "scheme", "weight err", *names, "kernel err"]  # fmt: skip
     cells: dict[tuple, dict] = {}
     for r in result["rows"]:
         cells.setdefault((r["shape"], f"{r['n']}×{r['k']}", r["inputs"], r["scheme"]), {})[r["system"]] = r
     lines = []
     for key, by_system in cells.items():
-        rows = list(by_system.values())
-        kernel = [r["kernel_err"] for r in rows if "kernel_err" in r]
-        wrong = [r["system"] for r in rows if r.get("status") == "WRONG"]
         if key[3] == UNQUANTIZED:  # the float weight in x's dtype (the output's rounding alone): in the summary
             continue
-        errs = [_e(by_system[s].get("err")) if s in by_system else "–" for s in systems]
+        rows = list(by_system.values())
+        errs = [_e(by_system[s].get(value)) if s in by_system else "–" for s in systems]
+        wrong = [r["system"] for r in rows if r.get("status") == "WRONG"]
         odd = sorted({r["status"] for r in rows if r.get("status") not in ("ok", "WRONG")})
         status = "WRONG: " + ", ".join(wrong) if wrong else (odd[0] if odd else "ok")
+        if checkpoint:
+            lines.append([*key, *errs, status])
+            continue
+        kernel = [r["kernel_err"] for r in rows if "kernel_err" in r]
         lines.append([*key, _e(rows[0].get("weight_err")), *errs, _e(max(kernel) if kernel else None), status])
-    return header, lines
+    return header + ["status"], lines
 
 
 def summary(result: dict) -> list[str]:

@@ -95,3 +95,29 @@ def test_every_kernel_within_budget_on_the_gpu():
                       ["gaussian", "outliers"], m=33, device="cuda")  # fmt: skip
     ours = [r for r in res["rows"] if r["system"].startswith("anybit:")]
     assert len(ours) == 2 * 2 * 5 and all(r["status"] == "ok" for r in ours), [r for r in ours if r["status"] != "ok"]
+
+
+def test_a_checkpoint_layer_by_layer(tmp_path, capsys):
+    from tests.checkpoints.test_loaders import gptq_fixture, write
+
+    tensors, _ = gptq_fixture(4, 40, 384, 128, sym=False, act_order=True, seed=3)
+    write(tmp_path, tensors, {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True})
+    res = ev.evaluate_checkpoint(str(tmp_path), ["torch"], ["gaussian", "outliers"], m=5, device="cpu")
+    assert res["checkpoint"] == str(tmp_path) and len(res["rows"]) == 2
+    assert all(r["shape"] == "m" and r["status"] == "ok" and r["kernel_err"] == 0.0 for r in res["rows"])
+    header, lines = ev.table(res)
+    assert header == ["layer", "N×K", "inputs", "scheme", "torch", "status"] and lines[0][:3] == [
+        "m",
+        "40×384",
+        "gaussian",
+    ]
+    out = tmp_path / "out"
+    assert (
+        cli(["eval", "--checkpoint", str(tmp_path), "--backends", "torch", "--inputs", "gaussian", "--out", str(out)])
+        == 0
+    )
+    assert json.loads((out / "eval.json").read_text())["rows"][0]["kernel_err"] == 0.0
+    assert cli(["eval", "default", "--checkpoint", str(tmp_path)]) == 2
+    assert "give no recipe" in capsys.readouterr().err
+    with pytest.raises(AnybitError, match="no-such"):
+        ev.evaluate_checkpoint(str(tmp_path / "no-such"), ["torch"], ["gaussian"], device="cpu")
