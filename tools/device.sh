@@ -2,7 +2,7 @@
 # Everything the GPU checks need, for the device machine (the `run` tool, carrying .whl):
 #   bash tools/device.sh tests [pytest paths…]   GPU tests (-m gpu), JUnit XML under $OUT
 #   bash tools/device.sh tune [anybit tune args…] tune into $OUT/cache, copy the table to $OUT/tables
-#   bash tools/device.sh bench [anybit bench args…]
+#   bash tools/device.sh bench [anybit bench args…]      bash tools/device.sh eval [anybit eval args…]
 #   bash tools/device.sh ncu [tools/ncu_frag.py args…]   Nsight Compute counters of one frag kernel launch
 #     (NCU_SCRIPT=tools/moe_bench.py NCU_KERNEL=moe_frag: the grouped kernel, DeepSeek-V3 gate_up first)
 #   bash tools/device.sh py tools/X.py [args…]   any script of the repo (e.g. tools/probe_blockwise.py)
@@ -41,6 +41,7 @@ while [ $# -gt 0 ]; do
     moe) python3 tools/moe_bench.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -150 ;;
     sweep-frag) python3 tools/sweep_frag.py --out "$OUT" "${args[@]}" 2>&1 | log | tail -60 ;;
     explain) python3 -m anybit.cli explain "${args[@]}" 2>&1 | log ;;
+    eval) python3 tools/recorded.py anybit.cli eval --out "$OUT/eval" "${args[@]}" 2>&1 | log | tail -80 ;;
     py) OUT=$OUT python3 "${args[@]}" 2>&1 | log | tail -80 ;;
     ncu) tag=$(echo "${args[*]}" | tr -c 'a-zA-Z0-9\n' _); f="$OUT/ncu_$tag.txt"
          ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-frag}" --launch-skip 2 --launch-count 1 \
