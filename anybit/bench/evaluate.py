@@ -76,7 +76,9 @@ def _anybit_outputs(recipe: Recipe, qw, scheme: Scheme, shape: Shape, x: torch.T
     return out
 
 
-def _peer_outputs(recipe: Recipe, w: torch.Tensor, scheme: Scheme, x: torch.Tensor) -> list[tuple]:
+def _peer_outputs(recipe: Recipe, w: torch.Tensor, scheme: Scheme, x: torch.Tensor, gpu: bool) -> list[tuple]:
+    """(name, output or the reason there is none, None) per recipe peer that runs this scheme's kind of weight: Humming
+    in the same format, tinygemm for int4 g128, FP8 `_scaled_mm` (channel weight, token x) beside FP8 activations."""
     builders: dict[str, Callable] = {
         "humming": lambda: peer_lib.humming(w, scheme),
         "tinygemm": lambda: peer_lib.tinygemm(w, scheme),
@@ -84,7 +86,9 @@ def _peer_outputs(recipe: Recipe, w: torch.Tensor, scheme: Scheme, x: torch.Tens
     }
     out = []
     for name, build in builders.items():
-        if name not in recipe.peers or not x.is_cuda:  # every peer needs a CUDA GPU
+        if name not in recipe.peers or not gpu:  # every peer needs a CUDA GPU
+            continue
+        if name == "torch-fp8" and not scheme.act.quantized:
             continue
         try:
             out.append((name, build()(x), None))
@@ -115,9 +119,8 @@ def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str
                 scheme = Scheme.parse(text)
                 qw = anybit.quantize(w, scheme)
                 w_err = _rel(qw.dequantize(), w.double())
-                for name, y, exact in _anybit_outputs(recipe, qw, scheme, shape, x) + _peer_outputs(
-                    recipe, w, scheme, x
-                ):
+                systems = _anybit_outputs(recipe, qw, scheme, shape, x) + _peer_outputs(recipe, w, scheme, x, x.is_cuda)
+                for name, y, exact in systems:
                     row = base | dict(scheme=text, system=name, weight_err=w_err)
                     if isinstance(y, str):
                         row["status"] = y

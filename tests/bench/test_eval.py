@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import anybit
 import anybit.bench.evaluate as ev
 from anybit.bench.recipe import parse_recipe
 from anybit.cli import main as cli
@@ -19,7 +20,7 @@ def _recipe(schemes=("w4a16", "nvfp4", "w8a8-fp8"), backends=("torch",)):
             "schemes": list(schemes),
             "m": [1],
             "backends": list(backends),
-            "peers": ["humming", "torch-fp8"],
+            "peers": ["humming", "tinygemm", "torch-fp8"],
         }
     )
 
@@ -121,3 +122,30 @@ def test_a_checkpoint_layer_by_layer(tmp_path, capsys):
     assert "give no recipe" in capsys.readouterr().err
     with pytest.raises(AnybitError, match="no-such"):
         ev.evaluate_checkpoint(str(tmp_path / "no-such"), ["torch"], ["gaussian"], device="cpu")
+
+
+def test_peers_quantize_the_same_float_weight_and_the_summary_compares(monkeypatch):
+    """The peers' path with stand-ins (they need a GPU): Humming's output here is the float product plus noise twice
+    anybit's error, so the summary reads anybit's error about half of Humming's."""
+    from anybit.bench import peers as peer_lib
+
+    def humming(w, scheme):
+        q = anybit.quantize(w, scheme).dequantize()
+        return lambda x: (x.double() @ (w.double() + 2 * (q.double() - w.double())).T).to(x.dtype)
+
+    def tinygemm(w, scheme):
+        raise peer_lib.Unsupported("tinygemm runs int4 with groups of 128 only")
+
+    monkeypatch.setattr(peer_lib, "humming", humming)
+    monkeypatch.setattr(peer_lib, "tinygemm", tinygemm)
+    recipe = _recipe(schemes=("nvfp4", "w8a8-fp8"))
+    w, xf = ev.inputs("gaussian", 128, 256, 9, 0, torch.device("cpu"))
+    for text in recipe.schemes:
+        out = ev._peer_outputs(recipe, w, anybit.Scheme.parse(text), xf.half(), gpu=True)
+        names = [name for name, *_ in out]
+        assert names == (["humming", "tinygemm"] + (["torch-fp8"] if text == "w8a8-fp8" else []))
+        assert out[1][1] == "unsupported: tinygemm runs int4 with groups of 128 only"
+    monkeypatch.setattr(ev, "_peer_outputs", lambda r, w, s, x, gpu: [("humming", humming(w, s)(x), None)])
+    res = ev.evaluate(_recipe(schemes=("nvfp4",)), ["gaussian"], m=9, device="cpu")
+    (line,) = [s for s in ev.summary(res) if "Humming" in s and s.startswith("a ")]
+    assert 0.4 < float(line.split("error ")[1].split("x")[0]) < 0.6
