@@ -35,7 +35,8 @@ INPUTS = ("gaussian", "outliers")
 OUTLIER_CHANNELS = 0.01  # the share of x's input channels that are outliers
 OUTLIER_GAIN = 50.0
 UNQUANTIZED = "unquantized"  # the scheme column of the float weight in the activations' dtype: rounding alone
-EVAL_M = 64  # rows of x a cell uses where --m does not say (the error does not depend on M: per-row quantization)
+EVAL_M = 64
+MOE_EXPERTS = 32  # rows of x a cell uses where --m does not say (the error does not depend on M: per-row quantization)
 
 
 def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +134,9 @@ def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str
                             row["status"] = "ok"
                     rows.append(row)
                 del qw
+    for up, _ in moe_pairs(recipe.shapes):  # a MoE recipe: its whole layer as well
+        for kind in kinds:
+            rows += _moe_rows(recipe, up, kind, m, dev, dtype)
     return dict(env=provenance(dev, recipe.sha256, recipe.seed), recipe=recipe.to_dict(), inputs=kinds, m=m,
                 rows=rows, wall_s=round(time.time() - t0, 1))  # fmt: skip
 
@@ -145,6 +149,58 @@ def _kernel_status(err: float, scheme: Scheme, system: str, dev: torch.device) -
         # the elements): the activations the kernel quantized differ from torch's; the GPU checks this cell
         return "unchecked: the interpreter's fp8 rounding"
     return "WRONG"
+
+
+def moe_pairs(shapes: list[Shape]) -> list[tuple[Shape, Shape]]:
+    """The (gate_up, down) expert shapes of a MoE recipe: gate_up (E, 2I, H) and down (E, H, I) of the same E, top-k."""
+    ups = [s for s in shapes if s.experts and s.n % 2 == 0]
+    return [(u, d) for u in ups for d in shapes
+            if d.experts == u.experts and d.topk == u.topk and d.n == u.k and 2 * d.k == u.n]  # fmt: skip
+
+
+def _moe_rows(recipe: Recipe, up: Shape, kind: str, m: int, dev: torch.device, dtype: torch.dtype) -> list[dict]:
+    """One MoE layer (`QuantMoE`) per scheme against the float64 layer of the unquantized experts, and against the
+    layer's exact path (every expert through the torch backend); softmax top-k routing of random logits."""
+    from anybit.moe import QuantMoE, softmax_topk
+
+    # at most MOE_EXPERTS experts (the error does not depend on how many there are; DeepSeek-V3's 256 in fp32 would
+    # be 45 GB); the CPU version also cuts the sizes like the dense shapes'
+    e, h, i = min(up.experts, MOE_EXPERTS), up.k, up.n // 2
+    if dev.type != "cuda":
+        cut = recipe.cpu
+        e, h, i = min(e, 8), max(128, min(h, cut["max_k"]) // 128 * 128), max(128, min(i, cut["max_n"]) // 128 * 128)
+    topk = min(up.topk, e)
+    gu = torch.stack([inputs(kind, 2 * i, h, 1, recipe.seed + j, dev)[0] for j in range(e)])
+    dn = torch.stack([inputs(kind, h, i, 1, recipe.seed + 7 * j + 1, dev)[0] for j in range(e)])
+    x = inputs(kind, 1, h, m, recipe.seed, dev)[1].to(dtype)
+    g = torch.Generator(device="cpu").manual_seed(recipe.seed + e)
+    weights, ids = softmax_topk(torch.randn(m, e, generator=g).to(dev), topk)
+    ref = torch.zeros(m, h, dtype=torch.float64, device=dev)
+    for t in range(m):  # the float layer: sum_j w[t, j] * down_e(silu(gate_e(x)) * up_e(x))
+        for j in range(topk):
+            a = gu[ids[t, j]].double() @ x[t].double()
+            ref[t] += weights[t, j].double() * (dn[ids[t, j]].double() @ (torch.nn.functional.silu(a[:i]) * a[i:]))
+    name = f"moe E={e} top-{topk}"  # its N×K column: H×I
+    backend = "auto" if "auto" in recipe.backends else recipe.backends[0]
+    system = f"anybit:QuantMoE({backend})"
+    rows = []
+    for text in recipe.schemes:
+        base = dict(shape=name, n=h, k=i, m=m, inputs=kind, scheme=text)
+        try:
+            moe = QuantMoE.from_float(gu, dn, text, backend=backend)
+            exact = QuantMoE(moe.gate_up, moe.down, backend="torch")(x, weights, ids).double()
+            w_err = (((moe.gate_up.dequantize().double() - gu.double()).norm() ** 2 +
+                      (moe.down.dequantize().double() - dn.double()).norm() ** 2) /
+                     (gu.double().norm() ** 2 + dn.double().norm() ** 2)).sqrt().item()  # fmt: skip
+            y = moe(x, weights, ids)
+        except Exception as ex:  # a scheme the layer cannot run says why in its cell
+            rows.append(base | dict(system=system, status=f"{type(ex).__name__}: {ex}"[:200]))
+            continue
+        err = _rel(y, exact)
+        status = _kernel_status(err, Scheme.parse(text), "anybit:triton" if backend != "torch" else system, dev)
+        rows.append(base | dict(system=system, weight_err=w_err, err=_rel(y, ref), kernel_err=err,
+                                status=status))  # fmt: skip
+    return rows
 
 
 def evaluate_checkpoint(model_dir: str, backends: list[str], kinds: list[str], m: int | None = None,

@@ -149,3 +149,52 @@ def test_peers_quantize_the_same_float_weight_and_the_summary_compares(monkeypat
     res = ev.evaluate(_recipe(schemes=("nvfp4",)), ["gaussian"], m=9, device="cpu")
     (line,) = [s for s in ev.summary(res) if "Humming" in s and s.startswith("a ")]
     assert 0.4 < float(line.split("error ")[1].split("x")[0]) < 0.6
+
+
+def test_a_moe_recipe_evaluates_the_whole_layer():
+    recipe = parse_recipe(
+        {
+            "name": "moe",
+            "model": {
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "hidden_size": 256,
+                "num_attention_heads": 2,
+                "moe_intermediate_size": 128,
+                "num_experts": 5,
+                "num_experts_per_tok": 2,
+            },  # fmt: skip
+            "schemes": ["w4a16", "w8a8-fp8"],
+            "m": [1],
+            "backends": ["torch"],
+        }
+    )
+    (pair,) = ev.moe_pairs(recipe.shapes)
+    assert [s.name for s in pair] == ["experts.gate_up", "experts.down"]
+    res = ev.evaluate(recipe, ["gaussian"], m=7, device="cpu")
+    moe = [r for r in res["rows"] if r["shape"].startswith("moe")]
+    assert [(r["shape"], r["n"], r["k"], r["scheme"]) for r in moe] == [
+        ("moe E=5 top-2", 256, 128, "w4a16"), ("moe E=5 top-2", 256, 128, "w8a8-fp8")]  # fmt: skip
+    for r in moe:  # two quantized GEMMs compound: the layer's error above each weight's, within a few times it
+        assert r["status"] == "ok" and r["kernel_err"] < 1e-3 and r["weight_err"] < r["err"] < 4 * r["weight_err"]
+
+
+@pytest.mark.gpu
+def test_the_moe_layer_within_budget_on_the_gpu():
+    recipe = parse_recipe(
+        {
+            "name": "moe",
+            "model": {
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "hidden_size": 512,
+                "num_attention_heads": 4,
+                "moe_intermediate_size": 256,
+                "num_experts": 19,
+                "num_experts_per_tok": 8,
+            },  # fmt: skip
+            "schemes": ["w4a16", "w4a8", "w8a8-fp8", "nvfp4", "mxfp4"],
+            "m": [1],
+        }
+    )
+    res = ev.evaluate(recipe, ["outliers"], m=300, device="cuda")
+    moe = [r for r in res["rows"] if r["shape"].startswith("moe")]
+    assert len(moe) == 5 and all(r["status"] == "ok" for r in moe), moe
