@@ -7,7 +7,9 @@ import sys
 
 import anybit
 
-RECIPE_HELP = "recipe YAML, or a shipped recipe by name: default (Llama-3-8B layers, when left out), dense_a16, fp8"
+RECIPE_HELP = (
+    "recipe YAML, or a shipped recipe by name: default (Llama-3-8B layers, when left out), dense_a16, fp8, moe"
+)
 
 
 def _formats(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ LLAMA3_8B = {
 }
 
 
-@pytest.mark.parametrize("name", ["default", "dense_a16", "fp8"])
+@pytest.mark.parametrize("name", ["default", "dense_a16", "fp8", "moe"])
 def test_shipped_recipes_load(name):
     import os
 
