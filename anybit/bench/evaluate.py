@@ -35,8 +35,8 @@ INPUTS = ("gaussian", "outliers")
 OUTLIER_CHANNELS = 0.01  # the share of x's input channels that are outliers
 OUTLIER_GAIN = 50.0
 UNQUANTIZED = "unquantized"  # the scheme column of the float weight in the activations' dtype: rounding alone
-EVAL_M = 64
-MOE_EXPERTS = 32  # rows of x a cell uses where --m does not say (the error does not depend on M: per-row quantization)
+EVAL_M = 64  # rows of x a cell uses where --m does not say (the error does not depend on M: per-row quantization)
+MOE_EXPERTS = 32
 
 
 def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,9 +47,10 @@ def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -
     if kind == "gaussian":
         w, x = torch.randn(n, k, generator=g) * 0.02, torch.randn(m, k, generator=g)
     else:
-        t = torch.distributions.StudentT(4.0)
-        torch.manual_seed(seed + 31 * n + k)  # StudentT draws from the global generator
-        w = t.sample((n, k)) * 0.02
+        # Student t with 4 degrees of freedom, N(0, 1) / sqrt(chi2_4 / 4) (the chi2 from 4 squared normals): drawn
+        # from this generator, not torch's global one
+        chi2 = (torch.randn(4, n, k, generator=g) ** 2).sum(0)
+        w = torch.randn(n, k, generator=g) / (chi2 / 4).sqrt() * 0.02
         x = torch.randn(m, k, generator=g)
         chans = torch.randperm(k, generator=g)[: max(1, int(k * OUTLIER_CHANNELS))]
         x[:, chans] *= OUTLIER_GAIN
