@@ -75,6 +75,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from anybit.bench.evaluate import INPUTS, evaluate, evaluate_checkpoint, summary, table
     from anybit.bench.recipe import load_recipe
+    from anybit.bench.report import print_rows
 
     kinds = args.inputs.split(",")
     bad = [k for k in kinds if k not in INPUTS]
@@ -94,7 +95,7 @@ def _eval(args: argparse.Namespace) -> int:
         result = evaluate(recipe, kinds, m=args.rows, device=args.device)
         title, out = f"anybit eval — {recipe.name}: relative error against the float layer", args.out or recipe.out
     header, lines = table(result)
-    _print_table(title, header, lines)
+    print_rows(title, header, lines)
     for s in summary(result):
         print(s)
     out = out or "eval-out"
@@ -104,23 +105,6 @@ def _eval(args: argparse.Namespace) -> int:
         json.dump(result, f, indent=1)
     print("wrote", path)
     return 1 if any(r.get("status") == "WRONG" for r in result["rows"]) else 0
-
-
-def _print_table(title: str, header: list[str], lines: list[list[str]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=title)
-        for h in header:
-            t.add_column(h)
-        for line in lines:
-            t.add_row(*line)
-        Console(width=200).print(t)
-    except ImportError:
-        print(title)
-        for line in [header, *lines]:
-            print(" | ".join(line))
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -152,7 +136,7 @@ def _with_overrides(recipe, args: argparse.Namespace):
         override["shapes"] = [s for s in d["shapes"] if s["name"] in names]
     if getattr(args, "m", None):
         override["m"] = [int(v) for v in args.m.split(",")]
-    if args.budget:
+    if getattr(args, "budget", None):
         override["budget_s"] = args.budget
     return parse_recipe({**d, **override}, recipe.source) if override else recipe
 
@@ -202,7 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--checkpoint", default=None, metavar="DIR", help="a quantized checkpoint instead of a recipe: "
                    "each layer's anybit output against its exact product")  # fmt: skip
     v.add_argument("--out", default=None, help="output directory for eval.json (default: the recipe's `out`)")
-    v.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
     v.set_defaults(func=_eval)
     t = sub.add_parser("tune", help="measure tiles and backends for a recipe's problems into the tuning cache")
     t.add_argument("recipe", nargs="?", default=None, help=RECIPE_HELP)

@@ -24,7 +24,7 @@ from anybit.backends import get_backend
 from anybit.backends.base import Problem
 from anybit.backends.registry import choose_with_reason
 from anybit.bench import peers as peer_lib
-from anybit.bench.main import cpu_shapes
+from anybit.bench.main import cpu_shapes, cpu_size
 from anybit.bench.provenance import provenance
 from anybit.bench.recipe import Recipe, Shape
 from anybit.bench.runner import MAX_REL_ERR
@@ -55,6 +55,12 @@ def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -
         chans = torch.randperm(k, generator=g)[: max(1, int(k * OUTLIER_CHANNELS))]
         x[:, chans] *= OUTLIER_GAIN
     return w.to(device), x.to(device)
+
+
+def _device_dtype(device: str | None) -> tuple[torch.device, torch.dtype]:
+    """Where an eval runs and x's dtype there: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 is wrong)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, torch.bfloat16 if dev.type == "cuda" else torch.float16
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -103,11 +109,10 @@ def _peer_outputs(recipe: Recipe, w: torch.Tensor, scheme: Scheme, x: torch.Tens
 
 def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str | None = None) -> dict:
     """The rows of an eval run: one per (shape, scheme, input kind, system)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev, dtype = _device_dtype(device)
     shapes = recipe.shapes
     if dev.type != "cuda":  # cut to the CPU version's size; shapes that become one are evaluated once
         shapes = list({(s.n, s.k): s for s in reversed(cpu_shapes(recipe))}.values())[::-1]
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
     m = m or EVAL_M
     rows, t0 = [], time.time()
     for shape in shapes:
@@ -122,18 +127,8 @@ def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str
                 qw = anybit.quantize(w, scheme)
                 w_err = _rel(qw.dequantize(), w.double())
                 systems = _anybit_outputs(recipe, qw, scheme, shape, x) + _peer_outputs(recipe, w, scheme, x, x.is_cuda)
-                for name, y, exact in systems:
-                    row = base | dict(scheme=text, system=name, weight_err=w_err)
-                    if isinstance(y, str):
-                        row["status"] = y
-                    else:
-                        row["err"] = _rel(y, ref)
-                        if exact is not None:
-                            row["kernel_err"] = _rel(y, exact)
-                            row["status"] = _kernel_status(row["kernel_err"], scheme, name, dev)
-                        else:
-                            row["status"] = "ok"
-                    rows.append(row)
+                rows += [_row(base | dict(scheme=text, weight_err=w_err), name, y, exact, ref, scheme, dev)
+                         for name, y, exact in systems]  # fmt: skip
                 del qw
     for up, _ in moe_pairs(recipe.shapes):  # a MoE recipe: its whole layer as well
         for kind in kinds:
@@ -142,10 +137,26 @@ def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str
                 rows=rows, wall_s=round(time.time() - t0, 1))  # fmt: skip
 
 
-def _kernel_status(err: float, scheme: Scheme, system: str, dev: torch.device) -> str:
+def _row(base: dict, system: str, y, exact, ref, scheme: Scheme, dev: torch.device) -> dict:
+    """One system's cell: its status where it gave no output; else its error against the float layer (`ref`, where
+    there is one) and, for anybit's systems (an `exact` product), the kernel's error and the verdict on it."""
+    row = base | dict(system=system)
+    if isinstance(y, str):
+        return row | dict(status=y)
+    if ref is not None:
+        row["err"] = _rel(y, ref)
+    if exact is None:
+        return row | dict(status="ok")
+    row["kernel_err"] = _rel(y, exact)
+    return row | dict(status=_kernel_status(row["kernel_err"], scheme, system == "anybit:triton", dev))
+
+
+def _kernel_status(err: float, scheme: Scheme, triton: bool, dev: torch.device) -> str:
+    """ok within `MAX_REL_ERR`; else WRONG, except where Triton kernels (`triton`) ran under the interpreter on FP8
+    activations."""
     if err < MAX_REL_ERR:
         return "ok"
-    if dev.type == "cpu" and scheme.act.quantized and system == "anybit:triton" and os.environ.get("TRITON_INTERPRET"):
+    if dev.type == "cpu" and scheme.act.quantized and triton and os.environ.get("TRITON_INTERPRET"):
         # Triton's interpreter rounds a few % of fp32 -> fp8 conversions wrongly (a whole step, measured 2.4 % of
         # the elements): the activations the kernel quantized differ from torch's; the GPU checks this cell
         return "unchecked: the interpreter's fp8 rounding"
@@ -168,8 +179,7 @@ def _moe_rows(recipe: Recipe, up: Shape, kind: str, m: int, dev: torch.device, d
     # be 45 GB); the CPU version also cuts the sizes like the dense shapes'
     e, h, i = min(up.experts, MOE_EXPERTS), up.k, up.n // 2
     if dev.type != "cuda":
-        cut = recipe.cpu
-        e, h, i = min(e, 8), max(128, min(h, cut["max_k"]) // 128 * 128), max(128, min(i, cut["max_n"]) // 128 * 128)
+        e, h, i = min(e, 8), cpu_size(h, recipe.cpu["max_k"]), cpu_size(i, recipe.cpu["max_n"])
     topk = min(up.topk, e)
     gu = torch.stack([inputs(kind, 2 * i, h, 1, recipe.seed + j, dev)[0] for j in range(e)])
     dn = torch.stack([inputs(kind, h, i, 1, recipe.seed + 7 * j + 1, dev)[0] for j in range(e)])
@@ -198,7 +208,7 @@ def _moe_rows(recipe: Recipe, up: Shape, kind: str, m: int, dev: torch.device, d
             rows.append(base | dict(system=system, status=f"{type(ex).__name__}: {ex}"[:200]))
             continue
         err = _rel(y, exact)
-        status = _kernel_status(err, Scheme.parse(text), "anybit:triton" if backend != "torch" else system, dev)
+        status = _kernel_status(err, Scheme.parse(text), backend != "torch", dev)
         rows.append(base | dict(system=system, weight_err=w_err, err=_rel(y, ref), kernel_err=err,
                                 status=status))  # fmt: skip
     return rows
@@ -212,8 +222,7 @@ def evaluate_checkpoint(model_dir: str, backends: list[str], kinds: list[str], m
     and `tools/moe_bench.py` check them)."""
     from anybit.checkpoints import load
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    dev, dtype = _device_dtype(device)
     m = m or EVAL_M
     recipe = Recipe(name=model_dir, shapes=[], schemes=[], m=[m], backends=list(backends))
     rows, t0 = [], time.time()
@@ -227,14 +236,8 @@ def evaluate_checkpoint(model_dir: str, backends: list[str], kinds: list[str], m
                 continue
             _, xf = inputs(kind, 1, qw.k, m, seed, dev)
             x = xf.to(dtype)  # an act-order layer's x is permuted first: the same x for both sides here
-            for name, y, exact in _anybit_outputs(recipe, qw, qw.scheme, shape, x):
-                row = base | dict(system=name)
-                if isinstance(y, str):
-                    row["status"] = y
-                else:
-                    row["kernel_err"] = _rel(y, exact)
-                    row["status"] = _kernel_status(row["kernel_err"], qw.scheme, name, dev)
-                rows.append(row)
+            rows += [_row(base, name, y, exact, None, qw.scheme, dev)
+                     for name, y, exact in _anybit_outputs(recipe, qw, qw.scheme, shape, x)]  # fmt: skip
         del qw
     if not rows:
         raise AnybitError(f"{model_dir}: the checkpoint holds no quantized layer")

@@ -14,15 +14,15 @@ from anybit.bench.runner import Run, run_recipe
 from anybit.bench.timing import ceilings
 
 
+def cpu_size(size: int, cap: int) -> int:
+    """One dimension cut to the CPU version's cap, a multiple of 128 so every group fits."""
+    return max(128, min(size, cap) // 128 * 128)
+
+
 def cpu_shapes(recipe: Recipe) -> list[Shape]:
-    """The recipe's shapes cut to the CPU version's size (multiples of 128 so every group fits)."""
+    """The recipe's shapes cut to the CPU version's size (`cpu_size`)."""
     cap_n, cap_k = recipe.cpu.get("max_n", 256), recipe.cpu.get("max_k", 512)
-    out = []
-    for s in recipe.shapes:
-        n = max(128, min(s.n, cap_n) // 128 * 128)
-        k = max(128, min(s.k, cap_k) // 128 * 128)
-        out.append(dataclasses.replace(s, n=n, k=k))
-    return out
+    return [dataclasses.replace(s, n=cpu_size(s.n, cap_n), k=cpu_size(s.k, cap_k)) for s in recipe.shapes]
 
 
 def run_bench(recipe: Recipe, out_dir: str | None = None, device: str | None = None, quiet: bool = False) -> dict:

@@ -114,22 +114,29 @@ def summary(lines: list[dict]) -> list[str]:
     return out
 
 
-def print_table(result: dict) -> None:
-    lines = cells(result["rows"])
+def print_rows(title: str, header: list[str], lines: list[list[str]], left: tuple[str, ...] | None = None) -> None:
+    """A table on the terminal (rich; plain text if it is missing): columns named in `left` (all if None) flush left,
+    the others right."""
     try:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"anybit bench — {result['recipe']['name']} on {result['env'].get('gpu')}", show_lines=False)
-        for h in HEADER:
-            t.add_column(h, justify="left" if h in ("shape", "scheme", "backend") else "right")
-        for r in table_rows(lines):
+        t = Table(title=title, show_lines=False)
+        for h in header:
+            t.add_column(h, justify="left" if left is None or h in left else "right")
+        for r in lines:
             t.add_row(*r)
         Console(width=200).print(t)
     except ImportError:  # rich is a dependency; plain text keeps a broken install readable
-        print(" | ".join(HEADER))
-        for r in table_rows(lines):
+        print(title)
+        for r in [header, *lines]:
             print(" | ".join(r))
+
+
+def print_table(result: dict) -> None:
+    lines = cells(result["rows"])
+    title = f"anybit bench — {result['recipe']['name']} on {result['env'].get('gpu')}"
+    print_rows(title, HEADER, table_rows(lines), left=("shape", "scheme", "backend"))
     for s in summary(lines):
         print(s)
     for s in result.get("skipped", []):
