@@ -57,6 +57,13 @@ def inputs(kind: str, n: int, k: int, m: int, seed: int, device: torch.device) -
     return w.to(device), x.to(device)
 
 
+def _rows_of_x(m: int | None) -> int:
+    """--m, or EVAL_M where it was not given; a clear error for a count that is not positive."""
+    if m is not None and m < 1:
+        raise AnybitError(f"--m {m}: give a positive number of rows of x (default {EVAL_M})")
+    return m or EVAL_M
+
+
 def _device_dtype(device: str | None) -> tuple[torch.device, torch.dtype]:
     """Where an eval runs and x's dtype there: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 is wrong)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -113,7 +120,7 @@ def evaluate(recipe: Recipe, kinds: list[str], m: int | None = None, device: str
     shapes = recipe.shapes
     if dev.type != "cuda":  # cut to the CPU version's size; shapes that become one are evaluated once
         shapes = list({(s.n, s.k): s for s in reversed(cpu_shapes(recipe))}.values())[::-1]
-    m = m or EVAL_M
+    m = _rows_of_x(m)
     rows, t0 = [], time.time()
     for shape in shapes:
         for kind in kinds:
@@ -223,7 +230,7 @@ def evaluate_checkpoint(model_dir: str, backends: list[str], kinds: list[str], m
     from anybit.checkpoints import load
 
     dev, dtype = _device_dtype(device)
-    m = m or EVAL_M
+    m = _rows_of_x(m)
     recipe = Recipe(name=model_dir, shapes=[], schemes=[], m=[m], backends=list(backends))
     rows, t0 = [], time.time()
     for layer in load(model_dir):

@@ -77,9 +77,11 @@ def test_a_kernel_past_the_error_budget_is_wrong_and_the_command_fails(tmp_path,
     assert any(s.startswith("WRONG: a w4a16 gaussian anybit:torch") for s in ev.summary({"rows": [row]}))
 
 
-def test_the_command_names_a_bad_input_kind(tmp_path, capsys):
+def test_the_command_names_a_bad_input_kind_and_row_count(tmp_path, capsys):
     assert cli(["eval", "--inputs", "gaussian,real", "--out", str(tmp_path)]) == 2
     assert "--inputs ['real']: valid kinds are ['gaussian', 'outliers']" in capsys.readouterr().err
+    assert cli(["eval", "--m", "0", "--out", str(tmp_path)]) == 2
+    assert "--m 0: give a positive number of rows of x (default 64)" in capsys.readouterr().err
 
 
 def test_the_triton_kernels_pass_under_the_interpreter(interpret):
