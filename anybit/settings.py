@@ -53,12 +53,16 @@ class Settings:
     28672x8192 M=128 183 -> 101 µs, M=256 242 -> 192; from M=512 they tie and above the route wins (M=1024 654 vs
     581)."""
     frag_ws_a8_wide_max_m: int
-    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M (default 1536; 0 turns it off), Hopper: W4A8 calls of more rows than 512 (and
-    than `frag_ws_a8_max_m`) and at most this many run the wide warp-specialised kernel (`frag_ws_a8_wide_kernel`:
-    128 weight rows by 256 tokens a tile, the accumulator rescaled per block) where the weight's scales allow it
-    (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's block-scaled GEMM. H200, CUDA
-    graphs, at M=1024 faster on all four shapes measured (8192^2 180 -> 163 µs, 7168^2 156 -> 142, 28672x8192 599 ->
-    585, 18432x7168 354 -> 344); at 512 and 2048 level (-8 .. +2 %), at 4096 two shapes faster and two slower."""
+    """ANYBIT_FRAG_WS_A8_WIDE_MAX_M (default 65536 with `frag_rs_a8` on, else 1536; 0 turns it off), Hopper: W4A8
+    calls of more rows than 512 (and than `frag_ws_a8_max_m`) and at most this many run the wide kernels — the
+    register-operand one (`frag_rs_a8`, the default) or the warp-specialised one (`frag_ws_a8_wide_kernel`: 128 weight
+    rows by 256 tokens a tile, the accumulator rescaled per block) — where the weight's scales allow it
+    (`TritonWeight.rescale`, or channel scales), instead of the codes pass + cuBLAS's block-scaled GEMM. The
+    warp-specialised kernel, H200, CUDA graphs, at M=1024 faster on all four shapes measured (8192^2 180 -> 163 µs,
+    7168^2 156 -> 142, 28672x8192 599 -> 585, 18432x7168 354 -> 344); at 512 and 2048 level (-8 .. +2 %), at 4096 two
+    shapes faster and two slower; the register-operand kernel faster than cuBLAS's route at 1024 and 4096 rows on
+    every shape (H100, session 53: 4096 rows 8192^2 634 -> 559 µs, 28672x8192 2123 -> 1823, 7168^2 520 -> 436,
+    18432x7168 1182 -> 1070)."""
     frag_rsw_a8_max_m: int
     """ANYBIT_FRAG_RSW_A8_MAX_M (default 0: off until timed on a GPU), Hopper: W4A8 calls of 33 to this many rows (at
     most 256) whose scales allow the rescale run the register-operand W4A8 kernel's stream-K form
@@ -110,11 +114,16 @@ class Settings:
     dequantize + cuBLAS (H200: 8192^2 W4A16 M=128 41.0 -> 32.6 µs, 8192x28672 M=96 134.8 -> 104.3, 6144x4096 M=192
     40.6 -> 21.9); read when a prepared weight first sees an M."""
     frag_rs_a8: int
-    """ANYBIT_FRAG_RS_A8 (default 0: off until timed on a GPU; 1 on; 2 its stream-K form), Hopper: the W4A8 calls the
-    wide warp-specialised kernel takes (`frag_ws_a8_wide_max_m`) run its register-operand twin instead
-    (`anybit.kernels.frag_rs_a8_kernel`: the MMA warpgroups decode the words straight into the wgmma's A registers,
-    no decoder partitions); 2: that kernel's persistent stream-K form (`frag_rsw_a8_kernel`: one CTA an SM sharing
-    every tile's 128-K steps evenly, so a call's last wave does not run part-full)."""
+    """ANYBIT_FRAG_RS_A8 (default 1; 0 off; 2 its stream-K form), Hopper: the W4A8 calls of the wide range
+    (`frag_ws_a8_wide_max_m`) — 4-bit integer weights whose scales allow the rescale, and MXFP4 weights under e4m3 x
+    (`rs_e2m1_why_not`) — run the register-operand W4A8 kernel (`anybit.kernels.frag_rs_a8_kernel`: the MMA
+    warpgroups decode the words straight into the wgmma's A registers, no decoder partitions; y stored 16 bytes a
+    thread) instead of the warp-specialised wide kernel (int4) or the e4m3 pass + cuBLAS (MXFP4). H100, eager, same
+    run (session 53), int4 g128 at 1024 / 4096 rows: 18432x7168 289 / 1070 µs (Humming 338 / 1192, the
+    warp-specialised kernel 363 / 1306), 7168^2 127 / 436 (181 / 474), 8192^2 150 / 559 (171 / 583), 28672x8192 469 /
+    1823 (537 / 2104); MXFP4 18432x7168 264 / 980 (Humming 275 / 1083, the route 339 / 992), 7168^2 115 / 408 (172 /
+    402, 155 / 410). 2: its persistent stream-K form (`frag_rsw_a8_kernel`: one CTA an SM sharing every tile's 128-K
+    steps evenly) — measured slower (7168^2 M=1024 140 vs 127 µs, M=4096 507 vs 436)."""
     frag_rs_parts: bool
     """ANYBIT_FRAG_RS_PARTS (default 1; 0 turns it off), with `frag_rs`: a 257-384-row call that the register-operand
     kernel's tiles would overfill runs as two of its launches, 256 rows and the rest (`frag_rs.rs_parts`)."""
@@ -162,6 +171,9 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 _POSIX = os.name == "posix"
+# `frag_ws_a8_wide_max_m`'s default with the register-operand kernel on (`frag_rs_a8`): no practical bound — it beat
+# the codes pass + cuBLAS at 1024 and 4096 rows on every shape measured, and its tiles only fill more above
+WIDE_RS_A8_MAX_M = 1 << 16
 _KEYS: dict[str, bytes] = {}
 
 
@@ -226,7 +238,7 @@ def frag_ws_a8_max_m() -> int:
 
 def frag_ws_a8_wide_max_m() -> int:
     """ANYBIT_FRAG_WS_A8_WIDE_MAX_M alone (see `Settings.frag_ws_a8_wide_max_m`)."""
-    return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", 1536, "a row count")
+    return _rows("ANYBIT_FRAG_WS_A8_WIDE_MAX_M", WIDE_RS_A8_MAX_M if frag_rs_a8() else 1536, "a row count")
 
 
 def frag_rsw_a8_max_m() -> int:
@@ -271,7 +283,7 @@ def frag_rs() -> bool:
 
 def frag_rs_a8() -> int:
     """ANYBIT_FRAG_RS_A8 alone (see `Settings.frag_rs_a8`)."""
-    return _level("ANYBIT_FRAG_RS_A8", 0, (0, 1, 2))
+    return _level("ANYBIT_FRAG_RS_A8", 1, (0, 1, 2))
 
 
 def frag_rs_parts() -> bool:

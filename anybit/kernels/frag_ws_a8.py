@@ -162,9 +162,10 @@ def ws_a8_tile(m: int, n: int, num_sms: int = 132, wide: bool = False) -> dict:
     """The kernel's tile options for M rows: the wide kernel where the caller's rule took it (`ws_a8_plan`); else 64
     weight rows a tile where 128 x 128 tiles fill half the SMs or fewer (8192^2 M=128 53 -> 37 µs), else the
     defaults."""
-    if wide:  # ANYBIT_FRAG_RS_A8: its register-operand twin (2: in the stream-K form)
-        level = settings.frag_rs_a8()
-        return {"wide": True} | ({"rs": True} if level else {}) | ({"persistent": True} if level == 2 else {})
+    if wide:  # ANYBIT_FRAG_RS_A8: its register-operand twin, y stored 16 bytes a thread (2: in the stream-K form)
+        level = settings.frag_rs_a8()  # (cvt, H100 M=1024: 28672x8192 493 -> 469 µs, 8192^2 157 -> 150)
+        rs = {"rs": True, "cvt": True} if level else {}
+        return {"wide": True} | rs | ({"persistent": True} if level == 2 else {})
     return {"block_n": 64} if cdiv(m, 128) * cdiv(n, 128) * 2 <= num_sms else {}
 
 

@@ -135,7 +135,10 @@ def test_plan_names_why_not(monkeypatch):
     cpu = torch.device("cpu")
     assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
     assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, cpu)[1]  # the wide kernel's rows
-    assert "512 < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M=1536" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]
+    assert "512 < M <= ANYBIT_FRAG_WS_A8_WIDE_MAX_M=65536" in ws_a8_plan(Scheme.parse("w4a8"), 512, 8192, 8192, cpu)[1]
+    assert "CUDA GPU" in ws_a8_plan(Scheme.parse("w4a8"), 4096, 8192, 8192, cpu)[1]  # the register-operand kernel's
+    assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=65536" in ws_a8_plan(Scheme.parse("w4a8"), 1 << 17, 8192, 8192, cpu)[1]
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "0")  # the warp-specialised wide kernel alone: up to 1536 rows
     assert "ANYBIT_FRAG_WS_A8_WIDE_MAX_M=1536" in ws_a8_plan(Scheme.parse("w4a8"), 4096, 8192, 8192, cpu)[1]
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")
     assert "ANYBIT_FRAG_WS_A8_MAX_M=0" in ws_a8_plan(Scheme.parse("w4a8"), 128, 8192, 8192, cpu)[1]
@@ -147,12 +150,13 @@ def test_plan_names_why_not(monkeypatch):
 
 
 def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
-    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True}
-    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
-    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True}
+    monkeypatch.delenv("ANYBIT_FRAG_RS_A8", raising=False)
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True, "cvt": True}  # the default
     assert "rs" not in ws_a8_tile(128, 8192)  # the narrow kernel's tiles are its own
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "0")  # the warp-specialised wide kernel
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True}
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")  # its stream-K form
-    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True, "persistent": True}
+    assert ws_a8_tile(1024, 8192, wide=True) == {"wide": True, "rs": True, "cvt": True, "persistent": True}
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "3")
     with pytest.raises(ValueError, match="ANYBIT_FRAG_RS_A8='3': expected one of 0, 1, 2"):
         ws_a8_tile(1024, 8192, wide=True)

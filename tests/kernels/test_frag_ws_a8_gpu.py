@@ -10,7 +10,7 @@ import torch
 
 from anybit.backends.triton_layout import to_triton_layout
 from anybit.formats.scheme import Scheme
-from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8
+from anybit.kernels.frag_ws_a8 import frag_ws_a8_why_not, gemm_frag_ws_a8, ws_a8_tile
 from tests.kernels.test_frag_ws_gpu import SM90_GPU, random_case
 from tests.kernels.test_gemm_a8 import a8_reference
 from tests.tolerances import GEMM_REL_ERR, rel_err
@@ -113,9 +113,9 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
     y = be.gemm(x, p)
-    wide = m > 512
+    wide = m > 512  # (there the register-operand kernel by default, `ws_a8_tile`)
     assert p.data.ws_ok.get("a8-wide" if wide else "a8") is True
-    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, wide=wide))
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **(ws_a8_tile(m, 8192, wide=True) if wide else {})))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     _captured_on_fresh_x(be, x, p, qw)
     monkeypatch.setenv("ANYBIT_FRAG_WS_A8_MAX_M", "0")  # the block-scaled route instead: the same product
@@ -123,7 +123,8 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     assert rel_err(be.gemm(x, p), a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("level, kernel", [("1", dict(rs=True)), ("2", dict(rs=True, persistent=True))])
+@pytest.mark.parametrize("level, kernel", [("0", dict()), ("1", dict(rs=True, cvt=True)),
+                                           ("2", dict(rs=True, cvt=True, persistent=True))])  # fmt: skip
 def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(level, kernel, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
@@ -219,10 +220,10 @@ def test_explain_names_the_register_operand_kernel_when_asked(monkeypatch):
     from anybit.tools.explain import triton_plan
 
     device = torch.device("cuda")
-    assert "wide warp-specialised W4A8" in triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
-    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "1")
-    plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
+    plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)  # the default
     assert "register-operand W4A8 Gluon kernel" in plan and "ANYBIT_FRAG_RS_A8=1" in plan
+    monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "0")
+    assert "wide warp-specialised W4A8" in triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
     monkeypatch.setenv("ANYBIT_FRAG_RS_A8", "2")
     plan = triton_plan(Scheme.parse("w4a8"), 1024, 8192, 8192, device, torch.bfloat16)
     assert "stream-K" in plan and "ANYBIT_FRAG_RS_A8=2" in plan
