@@ -64,8 +64,10 @@ class Settings:
     every shape (H100, session 53: 4096 rows 8192^2 634 -> 559 µs, 28672x8192 2123 -> 1823, 7168^2 520 -> 436,
     18432x7168 1182 -> 1070)."""
     frag_rsw_a8_max_m: int
-    """ANYBIT_FRAG_RSW_A8_MAX_M (default 0: off until timed on a GPU), Hopper: W4A8 calls of 33 to this many rows (at
-    most 256) whose scales allow the rescale run the register-operand W4A8 kernel's stream-K form
+    """ANYBIT_FRAG_RSW_A8_MAX_M (default 0: off until timed against the backend's own 33-256-row routes; H100 graphs,
+    session 53, against Humming: 18432x7168 M=128 55 vs 78 µs, M=256 98 vs 130, but 8192^2 M=128 40 vs 31), Hopper:
+    W4A8 calls of 33 to this many rows (at most 256) whose scales allow the rescale run the register-operand W4A8
+    kernel's stream-K form
     (`frag_rsw_a8_kernel`, tokens a tile the next power of two from 64) ahead of the other routes: one CTA an SM
     shares every 128-row weight tile's 128-K steps, so a few tokens stream the weight on every SM (the A16 side's wide
     stream-K kernel, `rs_wide`, for W4A8)."""
@@ -93,7 +95,9 @@ class Settings:
     """ANYBIT_MOE_RS_A8_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call of W4A8 experts whose group scales allow
     a rescaled accumulator and whose experts see at least this many rows on average runs both grouped GEMMs through
     the register-operand FP8 Gluon kernel (`anybit.kernels.moe_rs_a8_kernel`: 128 weight rows by 128 sorted rows a
-    tile, 256 from 256 rows an expert) instead of `moe_gemm`."""
+    tile, 256 from 256 rows an expert) instead of `moe_gemm`. Off by default: H100 CUDA graphs (session 53), the W4A8
+    layer 4-33 % slower than with `moe_gemm` (Qwen3-30B-A3B M=1024 334 vs 251 µs, M=4096 821 vs 716; DeepSeek-V3
+    3167 vs 2616, 5382 vs 5181)."""
     frag_ptx: int
     """ANYBIT_FRAG_PTX=0/1/2, how much of the frag decode is inline PTX (`frag_ptx`): 0 plain Triton; 1 integer
     zero points by one packed subtraction (`minus_rows`), bytes by one PRMT each (`unpack_bytes`), e2m1 pairs

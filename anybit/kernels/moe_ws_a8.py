@@ -38,10 +38,10 @@ def rs_a8_parts(block_m: int) -> tuple[int, int]:
 
 
 def rs_a8_block_m(per_expert: float) -> int:
-    """The register-operand kernel's block for `per_expert` token x slot rows an expert (not yet timed on a GPU; the
-    Triton kernel's measured rule for such experts, `moe_tiles`, picks 144 = 128 + 16 at 97-192 rows): 256 from 256
-    rows, 144 from 97 to 191 (an expert's ~128 rows in one block, not a second one of 128 rows for a few of them),
-    128 at 192-255, 80 = 64 + 16 below."""
+    """The register-operand kernel's block for `per_expert` token x slot rows an expert (its layers measured slower
+    than `moe_gemm`'s, session 53; the Triton kernel's measured rule for such experts, `moe_tiles`, picks 144 = 128 +
+    16 at 97-192 rows): 256 from 256 rows, 144 from 97 to 191 (an expert's ~128 rows in one block, not a second one of
+    128 rows for a few of them), 128 at 192-255, 80 = 64 + 16 below."""
     if per_expert >= 256:
         return 256
     if per_expert >= 192:
