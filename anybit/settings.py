@@ -64,13 +64,14 @@ class Settings:
     every shape (H100, session 53: 4096 rows 8192^2 634 -> 559 µs, 28672x8192 2123 -> 1823, 7168^2 520 -> 436,
     18432x7168 1182 -> 1070)."""
     frag_rsw_a8_max_m: int
-    """ANYBIT_FRAG_RSW_A8_MAX_M (default 0: off until timed against the backend's own 33-256-row routes; H100 graphs,
-    session 53, against Humming: 18432x7168 M=128 55 vs 78 µs, M=256 98 vs 130, but 8192^2 M=128 40 vs 31), Hopper:
-    W4A8 calls of 33 to this many rows (at most 256) whose scales allow the rescale run the register-operand W4A8
-    kernel's stream-K form
-    (`frag_rsw_a8_kernel`, tokens a tile the next power of two from 64) ahead of the other routes: one CTA an SM
-    shares every 128-row weight tile's 128-K steps, so a few tokens stream the weight on every SM (the A16 side's wide
-    stream-K kernel, `rs_wide`, for W4A8)."""
+    """ANYBIT_FRAG_RSW_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 calls of 33 to this many rows (at most 256)
+    whose scales allow the rescale run the register-operand W4A8 kernel's stream-K form (`frag_rsw_a8_kernel`, 64
+    tokens a tile up to 64 rows, else 128) ahead of the other routes: one CTA an SM shares every 128-row weight tile's
+    128-K steps, so a few tokens stream the weight on every SM (the A16 side's `rs_wide` for W4A8). Unset, only int4
+    weights whose 128-row tiles overfill one wave (N > 64 x SMs, `frag_ws_a8.RSW_A8_MIN_N_PER_SM`) take it; set, every
+    weight the kernel runs (MXFP4 too), any N. H100 CUDA graphs, same run (session 53), the route before -> this:
+    18432x7168 M=64 46.1 -> 40.4 µs, M=128 87.5 -> 55.0, M=256 131.0 -> 97.9 (Humming 38.7 / 78.4 / 130.4); on 8192^2,
+    which the default leaves alone, 28.8 -> 29.5, 38.0 -> 39.5, 54.8 -> 51.9."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,
@@ -247,7 +248,13 @@ def frag_ws_a8_wide_max_m() -> int:
 
 def frag_rsw_a8_max_m() -> int:
     """ANYBIT_FRAG_RSW_A8_MAX_M alone (see `Settings.frag_rsw_a8_max_m`)."""
-    return _rows("ANYBIT_FRAG_RSW_A8_MAX_M", 0, "a row count")
+    return _rows("ANYBIT_FRAG_RSW_A8_MAX_M", 256, "a row count")
+
+
+def frag_rsw_a8_asked() -> bool:
+    """Whether ANYBIT_FRAG_RSW_A8_MAX_M is set: then every weight the stream-K form takes runs it in its rows, not only
+    the default's (`frag_ws_a8.rsw_a8_tile`)."""
+    return _env("ANYBIT_FRAG_RSW_A8_MAX_M") is not None
 
 
 def moe_ws_min_rows() -> int:

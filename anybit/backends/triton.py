@@ -425,7 +425,7 @@ class TritonBackend:
         x_scales = None
         rowwise_min = ROWWISE_MIN_M_A8 if tw.e2m1_a8 else ROWWISE_MIN_M
         if config is None and tw.e2m1_a8 and m >= RSW_A8_MIN_M and x.is_cuda:  # MXFP4: the register-operand
-            y = self._ws_a8(x, tw, bias)  # kernels where a switch asks (off by default)
+            y = self._ws_a8(x, tw, bias)  # kernels where their rules take it (`_ws_a8`)
             if y is not None:
                 return y
         if config is None and m > rowwise_min and rowwise_why_not(tw, x.device, x.dtype) is None:
@@ -565,7 +565,7 @@ class TritonBackend:
         ANYBIT_FRAG_RS_A8 asks (`rs_e2m1_why_not`); else None: the other routes. A kernel failure warns once and
         leaves this weight on them."""
         m = x.shape[0]
-        tile = rsw_a8_tile(m)  # (ANYBIT_FRAG_RSW_A8_MAX_M: the stream-K form at 33-256 rows, off by default)
+        tile = rsw_a8_tile(m, tw.n, tw.k, _sm_count(x.device), tw.e2m1_a8)  # (the stream-K form at 33-256 rows)
         if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its switch asks
             if tile is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
                 tile = ws_a8_tile(m, tw.n, _sm_count(x.device), wide=True)

@@ -36,6 +36,12 @@ WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % fas
 # 40.5 KB, 4 stages; 64: 16.5 KB, 8 — a few tokens stream the weight, so more of it in flight)
 RS_STAGES = {64: 8, 128: 6, 256: 4}
 RSW_A8_MIN_M = 33  # the stream-K form's smallest call on the route (`rsw_a8_tile`); the decode kernels below
+# ... and by default only where N > this x SMs: 128-row tiles of the route's kernels leave a part-filled last wave
+# (18432x7168: 144 tiles on 132 SMs) — the A16 side's `frag_rsp.rsw_tile` rule
+RSW_A8_MIN_N_PER_SM = 64
+# ... and 128-K steps a CTA at least (the A16 side's RSW_MIN_BLOCKS, 96, lost at 54 against its stronger route; here
+# 18432x7168's 61 won 1.14-1.59x; below 60 not measured)
+RSW_A8_MIN_STEPS = 60
 
 
 @functools.cache
@@ -136,15 +142,22 @@ def ws_a8_wide_why_not(scheme, k: int, n: int, device: torch.device, rescale: bo
     return why
 
 
-def rsw_a8_tile(m: int) -> dict | None:
+def rsw_a8_tile(m: int, n: int, k: int, num_sms: int = 132, e2m1: bool = False) -> dict | None:
     """The register-operand kernel's stream-K form for a W4A8 call of M rows where `settings.frag_rsw_a8_max_m()`
     takes it (RSW_A8_MIN_M <= M <= it, at most 256; the caller checks the weight: `ws_a8_wide_why_not`), else None:
-    tokens a tile the next power of two from 64, y stored 16 bytes a thread from 128 tokens (as the A16 wide kernel,
-    `frag_rsp.RSW_CVT_MIN_M`). H100 graphs (session 53): M=64 / 128 / 256 of 18432x7168 40.4 / 55.0 / 97.9 µs
-    (Humming 38.7 / 78.4 / 130.4), of 8192^2 29.5 / 39.5 / 51.9 (27.7 / 30.8 / 40.1)."""
+    64 tokens a tile up to 64 rows, else 128 with y stored 16 bytes a thread. Unless ANYBIT_FRAG_RSW_A8_MAX_M is set,
+    only int4 weights (not `e2m1`: MXFP4's 128/256-token frag route is stronger and this form was not timed on it)
+    with N > RSW_A8_MIN_N_PER_SM x SMs and RSW_A8_MIN_STEPS 128-K steps a CTA. H100 graphs (session 53), 18432x7168
+    M=64 / 128 / 256: 40.4 / 55.0 / 97.9 µs against the route's 46.1 / 87.5 / 131.0 and Humming's 38.7 / 78.4 /
+    130.4 (256 tokens a tile at M=256: 106.7, one-tile); 8192^2 29.5 / 39.5 / 51.9 against 28.8 / 38.0 / 54.8 — left
+    to the route."""
     if not RSW_A8_MIN_M <= m <= min(settings.frag_rsw_a8_max_m(), WIDE_TOKENS):
         return None
-    tokens = max(64, 1 << (m - 1).bit_length())
+    if not settings.frag_rsw_a8_asked():
+        steps = cdiv(n, 128) * cdiv(k, A8_BK) / num_sms
+        if e2m1 or n <= RSW_A8_MIN_N_PER_SM * num_sms or steps < RSW_A8_MIN_STEPS:
+            return None
+    tokens = 64 if m <= 64 else 128
     return dict(wide=True, rs=True, persistent=True, tokens=tokens, cvt=tokens >= 128)
 
 

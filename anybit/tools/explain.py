@@ -69,7 +69,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     via = (f"FP8 activations ({scheme.act.token()}) as their codes in x's dtype, x's scales per row after the MMA; "
            if codes else "")  # fmt: skip
     if rows and cuda and settings.e2m1_a8():
-        rs_e2m1 = _rs_e2m1_plan(m, n, device)
+        rs_e2m1 = _rs_e2m1_plan(m, n, k, device)
         if rs_e2m1:
             return rs_e2m1
     bits = scheme.weight.bits
@@ -119,7 +119,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if frag and a8_mma(scheme) and cuda:
         from anybit.kernels.frag_ws_a8 import RSW_A8_MIN_M, rsw_a8_tile, ws_a8_wide_why_not
 
-        t = rsw_a8_tile(m)
+        t = rsw_a8_tile(m, n, k, _sm_count(device) if cuda else 132)
         if t is not None and ws_a8_wide_why_not(scheme, k, n, device, True) is None:
             return (
                 f"FP8 activations, {RSW_A8_MIN_M} <= M <= ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}: "
@@ -389,14 +389,15 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
                     f"not used: {ws_why}"]  # fmt: skip
 
 
-def _rs_e2m1_plan(m: int, n: int, device: torch.device) -> str | None:
+def _rs_e2m1_plan(m: int, n: int, k: int, device: torch.device) -> str | None:
     """The register-operand W4A8 kernels for an MXFP4 call under e4m3 x where a switch asks (`TritonBackend._ws_a8`:
     the stream-K form at 33-`ANYBIT_FRAG_RSW_A8_MAX_M` rows, the one-tile or stream-K kernel in the wide range with
     `ANYBIT_FRAG_RS_A8`), else None."""
     from anybit.kernels.frag import sm_count
     from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
 
-    t, switch = rsw_a8_tile(m), f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
+    t = rsw_a8_tile(m, n, k, sm_count(device) or 132, e2m1=True)
+    switch = f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
     if t is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
         t, switch = ws_a8_tile(m, n, sm_count(device) or 132, wide=True), f"ANYBIT_FRAG_RS_A8={settings.frag_rs_a8()}"
     if t is None:

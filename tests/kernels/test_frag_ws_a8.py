@@ -162,17 +162,26 @@ def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
         ws_a8_tile(1024, 8192, wide=True)
 
 
-def test_the_stream_k_form_takes_33_to_the_setting_rows_when_asked(monkeypatch):
+def test_the_stream_k_form_takes_33_to_256_rows_of_tall_int4_weights_by_default(monkeypatch):
     monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
-    assert rsw_a8_tile(64) is None  # off by default
-    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "512")  # (at most 256: its largest token tile)
-    assert [rsw_a8_tile(m) and rsw_a8_tile(m)["tokens"] for m in (32, 33, 64, 65, 128, 200, 256, 257)] == [
-        None, 64, 64, 128, 128, 256, 256, None]  # fmt: skip
-    assert rsw_a8_tile(100) == dict(wide=True, rs=True, persistent=True, tokens=128, cvt=True)
-    assert rsw_a8_tile(40)["cvt"] is False
+    tall, square = (18432, 7168), (8192, 8192)  # 144 / 64 tiles of 128 rows on 132 SMs: only the first overfills a wave
+    assert [rsw_a8_tile(m, *tall) and rsw_a8_tile(m, *tall)["tokens"] for m in (32, 33, 64, 65, 128, 256, 257)] == [
+        None, 64, 64, 128, 128, 128, None]  # fmt: skip
+    assert rsw_a8_tile(100, *tall) == dict(wide=True, rs=True, persistent=True, tokens=128, cvt=True)
+    assert rsw_a8_tile(40, *tall)["cvt"] is False
+    assert rsw_a8_tile(64, *square) is None and rsw_a8_tile(64, 64 * 132, 8192) is None
+    assert rsw_a8_tile(64, 64 * 132 + 16, 16384) is not None and rsw_a8_tile(64, 6416, 16384, num_sms=100) is not None
+    assert rsw_a8_tile(64, 28672, 4096) is None  # 54 128-K steps a CTA: too few to share
+    assert rsw_a8_tile(64, 28672, 8192) is not None  # 108
+    assert rsw_a8_tile(64, *tall, e2m1=True) is None  # MXFP4: only where asked
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "512")  # asked: every weight, any N (at most 256 rows)
+    assert rsw_a8_tile(64, *square)["tokens"] == 64 and rsw_a8_tile(200, *square, e2m1=True)["tokens"] == 128
+    assert rsw_a8_tile(64, 28672, 4096) is not None and rsw_a8_tile(257, *square) is None
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "0")  # off
+    assert rsw_a8_tile(64, *tall) is None
     monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "many")
     with pytest.raises(ValueError, match="ANYBIT_FRAG_RSW_A8_MAX_M='many'"):
-        rsw_a8_tile(64)
+        rsw_a8_tile(64, *tall)
 
 
 def test_explain_says_why_the_w4a8_kernel_is_not_used():

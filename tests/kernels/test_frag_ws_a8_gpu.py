@@ -109,6 +109,7 @@ def test_the_triton_backend_routes_w4a8_here_and_captures(m, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
 
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "0")  # (GPUs of < 128 SMs would take the stream-K form here)
     x, qw, _ = _case("w4a8", m, 8192, 1024, seed=m)
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
@@ -151,7 +152,29 @@ def test_the_backend_takes_the_stream_k_form_at_few_rows_when_asked_and_captures
     be = get_backend("triton")
     y = be.gemm(x, p)
     assert p.data.ws_ok.get("a8-wide") is True
-    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **rsw_a8_tile(m)))
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **rsw_a8_tile(m, 7168, 2048)))
+    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
+    _captured_on_fresh_x(be, x, p, qw)
+
+
+@pytest.mark.parametrize("m", [40, 64, 200])
+def test_tall_int4_weights_take_the_stream_k_form_at_few_rows_by_default_and_capture(m, monkeypatch):
+    from anybit import prepare
+    from anybit.backends import get_backend
+    from anybit.kernels.frag import sm_count
+    from anybit.kernels.frag_ws_a8 import rsw_a8_tile
+
+    monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
+    n, k = 18432, 7168  # DeepSeek-V3's shape the rule was measured on (144 tiles of 128 rows, 61 steps a CTA)
+    tile = rsw_a8_tile(m, n, k, sm_count(torch.device("cuda")))
+    if tile is None:
+        pytest.skip(f"the default rule leaves {n}x{k} to the other routes on {sm_count(torch.device('cuda'))} SMs")
+    x, qw, _ = _case("w4a8", m, n, k, seed=m)
+    p = prepare(qw, backend="triton")
+    be = get_backend("triton")
+    y = be.gemm(x, p)
+    assert p.data.ws_ok.get("a8-wide") is True
+    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **tile))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     _captured_on_fresh_x(be, x, p, qw)
 
