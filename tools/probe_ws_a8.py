@@ -1,5 +1,5 @@
-"""The warp-specialised large-M W4A8 kernel (`anybit.kernels.frag_ws_a8`) against today's large-M W4A8 route
-(quantizer, the weight's integers written out as e4m3, cuBLAS's block-scaled 1x128 GEMM), row-wise FP8
+"""The W4A8 Gluon kernels (`anybit.kernels.frag_ws_a8`: warp-specialised and register-operand, one-tile and stream-K)
+against the backend's route as the environment's switches set it (`route`: `backend.gemm`), row-wise FP8
 `_scaled_mm` on x quantized once (the bare FP8 GEMM the targets are stated against) and Humming W4A8, one GPU call.
 
     python tools/probe_ws_a8.py [--shapes 8192x8192,28672x8192,8192x28672] [--m 256,1024,4096,8192]
@@ -9,7 +9,9 @@ Tiles are `gemm_frag_ws_a8` options, ";" between variants and ":" inside one: ""
 wide one, "wide=1:rs=1" its register-operand twin (`frag_rs_a8_kernel`; "tokens=128", "stages=5" …),
 "wide=1:rs=1:persistent=1" that one's stream-K form (`frag_rsw_a8_kernel`; "head=1", "ctas=…"), ":cvt=1" on any wide
 kernel its y stored 16 bytes a thread. `--scheme w4a8-mxfp4`: MXFP4 weights, on the register-operand kernels only
-("wide=1:rs=1[:persistent=1]"); the route there is the e4m3 pass + cuBLAS's row-wise GEMM (above 256 rows).
+("wide=1:rs=1[:persistent=1]"). The routes before session 53's defaults: ANYBIT_FRAG_RS_A8=0 (above 512 rows: the
+warp-specialised wide kernel up to 1536, then the codes pass + cuBLAS's 1x128 GEMM; MXFP4 the e4m3 pass + cuBLAS
+row-wise) and ANYBIT_FRAG_RSW_A8_MAX_M=0 (33-256 rows: the frag kernel / the narrow warp-specialised kernel).
 
 Every ws variant is first checked against the exact product (float64, the kernel's own quantized x and
 `dequantize()`, 64 rows) and relaunched bit for bit; then eager CUDA-event medians over weight copies that do
@@ -77,8 +79,9 @@ def main() -> int:
             ref = dequantize_activation(xq, xs, scheme.act).double() @ qws[0].dequantize().double().T
             cells = {name: [lambda f=f, x=x: f(x) for f in fns] for name, fns in peers.items()}
             if "route" in args.peers:
-                route = "route (e4m3 pass + cuBLAS row-wise)" if e2m1 else "route (codes + cuBLAS 1x128)"
-                cells[route] = [lambda p=p, x=x: backend.gemm(x, p) for p in preps]
+                # the backend's call as routed now (the switches in the environment decide: e.g. set
+                # ANYBIT_FRAG_RS_A8=0 / ANYBIT_FRAG_RSW_A8_MAX_M=0 for the routes before the register-operand kernels)
+                cells["route (backend.gemm)"] = [lambda p=p, x=x: backend.gemm(x, p) for p in preps]
             if "quantizer" in args.peers:
                 cells["quantizer alone"] = [lambda x=x: quantize_act(x, scheme.act)]
             for tile in tiles:
