@@ -176,9 +176,6 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 _POSIX = os.name == "posix"
-# `frag_ws_a8_wide_max_m`'s default with the register-operand kernel on (`frag_rs_a8`): no practical bound — it beat
-# the codes pass + cuBLAS at 1024 and 4096 rows on every shape measured, and its tiles only fill more above
-WIDE_RS_A8_MAX_M = 1 << 16
 _KEYS: dict[str, bytes] = {}
 
 
@@ -239,6 +236,11 @@ def frag_mid_max_m() -> int:
 def frag_ws_a8_max_m() -> int:
     """ANYBIT_FRAG_WS_A8_MAX_M alone (see `Settings.frag_ws_a8_max_m`)."""
     return _rows("ANYBIT_FRAG_WS_A8_MAX_M", 256, "a row count")
+
+
+# `frag_ws_a8_wide_max_m`'s default with the register-operand kernel on (`frag_rs_a8`): no practical bound — it beat
+# the codes pass + cuBLAS at 1024 and 4096 rows on every shape measured, and its tiles only fill more above
+WIDE_RS_A8_MAX_M = 1 << 16
 
 
 def frag_ws_a8_wide_max_m() -> int:

@@ -564,11 +564,11 @@ class TritonBackend:
         e4m3 x (`TritonWeight.e2m1_a8`) only on the register-operand kernels, where ANYBIT_FRAG_RSW_A8_MAX_M or
         ANYBIT_FRAG_RS_A8 asks (`rs_e2m1_why_not`); else None: the other routes. A kernel failure warns once and
         leaves this weight on them."""
-        m = x.shape[0]
-        tile = rsw_a8_tile(m, tw.n, tw.k, _sm_count(x.device), tw.e2m1_a8)  # (the stream-K form at 33-256 rows)
+        m, sms = x.shape[0], _sm_count(x.device)
+        tile = rsw_a8_tile(m, tw.n, tw.k, sms, tw.e2m1_a8)  # (the stream-K form at 33-256 rows)
         if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its switch asks
             if tile is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
-                tile = ws_a8_tile(m, tw.n, _sm_count(x.device), wide=True)
+                tile = ws_a8_tile(m, tw.n, sms, wide=True)
             if tile is None:
                 return None
             if tw.ws_ok.get("a8-e2m1") is None:
@@ -587,7 +587,7 @@ class TritonBackend:
             ok = tw.ws_ok[key] = why is None
         if not ok:
             return None
-        tile = tile or ws_a8_tile(m, tw.n, _sm_count(x.device), wide=not narrow)
+        tile = tile or ws_a8_tile(m, tw.n, sms, wide=not narrow)
         return TritonBackend._ws_a8_run(x, tw, bias, tile, key)
 
     @staticmethod

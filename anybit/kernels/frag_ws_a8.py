@@ -153,10 +153,9 @@ def rsw_a8_tile(m: int, n: int, k: int, num_sms: int = 132, e2m1: bool = False) 
     to the route."""
     if not RSW_A8_MIN_M <= m <= min(settings.frag_rsw_a8_max_m(), WIDE_TOKENS):
         return None
-    if not settings.frag_rsw_a8_asked():
-        steps = cdiv(n, 128) * cdiv(k, A8_BK) / num_sms
-        if e2m1 or n <= RSW_A8_MIN_N_PER_SM * num_sms or steps < RSW_A8_MIN_STEPS:
-            return None
+    tall = n > RSW_A8_MIN_N_PER_SM * num_sms and cdiv(n, 128) * cdiv(k, A8_BK) >= RSW_A8_MIN_STEPS * num_sms
+    if not (settings.frag_rsw_a8_asked() or (tall and not e2m1)):
+        return None
     tokens = 64 if m <= 64 else 128
     return dict(wide=True, rs=True, persistent=True, tokens=tokens, cvt=tokens >= 128)
 

@@ -119,7 +119,7 @@ def triton_plan(scheme: Scheme, m: int, n: int, k: int, device: torch.device, dt
     if frag and a8_mma(scheme) and cuda:
         from anybit.kernels.frag_ws_a8 import RSW_A8_MIN_M, rsw_a8_tile, ws_a8_wide_why_not
 
-        t = rsw_a8_tile(m, n, k, _sm_count(device) if cuda else 132)
+        t = rsw_a8_tile(m, n, k, _sm_count(device))
         if t is not None and ws_a8_wide_why_not(scheme, k, n, device, True) is None:
             return (
                 f"FP8 activations, {RSW_A8_MIN_M} <= M <= ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}: "
@@ -396,10 +396,10 @@ def _rs_e2m1_plan(m: int, n: int, k: int, device: torch.device) -> str | None:
     from anybit.kernels.frag import sm_count
     from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
 
-    t = rsw_a8_tile(m, n, k, sm_count(device) or 132, e2m1=True)
-    switch = f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
+    sms = sm_count(device) or 132
+    t, switch = rsw_a8_tile(m, n, k, sms, e2m1=True), f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
     if t is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
-        t, switch = ws_a8_tile(m, n, sm_count(device) or 132, wide=True), f"ANYBIT_FRAG_RS_A8={settings.frag_rs_a8()}"
+        t, switch = ws_a8_tile(m, n, sms, wide=True), f"ANYBIT_FRAG_RS_A8={settings.frag_rs_a8()}"
     if t is None:
         return None
     form = "one tile a CTA"

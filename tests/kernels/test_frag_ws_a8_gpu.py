@@ -140,35 +140,24 @@ def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(l
     _captured_on_fresh_x(be, x, p, qw)
 
 
-@pytest.mark.parametrize("m", [33, 64, 100, 256])
-def test_the_backend_takes_the_stream_k_form_at_few_rows_when_asked_and_captures(m, monkeypatch):
-    from anybit import prepare
-    from anybit.backends import get_backend
-    from anybit.kernels.frag_ws_a8 import rsw_a8_tile
-
-    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "256")
-    x, qw, _ = _case("w4a8", m, 7168, 2048, seed=m)
-    p = prepare(qw, backend="triton")
-    be = get_backend("triton")
-    y = be.gemm(x, p)
-    assert p.data.ws_ok.get("a8-wide") is True
-    assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **rsw_a8_tile(m, 7168, 2048)))
-    assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
-    _captured_on_fresh_x(be, x, p, qw)
-
-
-@pytest.mark.parametrize("m", [40, 64, 200])
-def test_tall_int4_weights_take_the_stream_k_form_at_few_rows_by_default_and_capture(m, monkeypatch):
+# asked (the variable set): any weight, here 7168 x 2048; by default: tall int4 weights, DeepSeek-V3's 18432 x 7168 the
+# rule was measured on (144 tiles of 128 rows, 61 steps a CTA)
+@pytest.mark.parametrize("asked, n, k, m", [("256", 7168, 2048, m) for m in (33, 64, 100, 256)]
+                         + [(None, 18432, 7168, m) for m in (40, 64, 200)])  # fmt: skip
+def test_the_backend_takes_the_stream_k_form_at_few_rows_and_captures(asked, n, k, m, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag import sm_count
     from anybit.kernels.frag_ws_a8 import rsw_a8_tile
 
-    monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
-    n, k = 18432, 7168  # DeepSeek-V3's shape the rule was measured on (144 tiles of 128 rows, 61 steps a CTA)
-    tile = rsw_a8_tile(m, n, k, sm_count(torch.device("cuda")))
+    if asked is None:
+        monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
+    else:
+        monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", asked)
+    sms = sm_count(torch.device("cuda"))
+    tile = rsw_a8_tile(m, n, k, sms)
     if tile is None:
-        pytest.skip(f"the default rule leaves {n}x{k} to the other routes on {sm_count(torch.device('cuda'))} SMs")
+        pytest.skip(f"the default rule leaves {n}x{k} to the other routes on {sms} SMs")
     x, qw, _ = _case("w4a8", m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
