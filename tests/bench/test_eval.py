@@ -94,7 +94,8 @@ def test_the_triton_kernels_pass_under_the_interpreter(interpret):
 @pytest.mark.gpu
 def test_every_kernel_within_budget_on_the_gpu():
     """bf16 on the GPU, the A8 schemes' in-kernel quantizer included (the interpreter cannot check it). No peers here
-    (Humming compiles CUDA per scheme and shape: ten of them outran a 200 s device call, session 53)."""
+    (with them, ten scheme x shape pairs did not finish within a 200 s device call, session 53 — Humming compiles CUDA
+    per scheme and shape, the likely cause, not confirmed)."""
     schemes = ("w4a16", "w4a8", "w8a8-fp8", "fp8-block", "w4a8-mxfp4")
     res = ev.evaluate(_recipe(schemes=schemes, backends=("auto",), peers=()), ["gaussian", "outliers"], m=33,
                       device="cuda")  # fmt: skip
