@@ -10,6 +10,7 @@ and humming (when installed); writes every sample to DIR/sweep_frag_<scheme>.jso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,9 +24,9 @@ from probe_out import relaunch_check  # noqa: E402
 import anybit  # noqa: E402
 from anybit.backends import get_backend  # noqa: E402
 from anybit.backends.base import Prepared  # noqa: E402
+from anybit.backends.triton import pick_config  # noqa: E402
 from anybit.backends.triton_layout import to_triton_layout  # noqa: E402
 from anybit.bench.timing import median, time_graph  # noqa: E402
-from anybit.kernels.frag import frag_tile  # noqa: E402
 from anybit.kernels.gemm import GemmConfig  # noqa: E402
 
 TILES = [(64, 4, 4), (128, 4, 4), (128, 4, 6), (128, 8, 3), (256, 8, 3), (256, 4, 3)]  # (block_n, warps, stages)
@@ -106,7 +107,8 @@ def main() -> int:
                 ref = tri.gemm(x[:64], frag[0]).double()
             else:
                 ref = x[:64].double() @ qw.dequantize().double().T
-            default = frag_tile(m, n, k, sms, False, qw.scheme.weight_bits)
+            tw = frag[0].data  # the backend's rule for this weight (FP8-MMA weights pick their own splits)
+            default = dataclasses.asdict(pick_config(m, n, k, tw.kernel_scheme, sms, False, tw.nk, tw.mma_a8, tw.frag))
             bm = default["block_m"]
             res = {"default": _time(tri, x, frag)}
             for tile in tiles:

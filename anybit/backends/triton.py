@@ -156,12 +156,12 @@ def pick_config(
     frag_layout: the weight is in the fragment layout (`TritonWeight.frag`; the bit-plane kernel takes no 48-token
     tile)."""
     if (dense_frag_format if frag_layout else frag_format)(scheme):  # A16 above FRAG_MAX_M: only by `frag_mid`
-        a8 = a8_mma(scheme) if a8 is None else a8  # (W4A8 not in `balanced_split`: 28672x8192 M=1 37.3 -> 42.0 µs)
+        a8 = a8_mma(scheme) if a8 is None else a8  # (4-bit weights alone in `balanced_split` on the FP8 MMA)
         float_codes = isinstance(scheme.weight, FloatType)
         # e2m1 on the FP8 MMA accumulating the whole K (`frag.A8_MMA_ACC`) takes the 128/256-token tiles too
         wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
-                      float_codes=float_codes, balance=not a8, a8=wide_a8,
+                      float_codes=float_codes, balance=not a8 or scheme.weight_bits == 4, a8=wide_a8,
                       two=frag_layout and not a8 and scheme.weight_bits == 4, fp8_mma=a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],

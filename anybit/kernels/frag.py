@@ -916,6 +916,12 @@ SPLIT_CTA_COST_FLOAT = 1.0
 # 8: 62.0 / 60.1 / 73.8 / 61.2 and 63.3 / 63.1 / 77.7 / 71.9 µs, Humming 65.2 / 63.8; the tuning table's 28672x4096
 # cells took split 2 as well)
 BYTE_SPLIT = 2
+# ... and for 4-bit weights on the FP8 MMA (W4A8, MXFP4 under e4m3 x), whose CTA starts and split reductions cost more
+# against their main loop: fitted to the H100 sweep (session 54, `sweep-frag --splits 1,2,4,8`, graphs, M=1 / 16,
+# split 1 / 2 / 4): 18432x7168 W4A8-MXFP4 35.5 / 31.7 / 31.9 and 37.2 / 34.6 / 37.3, W4A8 32.1 / 31.1 / 33.3 and 34.2
+# / 34.0 / 44.0 (-> 2); 28672x8192 W4A8 45.1 / 59.6 / 52.7, MXFP4 46.4 / 48.9 / 54.7 (-> 1), H200 28672x4096 W4A8 M=16
+# 22.6 / 25.6 / 28.1 (-> 1)
+SPLIT_CTA_COST_A8 = 8.0
 
 
 def balanced_split(tiles: int, k_blocks: int, num_sms: int, cta_cost: float) -> int:
@@ -1003,7 +1009,8 @@ def frag_tile(
             bn, tiles = 64, narrow
             split = split_to(tiles, 2 * num_sms)
     if balance and m <= 16 and num_sms <= tiles < 2 * num_sms:  # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2)
-        split = balanced_split(tiles, k_blocks, num_sms, SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST)
+        cost = SPLIT_CTA_COST_A8 if fp8_mma else SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST
+        split = balanced_split(tiles, k_blocks, num_sms, cost)
         if bits == 8 and k_blocks >= 4 * BYTE_SPLIT:
             split = BYTE_SPLIT
     return dict(block_m=bm, block_n=bn, split_k=split, num_warps=4, num_stages=stages)

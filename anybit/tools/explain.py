@@ -390,9 +390,10 @@ def moe_lines(scheme_text: str, experts: int, top_k: int, tokens: int, hidden: i
 
 
 def _rs_e2m1_plan(m: int, n: int, k: int, device: torch.device) -> str | None:
-    """The register-operand W4A8 kernels for an MXFP4 call under e4m3 x where a switch asks (`TritonBackend._ws_a8`:
-    the stream-K form at 33-`ANYBIT_FRAG_RSW_A8_MAX_M` rows, the one-tile or stream-K kernel in the wide range with
-    `ANYBIT_FRAG_RS_A8`), else None."""
+    """The register-operand W4A8 kernels for an MXFP4 call under e4m3 x where their rules take it
+    (`TritonBackend._ws_a8`: the stream-K form at 65-256 rows by default or 33-`ANYBIT_FRAG_RSW_A8_MAX_M` rows where
+    that is set — `rsw_a8_tile` —, the one-tile or stream-K kernel in the wide range with `ANYBIT_FRAG_RS_A8`), else
+    None."""
     from anybit.kernels.frag import sm_count
     from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
 

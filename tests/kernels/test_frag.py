@@ -508,7 +508,11 @@ def test_decode_split_balances_the_sms_where_one_or_two_tiles_fall_on_each():
                       (8192, 8192, True): 4}  # fmt: skip
     assert frag_tile(64, 28672, 8192, 132, False)["split_k"] == 1  # 64 tokens: split 1 measured best
     assert frag_tile(1, 20000, 256, 132, False)["split_k"] == 1  # two K blocks: nothing to split
-    assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # W4A8: split 1 measured faster
+    assert frag_tile(1, 28672, 8192, 132, False, balance=False)["split_k"] == 1  # unbalanced: fill two CTAs an SM
+    # 4-bit weights on the FP8 MMA: their own CTA cost (`SPLIT_CTA_COST_A8`), the H100 sweep's best splits
+    a8 = {(n, k): frag_tile(16, n, k, 132, False, fp8_mma=True)["split_k"]
+          for n, k in [(18432, 7168), (28672, 8192), (28672, 4096), (7168, 7168)]}  # fmt: skip
+    assert a8 == {(18432, 7168): 2, (28672, 8192): 1, (28672, 4096): 1, (7168, 7168): 4}
     assert frag_tile(1, 28672, 8192, 132, False, bits=8)["split_k"] == 2  # 8-bit codes: 2 (`BYTE_SPLIT`)
     assert frag_tile(16, 28672, 4096, 132, False, bits=8)["split_k"] == 2
 

@@ -141,10 +141,12 @@ def test_the_backend_takes_the_register_operand_kernel_when_asked_and_captures(l
 
 
 # asked (the variable set): any weight, here 7168 x 2048; by default: tall int4 weights, DeepSeek-V3's 18432 x 7168 the
-# rule was measured on (144 tiles of 128 rows, 61 steps a CTA)
-@pytest.mark.parametrize("asked, n, k, m", [("256", 7168, 2048, m) for m in (33, 64, 100, 256)]
-                         + [(None, 18432, 7168, m) for m in (40, 64, 200)])  # fmt: skip
-def test_the_backend_takes_the_stream_k_form_at_few_rows_and_captures(asked, n, k, m, monkeypatch):
+# rule was measured on (144 tiles of 128 rows, 61 steps a CTA), and at 65-256 rows 7168^2 (int4 below the narrow
+# kernel's N, MXFP4)
+@pytest.mark.parametrize("scheme, asked, n, k, m", [("w4a8", "256", 7168, 2048, m) for m in (33, 64, 100, 256)]
+                         + [("w4a8", None, 18432, 7168, m) for m in (40, 64, 200)]
+                         + [(s, None, 7168, 7168, 130) for s in ("w4a8", "w4a8-mxfp4")])  # fmt: skip
+def test_the_backend_takes_the_stream_k_form_at_few_rows_and_captures(scheme, asked, n, k, m, monkeypatch):
     from anybit import prepare
     from anybit.backends import get_backend
     from anybit.kernels.frag import sm_count
@@ -155,14 +157,15 @@ def test_the_backend_takes_the_stream_k_form_at_few_rows_and_captures(asked, n, 
     else:
         monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", asked)
     sms = sm_count(torch.device("cuda"))
-    tile = rsw_a8_tile(m, n, k, sms)
+    e2m1 = scheme == "w4a8-mxfp4"
+    tile = rsw_a8_tile(m, n, k, sms, e2m1)
     if tile is None:
         pytest.skip(f"the default rule leaves {n}x{k} to the other routes on {sms} SMs")
-    x, qw, _ = _case("w4a8", m, n, k, seed=m)
+    x, qw, _ = _case(scheme, m, n, k, seed=m)
     p = prepare(qw, backend="triton")
     be = get_backend("triton")
     y = be.gemm(x, p)
-    assert p.data.ws_ok.get("a8-wide") is True
+    assert p.data.ws_ok.get("a8-e2m1" if e2m1 else "a8-wide") is True
     assert torch.equal(y, gemm_frag_ws_a8(x, p.data, **tile))
     assert rel_err(y, a8_reference(x, qw)) < GEMM_REL_ERR[torch.bfloat16]
     _captured_on_fresh_x(be, x, p, qw)
