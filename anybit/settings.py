@@ -64,14 +64,16 @@ class Settings:
     every shape (H100, session 53: 4096 rows 8192^2 634 -> 559 µs, 28672x8192 2123 -> 1823, 7168^2 520 -> 436,
     18432x7168 1182 -> 1070)."""
     frag_rsw_a8_max_m: int
-    """ANYBIT_FRAG_RSW_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 calls of 33 to this many rows (at most 256)
-    whose scales allow the rescale run the register-operand W4A8 kernel's stream-K form (`frag_rsw_a8_kernel`, 64
-    tokens a tile up to 64 rows, else 128) ahead of the other routes: one CTA an SM shares every 128-row weight tile's
-    128-K steps, so a few tokens stream the weight on every SM (the A16 side's `rs_wide` for W4A8). Unset, only int4
-    weights whose 128-row tiles overfill one wave (N > 64 x SMs, `frag_ws_a8.RSW_A8_MIN_N_PER_SM`) take it; set, every
-    weight the kernel runs (MXFP4 too), any N. H100 CUDA graphs, same run (session 53), the route before -> this:
-    18432x7168 M=64 46.1 -> 40.4 µs, M=128 87.5 -> 55.0, M=256 131.0 -> 97.9 (Humming 38.7 / 78.4 / 130.4); on 8192^2,
-    which the default leaves alone, 28.8 -> 29.5, 38.0 -> 39.5, 54.8 -> 51.9."""
+    """ANYBIT_FRAG_RSW_A8_MAX_M (default 256; 0 turns it off), Hopper: W4A8 and W4A8-MXFP4 calls of 33 to this many
+    rows (at most 256) whose scales allow the kernel run the register-operand W4A8 kernel's stream-K form
+    (`frag_rsw_a8_kernel`, 64 tokens a tile up to 64 rows, else 128) ahead of the other routes: one CTA an SM shares
+    every 128-row weight tile's 128-K steps, so a few tokens stream the weight on every SM (the A16 side's `rs_wide`
+    for W4A8). Unset, the measured rule (`frag_ws_a8.rsw_a8_tile`): at 33-64 rows int4 weights whose route leaves a
+    part-filled second wave (64 x SMs < N <= 160 x SMs, >= 60 128-K steps a CTA: 18432x7168), at 65-256 rows every
+    4-bit weight with >= 16 steps a CTA; set, every weight the kernel runs, any N. H100 CUDA graphs, the route before ->
+    this: int4 18432x7168 M=64 / 128 / 256 46.1 / 87.5 / 131.0 -> 40.4 / 55.0 / 97.9 µs (Humming 38.7 / 78.4 /
+    130.4, session 53); 7168^2 M=128 / 256 60.0 / 66.3 -> 36.8 / 49.9, MXFP4 18432x7168 65.6 / 133.1 -> 50.5 / 92.4
+    (session 54); at 33-64 rows 28672x8192 56.7 / 59.5 -> 60.7 / 61.5 at M=40 / 64, which the rule leaves alone."""
     moe_ws_min_rows: int
     """ANYBIT_MOE_WS_MIN_ROWS (default 0: off), Hopper: a `QuantMoE` call whose experts see at least this many
     rows on average runs both grouped GEMMs through the warp-specialised Gluon kernel (`anybit.kernels.moe_ws`,

@@ -36,18 +36,21 @@ WIDE_STAGES = 2  # its ring, 48 KB a step of x, w and scales (H200: 2 to 5 % fas
 # 40.5 KB, 4 stages; 64: 16.5 KB, 8 — a few tokens stream the weight, so more of it in flight)
 RS_STAGES = {64: 8, 128: 6, 256: 4}
 RSW_A8_MIN_M = 33  # the stream-K form's smallest call on the route (`rsw_a8_tile`); the decode kernels below
-# ... and by default only where N > this x SMs: 128-row tiles of the route's kernels leave a part-filled last wave
-# (18432x7168: 144 tiles on 132 SMs) — the A16 side's `frag_rsp.rsw_tile` rule
+# At 33-64 rows (64 tokens a tile) by default only int4 weights whose route leaves a part-filled second wave: N in
+# (MIN, MAX] x SMs (18432x7168: 144 tiles of 128 rows on 132 SMs; 64-row tiles of its frag route, 288 CTAs, just over
+# two an SM) and 128-K steps a CTA at least. H100 graphs, route -> this: 18432x7168 M=64 46.1 -> 40.4 µs (session
+# 53); left alone (session 54): 28672x8192 M=40 / 64 56.7 / 59.5 -> 60.7 / 61.5 (its 224 tiles are one wave of two
+# CTAs an SM), 28672x4096 33.6 / 33.9 -> 40.1 / 41.1, 8192^2 M=64 28.8 -> 29.5, 7168^2 26.2 -> 26.9; MXFP4 (its frag
+# route is stronger) 28672x8192 M=64 56.7 -> 60.5
 RSW_A8_MIN_N_PER_SM = 64
-# ... and 128-K steps a CTA at least (the A16 side's RSW_MIN_BLOCKS, 96, lost at 54 against its stronger route; here
-# 18432x7168's 61 won 1.14-1.59x; below 60 not measured)
+RSW_A8_MAX_N_PER_SM = 160
 RSW_A8_MIN_STEPS = 60
-# ... and at 65-256 rows (128 tokens a tile) MXFP4 weights of any N and int4 weights the narrow kernel declines (N <
-# WS_A8_MIN_N: their route there is the codes pass + cuBLAS's block-scaled GEMM), where the launch holds this many
-# 128-K steps a CTA at least. H100 graphs (session 54, `tools/probe_ws_a8.py`), M=128 / 256, route -> this: MXFP4
-# 18432x7168 65.6 / 133.1 -> 50.5 / 92.4 µs, 8192^2 41.4 / 53.0 -> 38.3 / 49.7, 7168^2 37.5 / 48.7 -> 36.5 / 47.6,
-# 28672x8192 79.6 / 145.6 -> 80.2 / 146.7 (level); int4 7168^2 (24 steps a CTA) 60.0 / 66.3 -> 36.8 / 49.9. Smaller
-# weights not measured. At 33-64 rows MXFP4 stays on the frag kernel (28672x8192 M=64 56.7 against 60.5 here)
+# At 65-256 rows (128 tokens a tile) every 4-bit weight (int4, MXFP4) whose launch holds this many 128-K steps a CTA
+# at least: H100 graphs, route -> this, M=128 / 256 (session 54 unless noted): int4 18432x7168 87.5 / 131.0 -> 55.0 /
+# 97.9 (session 53), 28672x8192 101.8 -> 84.5 at 128, 28672x4096 60.3 -> 48.8 at 128, 7168^2 (24 steps a CTA; route:
+# the codes pass + cuBLAS's block-scaled GEMM) 60.0 / 66.3 -> 36.8 / 49.9, 8192^2 38.0 / 54.8 -> 39.5 / 51.9 (session
+# 53); MXFP4 18432x7168 65.6 / 133.1 -> 50.5 / 92.4, 8192^2 41.4 / 53.0 -> 38.3 / 49.7, 7168^2 37.5 / 48.7 -> 36.5 /
+# 47.6, 28672x8192 79.6 / 145.6 -> 80.2 / 146.7. Weights of fewer steps (4096^2: 8) not measured
 RSW_A8_MID_MIN_STEPS = 16
 
 
@@ -152,18 +155,19 @@ def ws_a8_wide_why_not(scheme, k: int, n: int, device: torch.device, rescale: bo
 def rsw_a8_tile(m: int, n: int, k: int, num_sms: int = 132, e2m1: bool = False) -> dict | None:
     """The register-operand kernel's stream-K form for a W4A8 call of M rows where `settings.frag_rsw_a8_max_m()`
     takes it (RSW_A8_MIN_M <= M <= it, at most 256; the caller checks the weight: `ws_a8_wide_why_not`), else None:
-    64 tokens a tile up to 64 rows, else 128 with y stored 16 bytes a thread. Unless ANYBIT_FRAG_RSW_A8_MAX_M is set
-    (then every weight), int4 weights (not `e2m1`) with N > RSW_A8_MIN_N_PER_SM x SMs and RSW_A8_MIN_STEPS 128-K steps
-    a CTA, and at 65-256 rows MXFP4 weights and int4 ones with N < WS_A8_MIN_N, with RSW_A8_MID_MIN_STEPS steps a CTA.
-    H100 graphs (session 53), 18432x7168 M=64 / 128 / 256: 40.4 / 55.0 / 97.9 µs against the route's 46.1 / 87.5 /
-    131.0 and Humming's 38.7 / 78.4 / 130.4 (256 tokens a tile at M=256: 106.7, one-tile); 8192^2 29.5 / 39.5 / 51.9
-    against 28.8 / 38.0 / 54.8 — left to the route; the 65-256-row cases: RSW_A8_MID_MIN_STEPS."""
+    64 tokens a tile up to 64 rows, else 128 with y stored 16 bytes a thread (256 tokens a tile at M=256 was slower:
+    18432x7168 106.7 against 97.9 µs). Where ANYBIT_FRAG_RSW_A8_MAX_M is set, every weight; else at 33-64 rows int4
+    weights (not `e2m1`) with RSW_A8_MIN_N_PER_SM x SMs < N <= RSW_A8_MAX_N_PER_SM x SMs and RSW_A8_MIN_STEPS 128-K
+    steps a CTA, at 65-256 rows every weight with RSW_A8_MID_MIN_STEPS steps a CTA (the measurements are theirs)."""
     if not RSW_A8_MIN_M <= m <= min(settings.frag_rsw_a8_max_m(), WIDE_TOKENS):
         return None
     steps = cdiv(n, 128) * cdiv(k, A8_BK)
-    tall = not e2m1 and n > RSW_A8_MIN_N_PER_SM * num_sms and steps >= RSW_A8_MIN_STEPS * num_sms
-    mid = m > 64 and (e2m1 or n < WS_A8_MIN_N) and steps >= RSW_A8_MID_MIN_STEPS * num_sms
-    if not (settings.frag_rsw_a8_asked() or tall or mid):
+    if m > 64:
+        ours = steps >= RSW_A8_MID_MIN_STEPS * num_sms
+    else:
+        wave = RSW_A8_MIN_N_PER_SM * num_sms < n <= RSW_A8_MAX_N_PER_SM * num_sms
+        ours = not e2m1 and wave and steps >= RSW_A8_MIN_STEPS * num_sms
+    if not (ours or settings.frag_rsw_a8_asked()):
         return None
     tokens = 64 if m <= 64 else 128
     return dict(wide=True, rs=True, persistent=True, tokens=tokens, cvt=tokens >= 128)

@@ -113,6 +113,10 @@ def test_the_peers_on_the_gpu():
     assert peers["humming"]["status"] == peers["torch-fp8"]["status"] == "ok", peers
     assert 0 < peers["humming"]["err"] < 0.1 and 0 < peers["torch-fp8"]["err"] < 0.1
     assert peers["tinygemm"]["status"].startswith("unsupported: ")  # int4 g128 only
+    recipe = parse_recipe({"name": "tiny", "shapes": [{"name": "a", "n": 256, "k": 512}], "schemes": ["w4a16"],
+                           "m": [1], "backends": ["auto"], "peers": ["tinygemm"]})  # fmt: skip
+    row = next(r for r in ev.evaluate(recipe, ["gaussian"], m=16, device="cuda")["rows"] if r["system"] == "tinygemm")
+    assert row["status"] == "ok" and 0 < row["err"] < 0.2, row  # int4's own error ~0.12 (a wrong zero read 3.1)
 
 
 def test_a_checkpoint_layer_by_layer(tmp_path, capsys):
@@ -215,3 +219,20 @@ def test_the_moe_layer_within_budget_on_the_gpu():
     res = ev.evaluate(recipe, ["outliers"], m=300, device="cuda")
     moe = [r for r in res["rows"] if r["shape"].startswith("moe")]
     assert len(moe) == 5 and all(r["status"] == "ok" for r in moe), moe
+
+
+def test_the_tinygemm_peer_computes_its_own_quantization():
+    """torch's int4 tinygemm (its CPU twin here, the same scale-and-zero convention as the GPU kernel): within bf16
+    rounding of x @ W's symmetric g128 int4 quantization — the kernel computes (u - 8) s + z, so z is 0 (a zero of
+    -8 s gave a relative error of 3 in the first GPU eval, session 54)."""
+    from anybit.bench import peers as peer_lib
+    from anybit.formats.scheme import Scheme
+
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(80, 384, generator=g), torch.randn(13, 384, generator=g).bfloat16()
+    blocks = w.reshape(80, 3, 128)
+    s = blocks.abs().amax(dim=-1, keepdim=True) / 7.0
+    exact = (torch.round(blocks / s).clamp(-8, 7) * s).reshape(80, 384)
+    ref = x.double() @ exact.double().T
+    y = peer_lib.tinygemm(w, Scheme.parse("w4a16:int4:g128:bf16"))(x)
+    assert (y.double() - ref).norm() / ref.norm() < 1e-2

@@ -162,7 +162,7 @@ def test_the_register_operand_switch_picks_the_wide_tile(monkeypatch):
         ws_a8_tile(1024, 8192, wide=True)
 
 
-def test_the_stream_k_form_takes_33_to_256_rows_of_tall_int4_weights_by_default(monkeypatch):
+def test_the_stream_k_form_takes_its_measured_weights_at_33_to_256_rows_by_default(monkeypatch):
     monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
     tall, square = (18432, 7168), (8192, 8192)  # 144 / 64 tiles of 128 rows on 132 SMs: only the first overfills a wave
     assert [rsw_a8_tile(m, *tall) and rsw_a8_tile(m, *tall)["tokens"] for m in (32, 33, 64, 65, 128, 256, 257)] == [
@@ -172,12 +172,14 @@ def test_the_stream_k_form_takes_33_to_256_rows_of_tall_int4_weights_by_default(
     assert rsw_a8_tile(64, *square) is None and rsw_a8_tile(64, 64 * 132, 8192) is None
     assert rsw_a8_tile(64, 64 * 132 + 16, 16384) is not None and rsw_a8_tile(64, 6416, 16384, num_sms=100) is not None
     assert rsw_a8_tile(64, 28672, 4096) is None  # 54 128-K steps a CTA: too few to share
-    assert rsw_a8_tile(64, 28672, 8192) is not None  # 108
+    assert rsw_a8_tile(64, 28672, 8192) is None  # 224 tiles: one wave of two CTAs an SM, the route's
+    assert rsw_a8_tile(64, 160 * 132, 16384) is not None and rsw_a8_tile(64, 160 * 132 + 16, 16384) is None
     assert rsw_a8_tile(64, *tall, e2m1=True) is None  # MXFP4: up to 64 rows only where asked
-    # 65-256 rows: MXFP4 on any N, int4 below the narrow kernel's N, with >= 16 128-K steps a CTA
+    # 65-256 rows: every 4-bit weight (int4, MXFP4) with >= 16 128-K steps a CTA
     assert rsw_a8_tile(65, *square, e2m1=True)["tokens"] == 128 and rsw_a8_tile(256, *tall, e2m1=True) is not None
     assert rsw_a8_tile(128, 7168, 7168) is not None and rsw_a8_tile(64, 7168, 7168) is None  # 24 steps a CTA
-    assert rsw_a8_tile(128, *square) is None  # int4 at N = 8192: the narrow kernel's
+    assert rsw_a8_tile(128, *square) is not None and rsw_a8_tile(200, 28672, 8192) is not None
+    assert rsw_a8_tile(128, 28672, 4096) is not None
     assert rsw_a8_tile(128, 4096, 4096) is None and rsw_a8_tile(128, 4096, 4096, e2m1=True) is None  # 8 steps a CTA
     monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "512")  # asked: every weight, any N (at most 256 rows)
     assert rsw_a8_tile(64, *square)["tokens"] == 64 and rsw_a8_tile(200, *square, e2m1=True)["tokens"] == 128

@@ -101,9 +101,11 @@ def test_mxfp4_under_fp8_x_on_the_fp8_mma_matches_the_codes_path(monkeypatch, m)
 def test_mxfp4_on_the_fp8_mma_accumulating_the_whole_k_stays_as_exact(monkeypatch, m):
     """e2m1 under e4m3 x with the FP8 MMA accumulating all of a long K (`frag.A8_MMA_ACC`, the 128/256-token tiles
     from M = 65) against a product per 128-K block added in fp32: both within the bf16 budget of the exact product,
-    the whole-K one at most 1.5x the other's error (the MMA's accumulator is not plain fp32)."""
+    the whole-K one at most 1.5x the other's error (the MMA's accumulator is not plain fp32). The register-operand
+    stream-K form, which takes such a weight at 65-256 rows by default, is off: the frag kernel's tiles run."""
     from anybit.kernels import frag
 
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "0")
     g = torch.Generator(device="cuda").manual_seed(7 + m)
     qw = quantize(torch.randn(4096, 28672, generator=g, device="cuda") * 0.05, "w4a8-mxfp4")
     x = torch.randn(m, qw.shape[1], generator=g, device="cuda").bfloat16()
@@ -122,10 +124,11 @@ def test_mxfp4_on_the_fp8_mma_accumulating_the_whole_k_stays_as_exact(monkeypatc
 def test_three_64_token_tiles_on_one_decode_in_bf16(monkeypatch, m):
     """`FRAG_SUBS` (block_m 192: three 64-token tiles against one decode) gives the bits of 64-token tiles of the
     same warps launched apart, and the route that takes it (129-192 rows, many weight tiles) is within budget and
-    relaunches bit for bit."""
+    relaunches bit for bit (the register-operand stream-K form, the default there, off)."""
     from anybit.kernels import frag
     from anybit.kernels.frag import gemm_frag
 
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "0")
     g = torch.Generator(device="cuda").manual_seed(m)
     qw = quantize(torch.randn(16384 + 64, 8192 + 96, generator=g, device="cuda") * 0.05, "w4a8-mxfp4")  # many N tiles
     x = torch.randn(m, qw.shape[1], generator=g, device="cuda").bfloat16()
