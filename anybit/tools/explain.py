@@ -398,7 +398,9 @@ def _rs_e2m1_plan(m: int, n: int, k: int, device: torch.device) -> str | None:
     from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
 
     sms = sm_count(device) or 132
-    t, switch = rsw_a8_tile(m, n, k, sms, e2m1=True), f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()}"
+    rule = "every weight" if settings.frag_rsw_a8_asked() else "65-256 rows of weights with >= 16 128-K steps a CTA"
+    t = rsw_a8_tile(m, n, k, sms, e2m1=True)
+    switch = f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()} ({rule})"
     if t is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
         t, switch = ws_a8_tile(m, n, sms, wide=True), f"ANYBIT_FRAG_RS_A8={settings.frag_rs_a8()}"
     if t is None:

@@ -191,6 +191,18 @@ def test_the_stream_k_form_takes_its_measured_weights_at_33_to_256_rows_by_defau
         rsw_a8_tile(64, *tall)
 
 
+def test_explain_names_the_stream_k_rule_for_mxfp4(monkeypatch):
+    from anybit.tools.explain import _rs_e2m1_plan
+
+    monkeypatch.delenv("ANYBIT_FRAG_RSW_A8_MAX_M", raising=False)
+    monkeypatch.delenv("ANYBIT_FRAG_RS_A8", raising=False)
+    plan = _rs_e2m1_plan(128, 8192, 8192, torch.device("cpu"))  # (132 SMs where the device has none)
+    assert "stream-K form" in plan and "65-256 rows of weights with >= 16 128-K steps a CTA" in plan
+    assert _rs_e2m1_plan(64, 8192, 8192, torch.device("cpu")) is None  # 33-64 rows: the frag kernel's
+    monkeypatch.setenv("ANYBIT_FRAG_RSW_A8_MAX_M", "256")
+    assert "ANYBIT_FRAG_RSW_A8_MAX_M=256 (every weight)" in _rs_e2m1_plan(64, 8192, 8192, torch.device("cpu"))
+
+
 def test_explain_says_why_the_w4a8_kernel_is_not_used():
     from anybit.tools.explain import triton_plan
 
