@@ -156,12 +156,12 @@ def pick_config(
     frag_layout: the weight is in the fragment layout (`TritonWeight.frag`; the bit-plane kernel takes no 48-token
     tile)."""
     if (dense_frag_format if frag_layout else frag_format)(scheme):  # A16 above FRAG_MAX_M: only by `frag_mid`
-        a8 = a8_mma(scheme) if a8 is None else a8  # (4-bit weights alone in `balanced_split` on the FP8 MMA)
+        a8 = a8_mma(scheme) if a8 is None else a8
         float_codes = isinstance(scheme.weight, FloatType)
         # e2m1 on the FP8 MMA accumulating the whole K (`frag.A8_MMA_ACC`) takes the 128/256-token tiles too
         wide_a8 = a8 and float_codes and frag.A8_MMA_ACC
         t = frag_tile(m, n, k, sms, interpret, scheme.weight_bits, mid=m > FRAG_MAX_M and (not a8 or wide_a8),
-                      float_codes=float_codes, balance=not a8 or scheme.weight_bits == 4, a8=wide_a8,
+                      float_codes=float_codes, a8=wide_a8,
                       two=frag_layout and not a8 and scheme.weight_bits == 4, fp8_mma=a8)  # fmt: skip
         block_k = frag_block_k(scheme.weight_bits)
         return GemmConfig(t["block_m"], t["block_n"], block_k, t["split_k"], num_warps=t["num_warps"],
@@ -561,12 +561,12 @@ class TritonBackend:
     def _ws_a8(x: torch.Tensor, tw: TritonWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
         """A W4A8 call through `gemm_frag_ws_a8` where `ws_a8_plan`'s rule takes it (the weight's part decided once),
         or at 33-256 rows its register-operand kernel's stream-K form where `rsw_a8_tile` does; MXFP4 weights under
-        e4m3 x (`TritonWeight.e2m1_a8`) only on the register-operand kernels, where ANYBIT_FRAG_RSW_A8_MAX_M or
-        ANYBIT_FRAG_RS_A8 asks (`rs_e2m1_why_not`); else None: the other routes. A kernel failure warns once and
+        e4m3 x (`TritonWeight.e2m1_a8`) only on the register-operand kernels, where `rsw_a8_tile` or ANYBIT_FRAG_RS_A8
+        takes the call and `rs_e2m1_why_not` the weight; else None: the other routes. A kernel failure warns once and
         leaves this weight on them."""
         m, sms = x.shape[0], _sm_count(x.device)
         tile = rsw_a8_tile(m, tw.n, tw.k, sms, tw.e2m1_a8)  # (the stream-K form at 33-256 rows)
-        if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its switch asks
+        if tw.e2m1_a8:  # MXFP4: the register-operand kernels alone, each where its rule takes the call
             if tile is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
                 tile = ws_a8_tile(m, tw.n, sms, wide=True)
             if tile is None:

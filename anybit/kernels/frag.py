@@ -965,7 +965,8 @@ def frag_tile(
     (<= half the SMs) 128 x 128 capped at 128 registers, two CTAs an SM, split until two a SM (8192x28672 M=128
     97.9 -> 89.0, 8192^2 M=256 57.4 -> 52.1, 8192x28672 M=256 152.8 -> 153.9). `two` (4-bit codes under bf16/fp16
     x): 33-48 rows as a 48-token tile of 32 + 16 (`FRAG_TWO`). `fp8_mma` (the weight runs on the FP8 MMA): 33-64
-    rows on 64 weight rows a tile where 128-row tiles fill the SMs poorly (`A8_NARROW_FILL`)."""
+    rows on 64 weight rows a tile where 128-row tiles fill the SMs poorly (`A8_NARROW_FILL`); up to 16 rows its
+    4-bit weights balance their split with a CTA cost of their own (`SPLIT_CTA_COST_A8`), 8-bit ones do not."""
     if interpret:
         return dict(block_m=16, block_n=64, split_k=2 if k > frag_block_k(bits) else 1, num_warps=4, num_stages=1)
     k_blocks = cdiv(k, frag_block_k(bits))
@@ -1008,7 +1009,8 @@ def frag_tile(
         if narrow * split_to(narrow, 2 * num_sms) > tiles * split:  # more CTAs in flight, not just smaller ones
             bn, tiles = 64, narrow
             split = split_to(tiles, 2 * num_sms)
-    if balance and m <= 16 and num_sms <= tiles < 2 * num_sms:  # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2)
+    # (M=64: split 1 best, 24576x5120 45.2 vs 51.7 at 2; 8-bit weights on the FP8 MMA not measured balanced)
+    if balance and not (fp8_mma and bits != 4) and m <= 16 and num_sms <= tiles < 2 * num_sms:
         cost = SPLIT_CTA_COST_A8 if fp8_mma else SPLIT_CTA_COST_FLOAT if float_codes else SPLIT_CTA_COST
         split = balanced_split(tiles, k_blocks, num_sms, cost)
         if bits == 8 and k_blocks >= 4 * BYTE_SPLIT:

@@ -395,10 +395,11 @@ def _rs_e2m1_plan(m: int, n: int, k: int, device: torch.device) -> str | None:
     that is set — `rsw_a8_tile` —, the one-tile or stream-K kernel in the wide range with `ANYBIT_FRAG_RS_A8`), else
     None."""
     from anybit.kernels.frag import sm_count
-    from anybit.kernels.frag_ws_a8 import WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
+    from anybit.kernels.frag_ws_a8 import RSW_A8_MID_MIN_STEPS, WIDE_MIN_M, rsw_a8_tile, ws_a8_tile
 
     sms = sm_count(device) or 132
-    rule = "every weight" if settings.frag_rsw_a8_asked() else "65-256 rows of weights with >= 16 128-K steps a CTA"
+    rule = (f"65-256 rows of weights with >= {RSW_A8_MID_MIN_STEPS} 128-K steps a CTA"
+            if not settings.frag_rsw_a8_asked() else "every weight")  # fmt: skip
     t = rsw_a8_tile(m, n, k, sms, e2m1=True)
     switch = f"ANYBIT_FRAG_RSW_A8_MAX_M={settings.frag_rsw_a8_max_m()} ({rule})"
     if t is None and settings.frag_rs_a8() and WIDE_MIN_M < m <= settings.frag_ws_a8_wide_max_m():
